@@ -1,0 +1,12 @@
+#pragma once
+// Subcommands of dflash_bench (one bench_<name>.cpp each) and the measurements they share.
+
+namespace dflash::bench {
+
+int run_drafter(int argc, char** argv);
+
+// sgemm rate of this machine in GFLOP/s for C[M,N] = A[M,K]·B[N,K]ᵀ (the shape of a linear layer), best of
+// `reps` after one warm-up: the ceiling that every benchmark reports its ratio against.
+double sgemm_gflops(int M, int N, int K, int reps = 3);
+
+}  // namespace dflash::bench

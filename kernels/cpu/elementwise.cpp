@@ -1,0 +1,63 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "lib/core/error.h"
+
+namespace dflash::cpu {
+
+template <typename T>
+static inline T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+template <typename T>
+void swiglu_forward(T* h, const T* gate, const T* up, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) h[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+// silu(g) = g·σ(g);  silu'(g) = σ(g) · (1 + g · (1 − σ(g)))
+template <typename T>
+void swiglu_backward(T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const T s = sigmoid(gate[i]);
+    dgate[i] += dh[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
+    dup[i] += dh[i] * gate[i] * s;
+  }
+}
+
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void accumulate(T* y, const T* x, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+template <typename T>
+void embedding_forward(T* out, const T* table, const int32_t* ids, int rows, int dim, int vocab) {
+  for (int r = 0; r < rows; ++r) {
+    DFLASH_CHECK(ids[r] >= 0 && ids[r] < vocab, "embedding: token id {} at row {} is outside the vocabulary [0, {})",
+                 ids[r], r, vocab);
+    std::memcpy(out + size_t(r) * dim, table + size_t(ids[r]) * dim, sizeof(T) * dim);
+  }
+}
+
+#define DFLASH_INSTANTIATE(T)                                                       \
+  template void swiglu_forward<T>(T*, const T*, const T*, size_t);                  \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, size_t);   \
+  template void residual_forward<T>(T*, const T*, const T*, size_t);                \
+  template void accumulate<T>(T*, const T*, size_t);                                \
+  template void embedding_forward<T>(T*, const T*, const int32_t*, int, int, int);
+DFLASH_INSTANTIATE(float)
+DFLASH_INSTANTIATE(double)
+#undef DFLASH_INSTANTIATE
+
+}  // namespace dflash::cpu

@@ -1,0 +1,30 @@
+#pragma once
+// Element-wise pieces of a decoder layer: SwiGLU, residual add, embedding gather.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dflash::cpu {
+
+// h[n] (=) silu(gate[n]) · up[n]
+template <typename T>
+void swiglu_forward(T* h, const T* gate, const T* up, std::size_t n);
+
+// dgate (+=) dh · up · silu'(gate); dup (+=) dh · silu(gate)
+template <typename T>
+void swiglu_backward(T* dgate, T* dup, const T* dh, const T* gate, const T* up, std::size_t n);
+
+// out[n] (=) a[n] + b[n]; out may alias a or b. Backward is the identity on both inputs.
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, std::size_t n);
+
+// y[n] (+=) x[n]: how residual (and other identity) gradients are accumulated.
+template <typename T>
+void accumulate(T* y, const T* x, std::size_t n);
+
+// out[rows, dim] (=) table[ids[r], :]; an id outside [0, vocab) throws naming the row and id.
+// The tables this gathers from (the target's embedding) are frozen: no backward.
+template <typename T>
+void embedding_forward(T* out, const T* table, const int32_t* ids, int rows, int dim, int vocab);
+
+}  // namespace dflash::cpu

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian/Ubuntu packages dflash_mpi builds against. Idempotent: packages already
+# installed are skipped, and apt-get is not touched at all when nothing is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  openmpi-bin libopenmpi-dev      # MPI launcher + headers (Open MPI)
+  libhdf5-dev                     # training datasets
+  libyaml-cpp-dev                 # config files
+  libfmt-dev                      # formatting, logs
+  doctest-dev                     # unit tests
+  libopenblas-dev                 # CPU BLAS (cblas)
+  nlohmann-json3-dev              # safetensors headers, config.json
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
