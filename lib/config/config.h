@@ -1,0 +1,151 @@
+#pragma once
+// The training configuration: one typed struct per YAML section (run, layout, target, drafter, loss, optim, data,
+// ckpt, log). The member initialisers below ARE the defaults; the key table in schema.cpp names every member
+// with its dotted path, type, range and help, and drives parsing, validation, printing, hashing and
+// docs/config.md. Adding a key = one member here + one row in schema.cpp + one row in docs/config.md.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+struct RunConfig {
+  std::string name = "dflash";        // run name (logs, exported config)
+  std::string out_dir = "runs/dflash";  // logs/, ckpt/, metrics.jsonl, config.resolved.yaml
+  int64_t seed = 0;                   // every random stream derives from it (init, shuffle, anchors)
+  std::string device = "cpu";         // cpu | cuda
+  int64_t steps = 0;                  // optimizer steps; 0 = as many as data.epochs allows
+};
+
+struct LayoutConfig {
+  int target_tp = 5;                  // ranks per target tensor-parallel group
+  int target_groups = 1;              // target groups; world = target_tp * target_groups + drafter_dp
+  int drafter_dp = 3;                 // drafter data-parallel ranks
+  std::string transport = "mpi";      // mpi | nccl
+  int packets_in_flight = 2;          // packets a target group may run ahead of each drafter rank
+};
+
+struct TargetConfig {
+  std::string path;                   // Hugging Face model directory (required)
+  std::vector<int> target_layer_ids;  // tapped decoder layers; empty = round(1 + i*(L-4)/(n_taps-1))
+  int n_taps = 5;                     // number of tapped layers
+};
+
+struct DrafterConfig {
+  int layers = 5;
+  int hidden = 0;                     // 0 = the target's hidden_size (so for every "0 = target's" below)
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int intermediate = 0;
+  int block_size = 16;                // B: anchor + B-1 predicted tokens
+  double rope_theta = 0;              // 0 = the target's
+  double rms_eps = 0;                 // 0 = the target's
+  int mask_token_id = -1;             // required: a reserved row of the target vocabulary
+  int sliding_window = 0;             // window of "sliding" layers; 0 = none
+  std::vector<std::string> layer_types;  // "full" | "sliding" per layer; empty = all full
+  double init_std = 0.02;             // std of the normal init of trained projections
+};
+
+struct LossConfig {
+  int chunk_size = 1024;              // positions per vocab chunk: loss memory is O(chunk_size * V)
+  std::string mode = "recompute";     // recompute | fused (see ARCHITECTURE.md, "The vocab loss")
+  double ce_weight = 1;
+  double kl_weight = 0;
+  double kl_temperature = 1;
+  double cap_weight = 0;
+  int top_k = 4;                      // top-k hit metric
+  double decay_gamma = 0;             // position weight exp(-(k-1)/gamma); 0 = by block size (default_decay_gamma)
+  int anchors_per_seq = 512;          // anchors sampled per sequence per step (fewer if the mask allows fewer)
+};
+
+struct OptimConfig {
+  double lr = 6e-4;
+  double weight_decay = 0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double warmup_ratio = 0.04;         // linear warmup over this fraction of run.steps, then cosine
+  double min_lr_ratio = 0.0;          // cosine floor as a fraction of lr
+  double grad_clip = 1.0;             // global-norm clip; 0 = off
+  int micro_batches = 1;              // sequences per drafter rank per step
+};
+
+struct DataConfig {
+  std::string path;                   // HDF5 dataset (required; format in data/README.md)
+  bool shuffle = true;                // epoch-seeded shuffle; false = file order every epoch
+  int epochs = 1;
+  int max_seq_len = 0;                // longer sequences are truncated; 0 = no limit
+};
+
+struct CkptConfig {
+  int every = 0;                      // save every N steps (and at the end); 0 = off
+  int keep = 2;                       // newest complete checkpoints kept; 0 = keep all
+  std::string resume = "none";        // none | auto (newest complete in out_dir/ckpt) | a checkpoint directory
+};
+
+struct LogConfig {
+  int every = 10;                     // progress line + metrics.jsonl record every N steps
+  std::string level = "info";         // debug | info | warn | error (env DFLASH_LOG_LEVEL overrides)
+};
+
+// Where a key's value came from, for the resolved-config table.
+enum class ConfigSource { kDefault, kFile, kSet };
+
+struct TrainConfig {
+  RunConfig run;
+  LayoutConfig layout;
+  TargetConfig target;
+  DrafterConfig drafter;
+  LossConfig loss;
+  OptimConfig optim;
+  DataConfig data;
+  CkptConfig ckpt;
+  LogConfig log;
+
+  std::string file;                              // YAML file it was loaded from ("" when none)
+  std::map<std::string, ConfigSource> source;    // per dotted key; absent = default
+};
+
+// Loads `file` (may be "" for defaults only), then applies `sets` ("key=value", dotted keys, in order), then
+// validates. Every user error throws dflash::Error naming the file (or the --set), the key and the fix.
+TrainConfig load_config(const std::string& file, const std::vector<std::string>& sets = {});
+// The same from YAML text; `name` stands for the file in messages (tests, embedded configs).
+TrainConfig load_config_text(const std::string& yaml_text, const std::vector<std::string>& sets = {},
+                             const std::string& name = "<config>");
+// Applies one "key=value" override with the same parsing and range checks as the file (no cross-key checks).
+void apply_override(TrainConfig& cfg, const std::string& set);
+// Required keys present and cross-key rules (layer_types length, heads divisible, ...). load_config calls it.
+void validate_config(const TrainConfig& cfg);
+
+// Command line of programs that take a config: `CONFIG.yaml [--set key=value]... [other args]`.
+struct ConfigCli {
+  std::string file;                  // first positional argument ("" when none)
+  std::vector<std::string> sets;     // every --set key=value / --set=key=value, in order
+  std::vector<std::string> rest;     // everything else, in order (for the program's own options)
+};
+ConfigCli parse_config_cli(int argc, char** argv);
+
+// The resolved config as an aligned table: key, value, source (default | file | --set).
+std::string format_config_table(const TrainConfig& cfg);
+// The resolved config as YAML (loads back to the same config and hash).
+std::string config_to_yaml(const TrainConfig& cfg);
+// Writes config_to_yaml to <run.out_dir>/config.resolved.yaml (creating the folder); returns the path.
+std::string write_resolved_config(const TrainConfig& cfg);
+// Stable 64-bit hash (FNV-1a) of the keys that change the training math; excluded keys are marked in the
+// schema (names, paths, transport tuning, ckpt.*, log.*): see docs/config.md.
+uint64_t config_hash(const TrainConfig& cfg);
+std::string config_hash_hex(const TrainConfig& cfg);  // "0x" + 16 hex digits
+
+// Value of one key as text ("6e-4" -> "0.0006", lists "[1, 16, 31]"); throws on an unknown key.
+std::string config_value(const TrainConfig& cfg, const std::string& key);
+
+// Derived defaults (pure, documented in docs/config.md).
+// target_layer_ids when empty: round(1 + i*(L-4)/(n_taps-1)), i = 0..n_taps-1 (one tap: L/2).
+std::vector<int> default_target_layer_ids(int num_target_layers, int n_taps);
+// loss.decay_gamma when 0: 7 for B=16, 4 for B=8, B/2 otherwise (at least 1).
+double default_decay_gamma(int block_size);
+double effective_decay_gamma(const TrainConfig& cfg);
+
+}  // namespace dflash

@@ -1,0 +1,208 @@
+#include "lib/config/schema.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace dflash {
+
+const char* key_type_name(KeyType t) {
+  switch (t) {
+    case KeyType::kInt: return "int";
+    case KeyType::kFloat: return "float";
+    case KeyType::kBool: return "bool";
+    case KeyType::kString: return "string";
+    case KeyType::kEnum: return "enum";
+    case KeyType::kIntList: return "list of int";
+    case KeyType::kEnumList: return "list of enum";
+  }
+  return "?";
+}
+
+bool Range::contains(double v) const {
+  if (lo_open ? !(v > lo) : !(v >= lo)) return false;
+  if (hi_open ? !(v < hi) : !(v <= hi)) return false;
+  return true;
+}
+
+std::string Range::describe() const {
+  bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
+  if (has_lo && has_hi) return fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
+  if (has_lo) return fmt::format("{} {}", lo_open ? ">" : ">=", lo);
+  if (has_hi) return fmt::format("{} {}", hi_open ? "<" : "<=", hi);
+  return "";
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+const Range kAny{};
+const Range kPositive{0, kInf, true, false};     // > 0
+const Range kNonNeg{0, kInf, false, false};      // >= 0
+const Range kAtLeast1{1, kInf, false, false};    // >= 1
+const Range kUnitOpen{0, 1, false, true};        // [0, 1)
+const Range kUnit{0, 1, false, false};           // [0, 1]
+
+#define FIELD(member) [](TrainConfig& c) -> FieldRef { return &c.member; }
+
+ConfigKey key(std::string path, KeyType type, FieldRef (*field)(TrainConfig&), Range range, std::string help) {
+  ConfigKey k;
+  k.path = std::move(path), k.type = type, k.field = field, k.help = std::move(help), k.range = range;
+  return k;
+}
+ConfigKey choice(std::string path, FieldRef (*field)(TrainConfig&), std::vector<std::string> choices,
+                 std::string help, KeyType type = KeyType::kEnum) {
+  ConfigKey k;
+  k.path = std::move(path), k.type = type, k.field = field, k.help = std::move(help), k.choices = std::move(choices);
+  return k;
+}
+ConfigKey required(ConfigKey k) {
+  k.required = true;
+  return k;
+}
+ConfigKey unhashed(ConfigKey k) {
+  k.hashed = false;
+  return k;
+}
+
+using T = KeyType;
+
+std::vector<ConfigKey> build_schema() {
+  return {
+      // run
+      unhashed(key("run.name", T::kString, FIELD(run.name), kAny, "run name, shown in logs and the exported config")),
+      unhashed(key("run.out_dir", T::kString, FIELD(run.out_dir), kAny,
+                   "output folder: logs/, ckpt/, metrics.jsonl, config.resolved.yaml")),
+      key("run.seed", T::kInt, FIELD(run.seed), kNonNeg, "seed of every random stream (init, data shuffle, anchors)"),
+      choice("run.device", FIELD(run.device), {"cpu", "cuda"}, "cpu: fp32 + BLAS; cuda: bf16 + fp32 master weights"),
+      key("run.steps", T::kInt, FIELD(run.steps), kNonNeg, "optimizer steps; 0 = as many as data.epochs allows"),
+      // layout
+      key("layout.target_tp", T::kInt, FIELD(layout.target_tp), kAtLeast1, "ranks per target tensor-parallel group"),
+      key("layout.target_groups", T::kInt, FIELD(layout.target_groups), kAtLeast1,
+          "target groups; world size = target_tp * target_groups + drafter_dp"),
+      key("layout.drafter_dp", T::kInt, FIELD(layout.drafter_dp), kAtLeast1, "drafter data-parallel ranks"),
+      unhashed(choice("layout.transport", FIELD(layout.transport), {"mpi", "nccl"},
+                      "target->drafter packets and drafter all-reduce: mpi (anywhere) or nccl (GPUs)")),
+      unhashed(key("layout.packets_in_flight", T::kInt, FIELD(layout.packets_in_flight), kAtLeast1,
+                   "packets a target group may run ahead of each drafter rank (back-pressure)")),
+      // target
+      unhashed(required(key("target.path", T::kString, FIELD(target.path), kAny,
+                            "Hugging Face model directory (config.json + *.safetensors)"))),
+      key("target.target_layer_ids", T::kIntList, FIELD(target.target_layer_ids), kNonNeg,
+          "tapped decoder layers (output of layer l); empty = round(1 + i*(L-4)/(n_taps-1))"),
+      key("target.n_taps", T::kInt, FIELD(target.n_taps), kAtLeast1, "number of tapped target layers"),
+      // drafter
+      key("drafter.layers", T::kInt, FIELD(drafter.layers), kAtLeast1, "drafter decoder layers"),
+      key("drafter.hidden", T::kInt, FIELD(drafter.hidden), kNonNeg, "hidden size; 0 = the target's"),
+      key("drafter.heads", T::kInt, FIELD(drafter.heads), kNonNeg, "attention (query) heads; 0 = the target's"),
+      key("drafter.kv_heads", T::kInt, FIELD(drafter.kv_heads), kNonNeg, "key/value heads; 0 = the target's"),
+      key("drafter.head_dim", T::kInt, FIELD(drafter.head_dim), kNonNeg, "head dimension; 0 = the target's"),
+      key("drafter.intermediate", T::kInt, FIELD(drafter.intermediate), kNonNeg,
+          "MLP intermediate size; 0 = the target's"),
+      key("drafter.block_size", T::kInt, FIELD(drafter.block_size), Range{2, kInf, false, false},
+          "block size B: the anchor token + B-1 predicted positions"),
+      key("drafter.rope_theta", T::kFloat, FIELD(drafter.rope_theta), kNonNeg, "RoPE base; 0 = the target's"),
+      key("drafter.rms_eps", T::kFloat, FIELD(drafter.rms_eps), kNonNeg, "RMSNorm epsilon; 0 = the target's"),
+      required(key("drafter.mask_token_id", T::kInt, FIELD(drafter.mask_token_id), kNonNeg,
+                   "reserved vocabulary row fed at the B-1 predicted positions (151669 for Qwen3)")),
+      key("drafter.sliding_window", T::kInt, FIELD(drafter.sliding_window), kNonNeg,
+          "attention window of 'sliding' layers; 0 = none"),
+      choice("drafter.layer_types", FIELD(drafter.layer_types), {"full", "sliding"},
+             "attention type per layer; empty = all full", T::kEnumList),
+      key("drafter.init_std", T::kFloat, FIELD(drafter.init_std), kPositive,
+          "std of the normal init of the trained projections"),
+      // loss
+      key("loss.chunk_size", T::kInt, FIELD(loss.chunk_size), kAtLeast1,
+          "positions per vocab chunk; loss memory is O(chunk_size * vocab)"),
+      choice("loss.mode", FIELD(loss.mode), {"recompute", "fused"},
+             "recompute: logits recomputed in backward (3 vocab GEMMs); fused: d(logits) in forward (2)"),
+      key("loss.ce_weight", T::kFloat, FIELD(loss.ce_weight), kNonNeg, "weight of cross-entropy on the data token"),
+      key("loss.kl_weight", T::kFloat, FIELD(loss.kl_weight), kNonNeg, "weight of KL(target || drafter)"),
+      key("loss.kl_temperature", T::kFloat, FIELD(loss.kl_temperature), kPositive, "temperature of the KL term"),
+      key("loss.cap_weight", T::kFloat, FIELD(loss.cap_weight), kNonNeg,
+          "weight of the confidence-aware penalty (confident wrong argmax)"),
+      unhashed(key("loss.top_k", T::kInt, FIELD(loss.top_k), kAtLeast1, "k of the top-k hit metric")),
+      key("loss.decay_gamma", T::kFloat, FIELD(loss.decay_gamma), kNonNeg,
+          "position weight exp(-(k-1)/gamma); 0 = 7 for B=16, 4 for B=8, B/2 otherwise"),
+      key("loss.anchors_per_seq", T::kInt, FIELD(loss.anchors_per_seq), kAtLeast1,
+          "anchors sampled per sequence per step (fewer when the loss mask allows fewer)"),
+      // optim
+      key("optim.lr", T::kFloat, FIELD(optim.lr), kPositive, "peak learning rate (AdamW)"),
+      key("optim.weight_decay", T::kFloat, FIELD(optim.weight_decay), kNonNeg, "decoupled weight decay"),
+      key("optim.beta1", T::kFloat, FIELD(optim.beta1), kUnitOpen, "AdamW beta1"),
+      key("optim.beta2", T::kFloat, FIELD(optim.beta2), kUnitOpen, "AdamW beta2"),
+      key("optim.eps", T::kFloat, FIELD(optim.eps), kPositive, "AdamW epsilon"),
+      key("optim.warmup_ratio", T::kFloat, FIELD(optim.warmup_ratio), kUnit,
+          "linear warmup over this fraction of the steps, then cosine decay"),
+      key("optim.min_lr_ratio", T::kFloat, FIELD(optim.min_lr_ratio), kUnit, "cosine floor as a fraction of lr"),
+      key("optim.grad_clip", T::kFloat, FIELD(optim.grad_clip), kNonNeg, "clip the global gradient norm; 0 = off"),
+      key("optim.micro_batches", T::kInt, FIELD(optim.micro_batches), kAtLeast1,
+          "sequences per drafter rank per optimizer step"),
+      // data
+      unhashed(required(key("data.path", T::kString, FIELD(data.path), kAny,
+                            "HDF5 dataset: tokens, offsets, loss_mask (data/README.md)"))),
+      key("data.shuffle", T::kBool, FIELD(data.shuffle), kAny, "epoch-seeded shuffle; false = file order"),
+      key("data.epochs", T::kInt, FIELD(data.epochs), kAtLeast1, "passes over the dataset"),
+      key("data.max_seq_len", T::kInt, FIELD(data.max_seq_len), kNonNeg,
+          "truncate longer sequences to this many tokens; 0 = no limit"),
+      // ckpt
+      unhashed(key("ckpt.every", T::kInt, FIELD(ckpt.every), kNonNeg, "save every N steps and at the end; 0 = off")),
+      unhashed(key("ckpt.keep", T::kInt, FIELD(ckpt.keep), kNonNeg, "newest complete checkpoints kept; 0 = all")),
+      unhashed(key("ckpt.resume", T::kString, FIELD(ckpt.resume), kAny,
+                   "none | auto (newest complete checkpoint in out_dir/ckpt) | a checkpoint directory")),
+      // log
+      unhashed(key("log.every", T::kInt, FIELD(log.every), kAtLeast1, "progress line and metrics record every N steps")),
+      unhashed(choice("log.level", FIELD(log.level), {"debug", "info", "warn", "error"},
+                      "per-rank log level; env DFLASH_LOG_LEVEL overrides")),
+  };
+}
+
+#undef FIELD
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_schema() {
+  static const std::vector<ConfigKey> schema = build_schema();
+  return schema;
+}
+
+const std::vector<std::string>& config_sections() {
+  static const std::vector<std::string> sections = {"run",  "layout", "target", "drafter", "loss",
+                                                    "optim", "data",  "ckpt",   "log"};
+  return sections;
+}
+
+const ConfigKey* find_config_key(const std::string& path) {
+  for (const auto& k : config_schema())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggest_config_key(const std::string& unknown) {
+  auto dot = unknown.rfind('.');
+  std::string leaf = dot == std::string::npos ? unknown : unknown.substr(dot + 1);
+  for (const auto& k : config_schema())  // the right key in the wrong section ("optim.block_size")
+    if (k.leaf() == leaf) return k.path;
+  std::string best;
+  size_t best_d = std::max<size_t>(2, unknown.size() / 4) + 1;  // farther than this is not a typo
+  for (const auto& k : config_schema()) {
+    size_t d = edit_distance(unknown, k.path);
+    if (d < best_d) best_d = d, best = k.path;
+  }
+  return best;
+}
+
+}  // namespace dflash

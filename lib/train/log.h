@@ -1,0 +1,61 @@
+#pragma once
+// Per-rank logs: <out_dir>/logs/rank_XX.log, every line prefixed `[rank r | role | index]`. Knows nothing of MPI:
+// the caller passes its rank, role (target | drafter) and index (TP rank or DP rank), so tests need no mpirun.
+// Lines at or above the level go to the file; the designated console rank also prints info/warn to stdout;
+// errors of every rank also go to stderr. Thread-safe (one mutex per logger).
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace dflash {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+
+// "debug" | "info" | "warn" | "error"; anything else throws naming `what` (e.g. the config key) and the choices.
+LogLevel parse_log_level(const std::string& name, const std::string& what = "log level");
+const char* log_level_name(LogLevel level);
+// The level a run uses: env DFLASH_LOG_LEVEL when set (checked), otherwise `config_level` (log.level).
+LogLevel resolve_log_level(const std::string& config_level);
+
+struct LogIdentity {
+  int rank = 0;                  // world rank
+  std::string role = "drafter";  // target | drafter
+  int index = 0;                 // TP rank within the target group, or DP rank among drafters
+};
+
+class Logger {
+ public:
+  // Creates <out_dir>/logs/ and opens rank_XX.log (append = continue a resumed run's file, else truncate).
+  // console: this rank also prints info/warn lines to stdout.
+  Logger(const std::string& out_dir, const LogIdentity& who, LogLevel level, bool console, bool append = false);
+  ~Logger();
+  Logger(const Logger&) = delete;
+  Logger& operator=(const Logger&) = delete;
+
+  void log(LogLevel level, std::string_view message);
+  template <typename... A> void debug(fmt::format_string<A...> f, A&&... a) { emit(LogLevel::kDebug, f, a...); }
+  template <typename... A> void info(fmt::format_string<A...> f, A&&... a) { emit(LogLevel::kInfo, f, a...); }
+  template <typename... A> void warn(fmt::format_string<A...> f, A&&... a) { emit(LogLevel::kWarn, f, a...); }
+  template <typename... A> void error(fmt::format_string<A...> f, A&&... a) { emit(LogLevel::kError, f, a...); }
+
+  bool enabled(LogLevel level) const { return level >= level_; }
+  LogLevel level() const { return level_; }
+  const std::string& prefix() const { return prefix_; }  // "[rank 5 | drafter | 0]"
+  const std::string& path() const { return path_; }
+
+ private:
+  template <typename... A> void emit(LogLevel level, fmt::format_string<A...> f, A&... a) {
+    if (enabled(level)) log(level, fmt::format(f, std::forward<A>(a)...));
+  }
+
+  std::string path_, prefix_;
+  LogLevel level_;
+  bool console_;
+  std::FILE* file_ = nullptr;
+  std::mutex mutex_;
+};
+
+}  // namespace dflash
