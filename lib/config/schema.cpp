@@ -197,6 +197,12 @@ std::string suggest_config_key(const std::string& unknown) {
   for (const auto& k : config_schema())  // the right key in the wrong section ("optim.block_size")
     if (k.leaf() == leaf) return k.path;
   std::string best;
+  if (dot == std::string::npos) {  // a section name
+    for (const auto& sec : config_sections())
+      if (unknown.rfind(sec, 0) == 0 || sec.rfind(unknown, 0) == 0 ||  // "optimizer", "opt"
+          edit_distance(unknown, sec) <= std::max<size_t>(2, unknown.size() / 3))
+        return sec;
+  }
   size_t best_d = std::max<size_t>(2, unknown.size() / 4) + 1;  // farther than this is not a typo
   for (const auto& k : config_schema()) {
     size_t d = edit_distance(unknown, k.path);

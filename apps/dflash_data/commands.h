@@ -1,0 +1,13 @@
+#pragma once
+// Subcommands of dflash_data (one <name>.cpp each): datasets and tiny models for dflash_mpi.
+// Each takes (argc, argv) with argv[0] = the subcommand name and returns the exit code; user errors are
+// thrown as dflash::Error and printed by main.
+
+namespace dflash::data {
+
+// import-jsonl IN.jsonl OUT.h5 [--vocab V]: one JSON object per line with input_ids and optional loss_mask.
+int run_import_jsonl(int argc, char** argv);
+// inspect FILE.h5 [--vocab V] [--seq I]: validates the dataset and prints its statistics.
+int run_inspect(int argc, char** argv);
+
+}  // namespace dflash::data

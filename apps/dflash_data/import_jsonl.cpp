@@ -1,0 +1,122 @@
+// dflash_data import-jsonl IN.jsonl OUT.h5 [--vocab V]
+// One JSON object per line: {"input_ids": [int, ...], "loss_mask": [0|1, ...]} (loss_mask optional, default all
+// 1). Writes OUT.h5 through OUT.h5.partial, renamed at the end, so a failed import leaves no half-written dataset.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "apps/dflash_data/commands.h"
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/io/dataset.h"
+
+namespace dflash::data {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: dflash_data import-jsonl IN.jsonl OUT.h5 [--vocab V]\n"
+    "  IN.jsonl   one JSON object per line: {\"input_ids\": [ids...], \"loss_mask\": [0/1...]}\n"
+    "             loss_mask is optional (default: every token trained); blank lines are skipped\n"
+    "  --vocab V  reject token ids >= V (the target's vocab_size)\n";
+
+// Reads one line's object into tokens/mask; errors name the file, line and field.
+void parse_line(const std::string& where, const std::string& line, int64_t vocab, std::vector<int32_t>& tokens,
+                std::vector<uint8_t>& mask) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(fmt::format("{}: not valid JSON ({})", where, e.what()));
+  }
+  DFLASH_CHECK(j.is_object(), "{}: expected a JSON object with \"input_ids\", found {}", where, j.type_name());
+  auto ids = j.find("input_ids");
+  DFLASH_CHECK(ids != j.end(), "{}: missing \"input_ids\" (an array of token ids)", where);
+  DFLASH_CHECK(ids->is_array(), "{}: \"input_ids\" must be an array of token ids, found {}", where, ids->type_name());
+  DFLASH_CHECK(!ids->empty(), "{}: \"input_ids\" is empty; drop the line or give its tokens", where);
+  tokens.clear();
+  for (size_t i = 0; i < ids->size(); ++i) {
+    const auto& v = (*ids)[i];
+    DFLASH_CHECK(v.is_number_integer(), "{}: \"input_ids\"[{}] is {}, expected an integer token id", where, i,
+                 v.dump());
+    int64_t id = v.is_number_unsigned() ? int64_t(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX)) : v.get<int64_t>();
+    DFLASH_CHECK(id >= 0 && id <= std::numeric_limits<int32_t>::max(),
+                 "{}: \"input_ids\"[{}] is {}; token ids must be in [0, 2^31)", where, i, id);
+    DFLASH_CHECK(vocab <= 0 || id < vocab,
+                 "{}: \"input_ids\"[{}] is {} >= --vocab {}; tokenized for another model?", where, i, id, vocab);
+    tokens.push_back(int32_t(id));
+  }
+  mask.assign(tokens.size(), 1);
+  auto m = j.find("loss_mask");
+  if (m == j.end() || m->is_null()) return;
+  DFLASH_CHECK(m->is_array(), "{}: \"loss_mask\" must be an array of 0/1, found {}", where, m->type_name());
+  DFLASH_CHECK(m->size() == tokens.size(), "{}: \"loss_mask\" has {} values but \"input_ids\" has {}; give one "
+               "0/1 per token", where, m->size(), tokens.size());
+  for (size_t i = 0; i < m->size(); ++i) {
+    const auto& v = (*m)[i];
+    if (v.is_boolean()) {
+      mask[i] = v.get<bool>();
+      continue;
+    }
+    DFLASH_CHECK(v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1),
+                 "{}: \"loss_mask\"[{}] is {}, expected 0 or 1", where, i, v.dump());
+    mask[i] = uint8_t(v.get<int64_t>());
+  }
+}
+
+}  // namespace
+
+int run_import_jsonl(int argc, char** argv) {
+  Args args(argc, argv, {"vocab"}, {"help"});
+  if (args.has("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  DFLASH_CHECK(args.positional().size() == 2, "expected IN.jsonl OUT.h5, got {} argument(s)\n{}",
+               args.positional().size(), kUsage);
+  const std::string in = args.positional()[0], out = args.positional()[1];
+  const int64_t vocab = args.integer("vocab", 0);
+  std::ifstream f(in);
+  DFLASH_CHECK(f.good(), "{}: cannot open for reading (does the file exist?)", in);
+
+  const std::string partial = out + ".partial";
+  int64_t lines = 0, no_trained = 0, trained = 0;
+  try {
+    io::DatasetWriter writer(partial);
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> mask;
+    for (std::string line; std::getline(f, line);) {
+      ++lines;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      parse_line(fmt::format("{}:{}", in, lines), line, vocab, tokens, mask);
+      int64_t t = 0;
+      for (uint8_t v : mask) t += v;
+      trained += t;
+      no_trained += t == 0;
+      writer.add(tokens, mask);
+    }
+    DFLASH_CHECK(!f.bad(), "{}: read error after line {}", in, lines);
+    DFLASH_CHECK(writer.sequences() > 0, "{}: no sequences (the file is empty or all lines are blank)", in);
+    writer.close();
+    std::filesystem::rename(partial, out);
+    std::printf("wrote %s: %lld sequences, %lld tokens, %.1f%% trained (loss_mask = 1)\n", out.c_str(),
+                (long long)writer.sequences(), (long long)writer.tokens(),
+                100.0 * double(trained) / double(std::max<int64_t>(writer.tokens(), 1)));
+    if (no_trained > 0)
+      std::printf("note: %lld sequences have no trained token (loss_mask all 0); they give no loss\n",
+                  (long long)no_trained);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(partial, ec);
+    throw;
+  }
+  return 0;
+}
+
+}  // namespace dflash::data

@@ -1,0 +1,246 @@
+// The training config: defaults, file values, --set overrides, every kind of user error with its message,
+// the resolved YAML round trip and the hash.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lib/config/config.h"
+#include "lib/config/schema.h"
+#include "lib/core/error.h"
+
+using namespace dflash;
+
+// CHECK that `text` contains `part`, printing both on failure.
+#define CHECK_HAS(text, part)                                                                              \
+  do {                                                                                                     \
+    std::string text_ = (text);                                                                            \
+    CHECK_MESSAGE(text_.find(part) != std::string::npos, "'" << text_ << "'\n  should contain '" << (part) << "'"); \
+  } while (0)
+
+namespace {
+
+// The keys without defaults, so that a config loads.
+const std::string kRequired =
+    "target:\n  path: /models/qwen3-8b\n"
+    "drafter:\n  mask_token_id: 151669\n"
+    "data:\n  path: data/train.h5\n";
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    load_config_text(yaml, sets, "config.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("config: defaults come from the struct and the required keys must be given") {
+  TrainConfig c = load_config_text(kRequired, {}, "config.yaml");
+  CHECK(c.run.name == "dflash");
+  CHECK(c.run.device == "cpu");
+  CHECK(c.layout.target_tp == 5);
+  CHECK(c.layout.target_groups == 1);
+  CHECK(c.layout.drafter_dp == 3);
+  CHECK(c.layout.transport == "mpi");
+  CHECK(c.layout.packets_in_flight == 2);
+  CHECK(c.target.n_taps == 5);
+  CHECK(c.target.target_layer_ids.empty());
+  CHECK(c.drafter.layers == 5);
+  CHECK(c.drafter.block_size == 16);
+  CHECK(c.drafter.init_std == 0.02);
+  CHECK(c.loss.chunk_size == 1024);
+  CHECK(c.loss.mode == "recompute");
+  CHECK(c.loss.anchors_per_seq == 512);
+  CHECK(c.optim.lr == 6e-4);
+  CHECK(c.optim.beta2 == 0.95);
+  CHECK(c.optim.warmup_ratio == 0.04);
+  CHECK(c.optim.grad_clip == 1.0);
+  CHECK(c.data.shuffle == true);
+  CHECK(c.ckpt.keep == 2);
+  CHECK(c.ckpt.resume == "none");
+  CHECK(c.log.every == 10);
+  CHECK(c.log.level == "info");
+  // required values as given
+  CHECK(c.target.path == "/models/qwen3-8b");
+  CHECK(c.drafter.mask_token_id == 151669);
+  CHECK(c.data.path == "data/train.h5");
+  CHECK(c.source.at("target.path") == ConfigSource::kFile);
+  CHECK(c.source.count("optim.lr") == 0);  // default
+
+  CHECK_HAS(error_of("data:\n  path: d.h5\ndrafter:\n  mask_token_id: 7\n"), "required key 'target.path' is missing");
+  CHECK_HAS(error_of("target:\n  path: m\ndata:\n  path: d.h5\n"), "required key 'drafter.mask_token_id' is missing");
+  CHECK_HAS(error_of("target:\n  path: m\ndata:\n  path: d.h5\n"), "--set drafter.mask_token_id=");
+}
+
+TEST_CASE("config: file values of every type are parsed") {
+  TrainConfig c = load_config_text(
+      "run: {name: tiny, seed: 1234, device: cuda, steps: 300}\n"
+      "layout: {target_tp: 2, drafter_dp: 2, transport: nccl}\n"
+      "target:\n  path: /m\n  n_taps: 3\n  target_layer_ids: [1, 17, 33]\n"
+      "drafter:\n  mask_token_id: 151669\n  layers: 2\n  sliding_window: 2048\n"
+      "  layer_types: [sliding, full]\n  rope_theta: 1.0e+7\n"
+      "optim:\n  lr: 3e-4\n  beta2: 0.999\n  micro_batches: 4\n"
+      "data:\n  path: d.h5\n  shuffle: false\n",
+      {}, "config.yaml");
+  CHECK(c.run.name == "tiny");
+  CHECK(c.run.seed == 1234);
+  CHECK(c.run.device == "cuda");
+  CHECK(c.run.steps == 300);
+  CHECK(c.layout.target_tp == 2);
+  CHECK(c.layout.transport == "nccl");
+  CHECK(c.target.target_layer_ids == std::vector<int>{1, 17, 33});
+  CHECK(c.drafter.layer_types == std::vector<std::string>{"sliding", "full"});
+  CHECK(c.drafter.rope_theta == 1e7);
+  CHECK(c.optim.lr == 3e-4);
+  CHECK(c.optim.beta2 == 0.999);
+  CHECK(c.optim.micro_batches == 4);
+  CHECK(c.data.shuffle == false);
+  CHECK(c.source.at("optim.lr") == ConfigSource::kFile);
+}
+
+TEST_CASE("config: --set overrides apply after the file, with the same validation") {
+  TrainConfig c = load_config_text(kRequired + "optim:\n  lr: 3e-4\n",
+                                   {"optim.lr=1e-3", "data.shuffle=false", "target.target_layer_ids=[2,9,16,23,30]",
+                                    "run.out_dir=/tmp/x: y", "loss.mode=fused"},
+                                   "config.yaml");
+  CHECK(c.optim.lr == 1e-3);
+  CHECK(c.data.shuffle == false);
+  CHECK(c.target.target_layer_ids == std::vector<int>{2, 9, 16, 23, 30});
+  CHECK(c.run.out_dir == "/tmp/x: y");  // strings are taken verbatim
+  CHECK(c.loss.mode == "fused");
+  CHECK(c.source.at("optim.lr") == ConfigSource::kSet);
+  // a --set can supply a required key
+  TrainConfig d = load_config_text("target: {path: m}\ndata: {path: d.h5}\n", {"drafter.mask_token_id=7"}, "c.yaml");
+  CHECK(d.drafter.mask_token_id == 7);
+
+  CHECK_HAS(error_of(kRequired, {"optim.lr=abc"}), "--set optim.lr=abc: key 'optim.lr' expects a");
+  CHECK_HAS(error_of(kRequired, {"optim.lr"}), "expected key=value");
+  CHECK_HAS(error_of(kRequired, {"optim.lrr=1"}), "--set optim.lrr=1: unknown key 'optim.lrr' (did you mean 'optim.lr'?)");
+  CHECK_HAS(error_of(kRequired, {"optim.beta1=1"}), "key 'optim.beta1' must be in [0, 1), got 1");
+}
+
+TEST_CASE("config: unknown keys name the path and suggest the closest key") {
+  CHECK_HAS(error_of(kRequired + "optim:\n  lrr: 1e-3\n"), "config.yaml:8: unknown key 'optim.lrr' (did you mean 'optim.lr'?)");
+  // the right key in the wrong section
+  CHECK_HAS(error_of(kRequired + "optim:\n  block_size: 8\n"), "unknown key 'optim.block_size' (did you mean 'drafter.block_size'?)");
+  // unknown section
+  CHECK_HAS(error_of(kRequired + "optimizer:\n  lr: 1\n"), "unknown key 'optimizer' (did you mean 'optim'?)");
+  // nothing close: the keys of the section are listed
+  CHECK_HAS(error_of(kRequired + "optim:\n  learning_rate_peak: 1\n"), "unknown key 'optim.learning_rate_peak'; keys of 'optim': lr, weight_decay");
+  CHECK(suggest_config_key("drafter.kv_head") == "drafter.kv_heads");
+  CHECK(edit_distance("optim.lrr", "optim.lr") == 1);
+}
+
+TEST_CASE("config: wrong types, enum values, ranges and cross-key rules are errors naming the key") {
+  CHECK_HAS(error_of(kRequired + "optim:\n  lr: fast\n"), "config.yaml:8: key 'optim.lr' expects a finite float, found 'fast'");
+  CHECK_HAS(error_of(kRequired + "drafter:\n  layers: 2.5\n"), "key 'drafter.layers' expects an int, found '2.5'");
+  CHECK_HAS(error_of(kRequired + "data:\n  shuffle: maybe\n"), "key 'data.shuffle' expects a bool (true or false), found 'maybe'");
+  CHECK_HAS(error_of(kRequired + "target:\n  target_layer_ids: 5\n"), "key 'target.target_layer_ids' expects a list of ints");
+  CHECK_HAS(error_of(kRequired + "optim: 3\n"), "'optim' is a section: expected a map");
+  CHECK_HAS(error_of(kRequired + "run:\n  device: gpu\n"), "key 'run.device' is 'gpu'; allowed: cpu, cuda");
+  CHECK_HAS(error_of(kRequired + "loss:\n  mode: fast\n"), "key 'loss.mode' is 'fast'; allowed: recompute, fused");
+  CHECK_HAS(error_of(kRequired + "drafter:\n  layers: 2\n  layer_types: [full, local]\n"), "element 'drafter.layer_types[1]' is 'local'; allowed: full, sliding");
+  CHECK_HAS(error_of(kRequired + "drafter:\n  block_size: 0\n"), "key 'drafter.block_size' must be >= 2, got 0");
+  CHECK_HAS(error_of(kRequired + "optim:\n  lr: 0\n"), "key 'optim.lr' must be > 0, got 0");
+  CHECK_HAS(error_of(kRequired + "optim:\n  beta2: 1.0\n"), "key 'optim.beta2' must be in [0, 1)");
+  CHECK_HAS(error_of(kRequired + "target:\n  target_layer_ids: [1, 2]\n"), "target.target_layer_ids has 2 entries but target.n_taps is 5");
+  CHECK_HAS(error_of(kRequired + "drafter:\n  layers: 2\n  layer_types: [sliding, full]\n"), "drafter.sliding_window is 0");
+  CHECK_HAS(error_of(kRequired + "drafter:\n  heads: 12\n  kv_heads: 5\n"), "drafter.heads (12) must be a multiple of drafter.kv_heads (5)");
+  CHECK_HAS(error_of(kRequired + "loss:\n  ce_weight: 0\n"), "nothing to train");
+  CHECK_HAS(error_of(kRequired + "layout:\n  transport: nccl\n"), "nccl needs cuda");
+  CHECK_HAS(error_of(kRequired + "optim:\n  lr: 1\n  lr: 2\n"), "key 'optim.lr' is given twice");
+  CHECK_HAS(error_of("run: [1, 2\n"), "config.yaml:2:1: YAML syntax error");
+  CHECK_THROWS_WITH_AS(load_config("/nonexistent/config.yaml"), doctest::Contains("config file not found"), Error);
+}
+
+TEST_CASE("config: resolved table and YAML round trip; hash stable and sensitive to math keys only") {
+  TrainConfig c = load_config_text(kRequired + "optim:\n  lr: 3e-4\n", {"run.seed=5"}, "config.yaml");
+  std::string table = format_config_table(c);
+  CHECK_HAS(table, "optim.lr");
+  auto row = [&](const std::string& key) {  // the table line of `key`, spaces collapsed
+    std::istringstream in(table);
+    std::string line, word, out;
+    while (std::getline(in, line)) {
+      std::istringstream w(line);
+      w >> word;
+      if (word != key) continue;
+      out = word;
+      while (w >> word) out += " " + word;
+    }
+    return out;
+  };
+  CHECK(row("optim.lr") == "optim.lr 0.0003 file");
+  CHECK(row("run.seed") == "run.seed 5 --set");
+  CHECK(row("optim.beta2") == "optim.beta2 0.95 default");
+  CHECK(row("key") == "key value source");
+  // aligned: every value starts in the same column
+  CHECK(table.find("0.0003") - table.rfind('\n', table.find("0.0003")) ==
+        table.find("0.95") - table.rfind('\n', table.find("0.95")));
+  CHECK(config_value(c, "optim.lr") == "0.0003");
+  CHECK(config_value(c, "target.target_layer_ids") == "[]");
+
+  // the resolved YAML loads back to the same values and hash
+  TrainConfig back = load_config_text(config_to_yaml(c), {}, "config.resolved.yaml");
+  for (const auto& k : config_schema()) CHECK_MESSAGE(config_value(back, k.path) == config_value(c, k.path), k.path);
+  CHECK(config_hash(back) == config_hash(c));
+
+  // stable: a known value for the defaults (changes only when the schema or a default changes: update it then)
+  TrainConfig d = load_config_text(kRequired, {}, "config.yaml");
+  CHECK(config_hash(d) == config_hash(load_config_text(kRequired, {}, "other.yaml")));
+  CHECK(config_hash_hex(d) == "0x893058a4bc080ab5");
+
+  // math keys change it; names, paths, logging and checkpoint cadence do not
+  CHECK(config_hash(load_config_text(kRequired, {"optim.lr=1e-3"})) != config_hash(d));
+  CHECK(config_hash(load_config_text(kRequired, {"drafter.block_size=8"})) != config_hash(d));
+  CHECK(config_hash(load_config_text(kRequired, {"layout.drafter_dp=4"})) != config_hash(d));
+  CHECK(config_hash(load_config_text(kRequired, {"run.name=other", "run.out_dir=/elsewhere", "log.every=1",
+                                                 "ckpt.every=100", "ckpt.resume=auto", "data.path=/moved/d.h5",
+                                                 "target.path=/moved/model", "layout.packets_in_flight=4"})) ==
+        config_hash(d));
+
+  // written to out_dir
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / "dflash_test_config_resolved";
+  fs::remove_all(dir);
+  TrainConfig w = load_config_text(kRequired, {"run.out_dir=" + dir.string()});
+  std::string path = write_resolved_config(w);
+  CHECK(path == (dir / "config.resolved.yaml").string());
+  TrainConfig r = load_config(path);
+  CHECK(config_hash(r) == config_hash(w));
+  CHECK(r.run.out_dir == dir.string());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("config: derived defaults (tap layers, decay gamma) and the command line") {
+  CHECK(default_target_layer_ids(64, 5) == std::vector<int>{1, 16, 31, 46, 61});
+  CHECK(default_target_layer_ids(36, 5) == std::vector<int>{1, 9, 17, 25, 33});
+  CHECK(default_target_layer_ids(30, 5) == std::vector<int>{1, 8, 14, 20, 27});  // halves round to even (Python)
+  CHECK(default_target_layer_ids(28, 1) == std::vector<int>{14});
+  CHECK(default_decay_gamma(16) == 7);
+  CHECK(default_decay_gamma(8) == 4);
+  CHECK(default_decay_gamma(32) == 16);
+  TrainConfig c = load_config_text(kRequired, {"drafter.block_size=8"});
+  CHECK(effective_decay_gamma(c) == 4);
+  c.loss.decay_gamma = 2.5;
+  CHECK(effective_decay_gamma(c) == 2.5);
+
+  const char* argv[] = {"dflash_mpi", "cfg.yaml", "--set", "optim.lr=1", "--verbose", "--set=run.seed=3"};
+  ConfigCli cli = parse_config_cli(6, const_cast<char**>(argv));
+  CHECK(cli.file == "cfg.yaml");
+  CHECK(cli.sets == std::vector<std::string>{"optim.lr=1", "run.seed=3"});
+  CHECK(cli.rest == std::vector<std::string>{"--verbose"});
+}
+
+TEST_CASE("config: docs/config.md documents every key") {
+  namespace fs = std::filesystem;
+  fs::path doc = fs::path(__FILE__).parent_path().parent_path().parent_path() / "docs" / "config.md";
+  std::ifstream f(doc);
+  REQUIRE_MESSAGE(f.good(), "cannot read " << doc);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  for (const auto& k : config_schema()) CHECK_MESSAGE(ss.str().find("`" + k.path + "`") != std::string::npos, k.path);
+}
