@@ -80,8 +80,8 @@ std::string config_to_yaml(const TrainConfig& cfg) {
         out << YAML::Flow << **v;
       } else if (auto* s = std::get_if<std::vector<std::string>*>(&f)) {
         out << YAML::Flow << **s;
-      } else if (auto* str = std::get_if<std::string*>(&f)) {
-        out << YAML::DoubleQuoted << **str;
+      } else if (auto* str = std::get_if<std::string*>(&f); str && k.type == KeyType::kString) {
+        out << YAML::DoubleQuoted << **str;  // names and paths: quoted, so any text loads back as itself
       } else {
         out << format_field(f);
       }

@@ -19,7 +19,7 @@ namespace {
 constexpr const char* kFormatHint =
     "a DFlash dataset holds tokens (int32), offsets (int64, n+1) and loss_mask (uint8); see data/README.md "
     "(dflash_data import-jsonl makes one)";
-constexpr hsize_t kTokenChunk = 1 << 16;    // elements per HDF5 chunk of tokens / loss_mask
+constexpr hsize_t kTokenChunk = 1 << 14;    // elements per HDF5 chunk of tokens / loss_mask (64 KiB of ids)
 constexpr hsize_t kOffsetChunk = 1 << 14;   // elements per HDF5 chunk of offsets
 constexpr size_t kWriteBuffer = 1 << 20;    // tokens buffered by the writer before a flush
 constexpr int64_t kScanChunk = 1 << 22;     // tokens read at a time by validation and stats

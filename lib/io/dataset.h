@@ -59,6 +59,7 @@ struct DatasetStats {
 };
 
 // An open, validated dataset. Keeps offsets in memory (8 bytes per sequence); reads tokens on demand.
+// Not thread-safe (the Debian HDF5 is a serial build): read from one thread per process.
 class Dataset {
  public:
   // vocab > 0: every token id must be in [0, vocab); vocab <= 0: ids must only be >= 0.

@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <string>
+
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
 
@@ -204,7 +207,7 @@ TEST_CASE("config: resolved table and YAML round trip; hash stable and sensitive
 
   // written to out_dir
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / "dflash_test_config_resolved";
+  fs::path dir = fs::temp_directory_path() / ("dflash_test_config_resolved_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   TrainConfig w = load_config_text(kRequired, {"run.out_dir=" + dir.string()});
   std::string path = write_resolved_config(w);

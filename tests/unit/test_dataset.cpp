@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <string>
+
+#include <unistd.h>
 #include <set>
 
 #include <hdf5.h>
@@ -23,8 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir() {
-  fs::path d = fs::temp_directory_path() / "dflash_test_dataset";
+// A folder of this process and test case, removed by the test case at its end.
+fs::path temp_dir(const char* test) {
+  fs::path d = fs::temp_directory_path() / (std::string("dflash_test_dataset_") + test + "_" + std::to_string(::getpid()));
   fs::create_directories(d);
   return d;
 }
@@ -63,7 +67,8 @@ void write_raw(const std::string& path, const std::vector<int32_t>& tokens, cons
 }  // namespace
 
 TEST_CASE("dataset: write then read back every sequence, stats and truncation") {
-  std::string path = (temp_dir() / "roundtrip.h5").string();
+  fs::path dir = temp_dir("roundtrip");
+  std::string path = (dir / "roundtrip.h5").string();
   write_dataset(path, kTokens, kOffsets, kMask);
   Dataset d(path, 128);
   CHECK(d.size() == 3);
@@ -90,11 +95,13 @@ TEST_CASE("dataset: write then read back every sequence, stats and truncation") 
   CHECK(st.mean_len == doctest::Approx(7.0 / 3.0));
   CHECK(st.trained_tokens == 4);
   CHECK(st.max_token == 101);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("dataset: the streaming writer spans several flushes and HDF5 chunks") {
-  std::string path = (temp_dir() / "large.h5").string();
-  const int n_seq = 700, len = 3001;  // 2.1M tokens: two writer flushes, ~32 chunks
+  fs::path dir = temp_dir("large");
+  std::string path = (dir / "large.h5").string();
+  const int n_seq = 700, len = 3001;  // 2.1M tokens: two writer flushes, ~130 HDF5 chunks
   {
     DatasetWriter w(path);
     std::vector<int32_t> tok(len);
@@ -117,11 +124,11 @@ TEST_CASE("dataset: the streaming writer spans several flushes and HDF5 chunks")
     for (int t = 0; t < len; ++t) same &= s.tokens[t] == (i * 7 + t) % 50000 && s.loss_mask[t] == ((t + i) % 3 == 0);
     CHECK_MESSAGE(same, "sequence " << i);
   }
-  fs::remove(path);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("dataset: every corruption is an error naming the file, the dataset and the sequence") {
-  fs::path dir = temp_dir();
+  fs::path dir = temp_dir("corrupt");
   std::string good = (dir / "good.h5").string();
   write_dataset(good, kTokens, kOffsets, kMask);
 
@@ -192,6 +199,7 @@ TEST_CASE("dataset: every corruption is an error naming the file, the dataset an
     CHECK_THROWS_WITH_AS(DatasetWriter((dir / "no" / "such" / "x.h5").string()),
                          doctest::Contains("cannot create the HDF5 file"), Error);
   }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("dataset: epoch shuffle is a deterministic permutation; ranks get slot j % drafter_dp") {

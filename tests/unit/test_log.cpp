@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
 
@@ -27,7 +30,7 @@ std::vector<std::string> lines_of(const std::string& path) {
 }
 
 fs::path fresh_dir(const char* name) {
-  fs::path d = fs::temp_directory_path() / name;
+  fs::path d = fs::temp_directory_path() / (name + std::string("_") + std::to_string(::getpid()));
   fs::remove_all(d);
   return d;
 }
