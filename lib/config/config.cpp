@@ -182,7 +182,11 @@ void apply_yaml(TrainConfig& cfg, const YAML::Node& root, const std::string& nam
 TrainConfig load_from(const YAML::Node& root, const std::string& name, const std::vector<std::string>& sets) {
   TrainConfig cfg;
   cfg.file = name;
-  apply_yaml(cfg, root, name);
+  try {
+    apply_yaml(cfg, root, name);
+  } catch (const YAML::Exception& e) {  // e.g. a list used as a key
+    fail(fmt::format("{}:{}", name, e.mark.line + 1), "malformed config: " + e.msg);
+  }
   for (const auto& s : sets) apply_override(cfg, s);
   validate_config(cfg);
   return cfg;

@@ -157,6 +157,7 @@ TEST_CASE("config: wrong types, enum values, ranges and cross-key rules are erro
   CHECK_HAS(error_of(kRequired + "layout:\n  transport: nccl\n"), "nccl needs cuda");
   CHECK_HAS(error_of(kRequired + "optim:\n  lr: 1\n  lr: 2\n"), "key 'optim.lr' is given twice");
   CHECK_HAS(error_of("run: [1, 2\n"), "config.yaml:2:1: YAML syntax error");
+  CHECK_HAS(error_of(kRequired + "optim:\n  [a, b]: 1\n"), "config.yaml:");
   CHECK_THROWS_WITH_AS(load_config("/nonexistent/config.yaml"), doctest::Contains("config file not found"), Error);
 }
 
