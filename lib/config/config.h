@@ -10,7 +10,7 @@
 
 namespace dflash {
 
-struct RunConfig {
+struct RunSection {
   std::string name = "dflash";        // run name (logs, exported config)
   std::string out_dir = "runs/dflash";  // logs/, ckpt/, metrics.jsonl, config.resolved.yaml
   int64_t seed = 0;                   // every random stream derives from it (init, shuffle, anchors)
@@ -18,7 +18,7 @@ struct RunConfig {
   int64_t steps = 0;                  // optimizer steps; 0 = as many as data.epochs allows
 };
 
-struct LayoutConfig {
+struct LayoutSection {
   int target_tp = 5;                  // ranks per target tensor-parallel group
   int target_groups = 1;              // target groups; world = target_tp * target_groups + drafter_dp
   int drafter_dp = 3;                 // drafter data-parallel ranks
@@ -26,13 +26,13 @@ struct LayoutConfig {
   int packets_in_flight = 2;          // packets a target group may run ahead of each drafter rank
 };
 
-struct TargetConfig {
+struct TargetSection {
   std::string path;                   // Hugging Face model directory (required)
   std::vector<int> target_layer_ids;  // tapped decoder layers; empty = round(1 + i*(L-4)/(n_taps-1))
   int n_taps = 5;                     // number of tapped layers
 };
 
-struct DrafterConfig {
+struct DrafterSection {
   int layers = 5;
   int hidden = 0;                     // 0 = the target's hidden_size (so for every "0 = target's" below)
   int heads = 0;
@@ -48,7 +48,7 @@ struct DrafterConfig {
   double init_std = 0.02;             // std of the normal init of trained projections
 };
 
-struct LossConfig {
+struct LossSection {
   int chunk_size = 1024;              // positions per vocab chunk: loss memory is O(chunk_size * V)
   std::string mode = "recompute";     // recompute | fused (see ARCHITECTURE.md, "The vocab loss")
   double ce_weight = 1;
@@ -60,7 +60,7 @@ struct LossConfig {
   int anchors_per_seq = 512;          // anchors sampled per sequence per step (fewer if the mask allows fewer)
 };
 
-struct OptimConfig {
+struct OptimSection {
   double lr = 6e-4;
   double weight_decay = 0;
   double beta1 = 0.9;
@@ -72,20 +72,20 @@ struct OptimConfig {
   int micro_batches = 1;              // sequences per drafter rank per step
 };
 
-struct DataConfig {
+struct DataSection {
   std::string path;                   // HDF5 dataset (required; format in data/README.md)
   bool shuffle = true;                // epoch-seeded shuffle; false = file order every epoch
   int epochs = 1;
   int max_seq_len = 0;                // longer sequences are truncated; 0 = no limit
 };
 
-struct CkptConfig {
+struct CkptSection {
   int every = 0;                      // save every N steps (and at the end); 0 = off
   int keep = 2;                       // newest complete checkpoints kept; 0 = keep all
   std::string resume = "none";        // none | auto (newest complete in out_dir/ckpt) | a checkpoint directory
 };
 
-struct LogConfig {
+struct LogSection {
   int every = 10;                     // progress line + metrics.jsonl record every N steps
   std::string level = "info";         // debug | info | warn | error (env DFLASH_LOG_LEVEL overrides)
 };
@@ -94,15 +94,15 @@ struct LogConfig {
 enum class ConfigSource { kDefault, kFile, kSet };
 
 struct TrainConfig {
-  RunConfig run;
-  LayoutConfig layout;
-  TargetConfig target;
-  DrafterConfig drafter;
-  LossConfig loss;
-  OptimConfig optim;
-  DataConfig data;
-  CkptConfig ckpt;
-  LogConfig log;
+  RunSection run;
+  LayoutSection layout;
+  TargetSection target;
+  DrafterSection drafter;
+  LossSection loss;
+  OptimSection optim;
+  DataSection data;
+  CkptSection ckpt;
+  LogSection log;
 
   std::string file;                              // YAML file it was loaded from ("" when none)
   std::map<std::string, ConfigSource> source;    // per dotted key; absent = default

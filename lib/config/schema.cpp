@@ -20,13 +20,13 @@ const char* key_type_name(KeyType t) {
   return "?";
 }
 
-bool Range::contains(double v) const {
+bool ValueRange::contains(double v) const {
   if (lo_open ? !(v > lo) : !(v >= lo)) return false;
   if (hi_open ? !(v < hi) : !(v <= hi)) return false;
   return true;
 }
 
-std::string Range::describe() const {
+std::string ValueRange::describe() const {
   bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
   if (has_lo && has_hi) return fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
   if (has_lo) return fmt::format("{} {}", lo_open ? ">" : ">=", lo);
@@ -37,16 +37,16 @@ std::string Range::describe() const {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-const Range kAny{};
-const Range kPositive{0, kInf, true, false};     // > 0
-const Range kNonNeg{0, kInf, false, false};      // >= 0
-const Range kAtLeast1{1, kInf, false, false};    // >= 1
-const Range kUnitOpen{0, 1, false, true};        // [0, 1)
-const Range kUnit{0, 1, false, false};           // [0, 1]
+const ValueRange kAny{};
+const ValueRange kPositive{0, kInf, true, false};     // > 0
+const ValueRange kNonNeg{0, kInf, false, false};      // >= 0
+const ValueRange kAtLeast1{1, kInf, false, false};    // >= 1
+const ValueRange kUnitOpen{0, 1, false, true};        // [0, 1)
+const ValueRange kUnit{0, 1, false, false};           // [0, 1]
 
 #define FIELD(member) [](TrainConfig& c) -> FieldRef { return &c.member; }
 
-ConfigKey key(std::string path, KeyType type, FieldRef (*field)(TrainConfig&), Range range, std::string help) {
+ConfigKey key(std::string path, KeyType type, FieldRef (*field)(TrainConfig&), ValueRange range, std::string help) {
   ConfigKey k;
   k.path = std::move(path), k.type = type, k.field = field, k.help = std::move(help), k.range = range;
   return k;
@@ -100,7 +100,7 @@ std::vector<ConfigKey> build_schema() {
       key("drafter.head_dim", T::kInt, FIELD(drafter.head_dim), kNonNeg, "head dimension; 0 = the target's"),
       key("drafter.intermediate", T::kInt, FIELD(drafter.intermediate), kNonNeg,
           "MLP intermediate size; 0 = the target's"),
-      key("drafter.block_size", T::kInt, FIELD(drafter.block_size), Range{2, kInf, false, false},
+      key("drafter.block_size", T::kInt, FIELD(drafter.block_size), ValueRange{2, kInf, false, false},
           "block size B: the anchor token + B-1 predicted positions"),
       key("drafter.rope_theta", T::kFloat, FIELD(drafter.rope_theta), kNonNeg, "RoPE base; 0 = the target's"),
       key("drafter.rms_eps", T::kFloat, FIELD(drafter.rms_eps), kNonNeg, "RMSNorm epsilon; 0 = the target's"),

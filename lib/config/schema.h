@@ -18,7 +18,7 @@ using FieldRef = std::variant<int*, int64_t*, double*, bool*, std::string*, std:
                               std::vector<std::string>*>;
 
 // Allowed numeric interval (ints, floats, elements of int lists); open ends are exclusive.
-struct Range {
+struct ValueRange {
   double lo = -std::numeric_limits<double>::infinity();
   double hi = std::numeric_limits<double>::infinity();
   bool lo_open = false, hi_open = false;
@@ -32,7 +32,7 @@ struct ConfigKey {
   FieldRef (*field)(TrainConfig&) = nullptr;  // the member it fills
   std::string help;                   // one line for docs and --help
   std::vector<std::string> choices;   // kEnum / kEnumList
-  Range range;                        // kInt / kFloat / kIntList
+  ValueRange range;                        // kInt / kFloat / kIntList
   bool required = false;              // no usable default: must come from the file or --set
   bool hashed = true;                 // part of config_hash (false: does not change the training math)
 
