@@ -313,14 +313,4 @@ std::vector<int> default_target_layer_ids(int num_target_layers, int n_taps) {
   return ids;
 }
 
-double default_decay_gamma(int block_size) {
-  if (block_size == 16) return 7;
-  if (block_size == 8) return 4;
-  return std::max(1.0, block_size / 2.0);
-}
-
-double effective_decay_gamma(const TrainConfig& cfg) {
-  return cfg.loss.decay_gamma > 0 ? cfg.loss.decay_gamma : default_decay_gamma(cfg.drafter.block_size);
-}
-
 }  // namespace dflash

@@ -56,7 +56,7 @@ struct LossSection {
   double kl_temperature = 1;
   double cap_weight = 0;
   int top_k = 4;                      // top-k hit metric
-  double decay_gamma = 0;             // position weight exp(-(k-1)/gamma); 0 = by block size (default_decay_gamma)
+  double decay_gamma = 0;             // weight exp(-(k-1)/gamma); 0 = default_decay_gamma(B) (train/anchors.h)
   int anchors_per_seq = 512;          // anchors sampled per sequence per step (fewer if the mask allows fewer)
 };
 
@@ -141,11 +141,8 @@ std::string config_hash_hex(const TrainConfig& cfg);  // "0x" + 16 hex digits
 // Value of one key as text ("6e-4" -> "0.0006", lists "[1, 16, 31]"); throws on an unknown key.
 std::string config_value(const TrainConfig& cfg, const std::string& key);
 
-// Derived defaults (pure, documented in docs/config.md).
+// Derived default (pure, documented in docs/config.md).
 // target_layer_ids when empty: round(1 + i*(L-4)/(n_taps-1)), i = 0..n_taps-1 (one tap: L/2).
 std::vector<int> default_target_layer_ids(int num_target_layers, int n_taps);
-// loss.decay_gamma when 0: 7 for B=16, 4 for B=8, B/2 otherwise (at least 1).
-double default_decay_gamma(int block_size);
-double effective_decay_gamma(const TrainConfig& cfg);
 
 }  // namespace dflash

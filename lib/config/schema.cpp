@@ -124,7 +124,7 @@ std::vector<ConfigKey> build_schema() {
           "weight of the confidence-aware penalty (confident wrong argmax)"),
       unhashed(key("loss.top_k", T::kInt, FIELD(loss.top_k), kAtLeast1, "k of the top-k hit metric")),
       key("loss.decay_gamma", T::kFloat, FIELD(loss.decay_gamma), kNonNeg,
-          "position weight exp(-(k-1)/gamma); 0 = 7 for B=16, 4 for B=8, B/2 otherwise"),
+          "position weight exp(-(k-1)/gamma); 0 = 7 for B=16, 4 for B=8, 7*B/16 otherwise"),
       key("loss.anchors_per_seq", T::kInt, FIELD(loss.anchors_per_seq), kAtLeast1,
           "anchors sampled per sequence per step (fewer when the loss mask allows fewer)"),
       // optim

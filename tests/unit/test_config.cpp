@@ -219,19 +219,11 @@ TEST_CASE("config: resolved table and YAML round trip; hash stable and sensitive
   fs::remove_all(dir);
 }
 
-TEST_CASE("config: derived defaults (tap layers, decay gamma) and the command line") {
+TEST_CASE("config: default tap layers and the command line") {
   CHECK(default_target_layer_ids(64, 5) == std::vector<int>{1, 16, 31, 46, 61});
   CHECK(default_target_layer_ids(36, 5) == std::vector<int>{1, 9, 17, 25, 33});
   CHECK(default_target_layer_ids(30, 5) == std::vector<int>{1, 8, 14, 20, 27});  // halves round to even (Python)
   CHECK(default_target_layer_ids(28, 1) == std::vector<int>{14});
-  CHECK(default_decay_gamma(16) == 7);
-  CHECK(default_decay_gamma(8) == 4);
-  CHECK(default_decay_gamma(32) == 16);
-  TrainConfig c = load_config_text(kRequired, {"drafter.block_size=8"});
-  CHECK(effective_decay_gamma(c) == 4);
-  c.loss.decay_gamma = 2.5;
-  CHECK(effective_decay_gamma(c) == 2.5);
-
   const char* argv[] = {"dflash_mpi", "cfg.yaml", "--set", "optim.lr=1", "--verbose", "--set=run.seed=3"};
   ConfigCli cli = parse_config_cli(6, const_cast<char**>(argv));
   CHECK(cli.file == "cfg.yaml");
