@@ -152,7 +152,10 @@ int64_t TensorInfo::row_len() const {
 }
 std::string TensorInfo::shape_str() const {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
   return s + "]";
 }
 
