@@ -21,8 +21,20 @@ using namespace dflash::io;
 
 namespace {
 
+// this process's scratch directory, removed when the test binary exits
+const fs::path& scratch_root() {
+  static const struct Root {
+    fs::path path = fs::temp_directory_path() / ("dflash_test_safetensors_" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } root;
+  return root.path;
+}
+
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("dflash_test_" + std::to_string(::getpid())) / name;
+  fs::path d = scratch_root() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
