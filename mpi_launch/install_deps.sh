@@ -10,7 +10,7 @@ packages=(
   libyaml-cpp-dev                 # config files
   libfmt-dev                      # formatting, logs
   doctest-dev                     # unit tests
-  libopenblas-dev                 # CPU BLAS (cblas)
+  libopenblas-openmp-dev          # CPU BLAS (cblas), OpenMP build: cooperates with our OpenMP loops
   nlohmann-json3-dev              # safetensors headers, config.json
 )
 

@@ -17,6 +17,7 @@ struct Subcommand {
 
 const Subcommand kSubcommands[] = {
     {"drafter", dflash::bench::run_drafter, "drafter forward+backward over one sequence's anchors vs sgemm rate"},
+    {"target", dflash::bench::run_target, "TP target forward tokens/s and all-reduce time (mpirun -np K)"},
 };
 
 void usage() {

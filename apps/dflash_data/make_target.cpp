@@ -1,0 +1,41 @@
+// dflash_data make-target --out DIR [--hidden 64 --layers 2 --heads 4 --kv-heads 2 --head-dim 16
+//   --intermediate 128 --vocab 256 --seed 1 --dtype f32|bf16 --files 1 --tie]
+// Writes a random Qwen3 target (config.json + model.safetensors) in the Hugging Face format.
+#include <cstdio>
+
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/model/random_target.h"
+
+namespace dflash::data {
+
+int run_make_target(int argc, char** argv) {
+  Args a(argc, argv,
+         {"out", "hidden", "layers", "heads", "kv-heads", "head-dim", "intermediate", "vocab", "seed", "dtype",
+          "files", "rope-theta"},
+         {"tie"});
+  DFLASH_CHECK(a.has("out"), "make-target: --out DIR is required (the model directory to write)");
+  model::RandomTargetSpec s;
+  s.hidden = int(a.integer("hidden", s.hidden));
+  s.layers = int(a.integer("layers", s.layers));
+  s.heads = int(a.integer("heads", s.heads));
+  s.kv_heads = int(a.integer("kv-heads", s.kv_heads));
+  s.head_dim = int(a.integer("head-dim", s.head_dim));
+  s.intermediate = int(a.integer("intermediate", s.intermediate));
+  s.vocab = int(a.integer("vocab", s.vocab));
+  s.seed = uint64_t(a.integer("seed", 1));
+  s.files = int(a.integer("files", 1));
+  s.rope_theta = a.real("rope-theta", s.rope_theta);
+  s.tie = a.has("tie");
+  const std::string dtype = a.str("dtype", "f32");
+  DFLASH_CHECK(dtype == "f32" || dtype == "bf16", "make-target: --dtype must be f32 or bf16, got '{}'", dtype);
+  s.dtype = dtype == "bf16" ? io::DType::BF16 : io::DType::F32;
+  const std::string out = a.str("out", "");
+  model::write_random_target(out, s);
+  std::printf("wrote random Qwen3 target to %s: H %d, %d layers, %d/%d heads × %d, intermediate %d, vocab %d, %s%s\n",
+              out.c_str(), s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab,
+              dtype.c_str(), s.tie ? ", tied" : "");
+  return 0;
+}
+
+}  // namespace dflash::data

@@ -1,0 +1,69 @@
+#include "lib/comm/layout.h"
+
+#include <fmt/format.h>
+
+#include "lib/core/error.h"
+
+namespace dflash::comm {
+
+const char* role_name(Role r) { return r == Role::Target ? "target" : "drafter"; }
+
+std::vector<int> RankLayout::drafters_of_group(int g) const {
+  std::vector<int> d;
+  for (int i = g; i < drafter_dp; i += target_groups) d.push_back(i);
+  return d;
+}
+
+std::string RankLayout::describe() const {
+  if (role == Role::Target) return fmt::format("[rank {} | target | group {} tp {}]", world_rank, group, tp_rank);
+  return fmt::format("[rank {} | drafter | dp {}]", world_rank, dp_rank);
+}
+
+RankLayout make_rank_layout(int target_tp, int target_groups, int drafter_dp, int world_size, int world_rank) {
+  DFLASH_CHECK(target_tp >= 1 && target_groups >= 1 && drafter_dp >= 1,
+               "rank layout: target_tp ({}), target_groups ({}) and drafter_dp ({}) must all be ≥ 1", target_tp,
+               target_groups, drafter_dp);
+  const int need = target_tp * target_groups + drafter_dp;
+  DFLASH_CHECK(world_size == need,
+               "rank layout: the world has {} ranks but target_tp {} × target_groups {} + drafter_dp {} = {}; "
+               "run with mpirun -np {} or change the layout in the config",
+               world_size, target_tp, target_groups, drafter_dp, need, need);
+  DFLASH_CHECK(drafter_dp >= target_groups,
+               "rank layout: drafter_dp {} < target_groups {}: some target group would feed no drafter rank",
+               drafter_dp, target_groups);
+  DFLASH_CHECK(world_rank >= 0 && world_rank < world_size, "rank layout: world rank {} outside [0, {})", world_rank,
+               world_size);
+  RankLayout l;
+  l.target_tp = target_tp;
+  l.target_groups = target_groups;
+  l.drafter_dp = drafter_dp;
+  l.world_size = world_size;
+  l.world_rank = world_rank;
+  const int n_target = target_tp * target_groups;
+  if (world_rank < n_target) {
+    l.role = Role::Target;
+    l.group = world_rank / target_tp;
+    l.tp_rank = world_rank % target_tp;
+  } else {
+    l.role = Role::Drafter;
+    l.dp_rank = world_rank - n_target;
+    l.group = l.dp_rank % target_groups;
+  }
+  return l;
+}
+
+RoleComms::RoleComms(const RankLayout& l, MPI_Comm world) : world_(world) {
+  // One split: colour g for target group g, colour target_groups for the drafters; key keeps layout order.
+  const int colour = l.role == Role::Target ? l.group : l.target_groups;
+  const int key = l.role == Role::Target ? l.tp_rank : l.dp_rank;
+  MPI_Comm c = MPI_COMM_NULL;
+  DFLASH_CHECK(MPI_Comm_split(world, colour, key, &c) == MPI_SUCCESS, "{}: MPI_Comm_split failed", l.describe());
+  (l.role == Role::Target ? tp_ : dp_) = c;
+}
+
+RoleComms::~RoleComms() {
+  if (tp_ != MPI_COMM_NULL) MPI_Comm_free(&tp_);
+  if (dp_ != MPI_COMM_NULL) MPI_Comm_free(&dp_);
+}
+
+}  // namespace dflash::comm

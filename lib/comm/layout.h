@@ -1,0 +1,64 @@
+#pragma once
+// Who does what in the world: `world = target_tp * target_groups + drafter_dp`. World ranks
+// [0, target_tp * target_groups) are target ranks, group g holding ranks [g * target_tp, (g + 1) * target_tp)
+// (tp rank = offset in the group); the remaining drafter_dp ranks are drafter ranks d = 0..drafter_dp-1.
+// Target group g feeds the drafter ranks d with d % target_groups == g.
+// the C API only: Open MPI's deprecated C++ bindings would otherwise need libmpi_cxx at link time
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+namespace dflash::comm {
+
+enum class Role { Target, Drafter };
+const char* role_name(Role r);  // "target" | "drafter"
+
+struct RankLayout {
+  int target_tp = 0, target_groups = 0, drafter_dp = 0;
+  int world_size = 0, world_rank = 0;
+
+  Role role = Role::Target;
+  int group = -1;    // target: its group; drafter: the group that feeds it (d % target_groups)
+  int tp_rank = -1;  // target only: rank inside the TP group
+  int dp_rank = -1;  // drafter only: d
+
+  int target_world_rank(int g, int tp) const { return g * target_tp + tp; }
+  int drafter_world_rank(int d) const { return target_tp * target_groups + d; }
+  // drafter ranks d (not world ranks) that target group g feeds, ascending
+  std::vector<int> drafters_of_group(int g) const;
+  // "[rank 3 | target | group 0 tp 3]" for log prefixes
+  std::string describe() const;
+};
+
+// The layout for one world rank. Throws dflash::Error (naming the numbers and the fix) when a size is < 1,
+// world_size != target_tp * target_groups + drafter_dp, drafter_dp < target_groups (a group would feed nobody),
+// or world_rank is outside [0, world_size).
+RankLayout make_rank_layout(int target_tp, int target_groups, int drafter_dp, int world_size, int world_rank);
+
+// The role communicators of one rank (MPI_Comm_split of `world`; collective over all of it). Owns and frees them.
+//   tp: this rank's target TP group (target ranks; MPI_COMM_NULL on drafters), rank in it = tp_rank;
+//   dp: all drafter ranks (drafter ranks; MPI_COMM_NULL on targets), rank in it = dp_rank.
+// Packets between a target group and its drafters travel on `world` with layout world ranks.
+class RoleComms {
+ public:
+  RoleComms(const RankLayout& layout, MPI_Comm world);
+  ~RoleComms();
+  RoleComms(const RoleComms&) = delete;
+  RoleComms& operator=(const RoleComms&) = delete;
+
+  MPI_Comm world() const { return world_; }
+  MPI_Comm tp() const { return tp_; }
+  MPI_Comm dp() const { return dp_; }
+
+ private:
+  MPI_Comm world_ = MPI_COMM_NULL, tp_ = MPI_COMM_NULL, dp_ = MPI_COMM_NULL;
+};
+
+}  // namespace dflash::comm

@@ -1,0 +1,103 @@
+#pragma once
+// Point-to-point and collective communication inside one communicator (a target TP group, the drafter DP group,
+// the world), behind one interface: MpiTransport now, NCCL with the CUDA backend. Ranks are ranks of that
+// communicator. Byte calls are the primitive; the typed templates count elements.
+#include <cstddef>
+#include <memory>
+
+namespace dflash::comm {
+
+// A pending non-blocking send or receive. wait() blocks until the buffer may be reused (send) or read (receive).
+// Move-only; destroying a pending request waits for it, so a buffer is never released under a transfer.
+class Request {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual void wait() = 0;
+    virtual bool test() = 0;  // true once complete (then wait() returns at once)
+  };
+  Request() = default;
+  explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&& o) noexcept {
+    if (this != &o) {
+      finish();
+      impl_ = std::move(o.impl_);
+    }
+    return *this;
+  }
+  ~Request() { finish(); }
+
+  void wait() {
+    if (impl_) {
+      impl_->wait();
+      impl_.reset();
+    }
+  }
+  bool test() {
+    if (impl_ && impl_->test()) impl_.reset();
+    return !impl_;
+  }
+  bool pending() const { return impl_ != nullptr; }
+
+ private:
+  void finish() noexcept {
+    try {
+      wait();
+    } catch (...) {
+      // a failed transfer in a destructor cannot be reported; MPI's default handler aborts the job anyway
+    }
+  }
+  std::unique_ptr<Impl> impl_;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // data[n] (=) sum over the ranks of data[n]; every rank gets the same values.
+  virtual void allreduce_sum(float* data, size_t n) = 0;
+  virtual void allreduce_sum(double* data, size_t n) = 0;
+  // data[bytes] (=) root's data[bytes] on every rank
+  virtual void broadcast_bytes(void* data, size_t bytes, int root) = 0;
+  virtual void send_bytes(const void* data, size_t bytes, int dest, int tag) = 0;
+  virtual void recv_bytes(void* data, size_t bytes, int src, int tag) = 0;
+  virtual Request isend_bytes(const void* data, size_t bytes, int dest, int tag) = 0;
+  virtual Request irecv_bytes(void* data, size_t bytes, int src, int tag) = 0;
+  virtual void barrier() = 0;
+
+  template <typename T>
+  void broadcast(T* data, size_t count, int root) { broadcast_bytes(data, count * sizeof(T), root); }
+  template <typename T>
+  void send(const T* data, size_t count, int dest, int tag) { send_bytes(data, count * sizeof(T), dest, tag); }
+  template <typename T>
+  void recv(T* data, size_t count, int src, int tag) { recv_bytes(data, count * sizeof(T), src, tag); }
+  template <typename T>
+  Request isend(const T* data, size_t count, int dest, int tag) {
+    return isend_bytes(data, count * sizeof(T), dest, tag);
+  }
+  template <typename T>
+  Request irecv(T* data, size_t count, int src, int tag) {
+    return irecv_bytes(data, count * sizeof(T), src, tag);
+  }
+};
+
+// A transport of one rank: collectives are the identity, point-to-point is an error. What a TP group of one
+// uses when there is no MPI (unit tests, tools).
+class SelfTransport final : public Transport {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce_sum(float*, size_t) override {}
+  void allreduce_sum(double*, size_t) override {}
+  void broadcast_bytes(void*, size_t, int) override {}
+  void send_bytes(const void*, size_t, int, int) override;
+  void recv_bytes(void*, size_t, int, int) override;
+  Request isend_bytes(const void*, size_t, int, int) override;
+  Request irecv_bytes(void*, size_t, int, int) override;
+  void barrier() override {}
+};
+
+}  // namespace dflash::comm

@@ -1,0 +1,36 @@
+#pragma once
+// AdamW on fp32 master weights, global-norm gradient clipping, and the LR schedule (linear warmup + cosine).
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace dflash {
+
+struct AdamWSettings {
+  double lr = 6e-4;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.0;  // decoupled; applied only where decay_mask is 1 (matrices, not norm weights)
+};
+
+struct AdamWState {
+  std::vector<float> m, v;  // [P] first and second moments, fp32
+  int64_t step = 0;         // updates taken (the bias corrections use step after increment)
+};
+
+// One update of params [P] from grads [P] at learning rate lr: params (=), state (=).
+// decay_mask: [P] of 0/1, or empty for "decay everything".
+void adamw_step(float* params, const float* grads, size_t n, AdamWState& state, const AdamWSettings& s, double lr,
+                const std::vector<uint8_t>& decay_mask);
+
+// sqrt(Σ g²) accumulated in double (order fixed: index order).
+double global_norm(const float* grads, size_t n);
+
+// Scales grads (=) so that their global norm is at most max_norm; returns the norm before clipping.
+// max_norm <= 0 disables clipping.
+double clip_global_norm(float* grads, size_t n, double max_norm);
+
+// LR at step (0-based) of total_steps: linear warmup from lr/warmup to lr over warmup_steps, then cosine decay
+// to min_lr_ratio·lr at the last step.
+double lr_at(int64_t step, int64_t total_steps, double lr, double warmup_ratio, double min_lr_ratio);
+
+}  // namespace dflash

@@ -1,0 +1,93 @@
+#pragma once
+// The frozen Qwen3 target, tensor-parallel over one TP group, forward only, fp32 on CPU.
+//
+// Per decoder layer (Megatron naming): column-parallel q/k/v (this rank's heads) and gate/up (its intermediate
+// channels), row-parallel o/down (the matching input columns) each followed by one all-reduce of the [S, H]
+// partial sums, after which every TP rank holds the full activations. bf16/f16 checkpoints are widened to fp32
+// on load. Each rank reads only its own slices from the mmapped checkpoint; embedding rows are read per forward
+// for the tokens at hand, so no rank keeps the [V, H] table.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/comm/transport.h"
+#include "lib/io/safetensors.h"
+#include "lib/model/qwen_config.h"
+#include "lib/model/target_shard.h"
+
+namespace dflash::model {
+
+struct TargetOptions {
+  int mlp_grain = 64;        // intermediate channels per shard unit (tile alignment)
+  int attention_block = 64;  // query rows per attention block (scores held: block × S floats)
+};
+
+struct TargetStats {
+  long forwards = 0;
+  int64_t tokens = 0;
+  double forward_seconds = 0;    // wall time inside forward()
+  double allreduce_seconds = 0;  // wall time inside the row-parallel all-reduces (waiting included)
+  long allreduces = 0;
+};
+
+// One decoder layer's slices on this rank (shapes with the shard's local sizes: qd = q_count·head_dim,
+// kvd = kv_count·head_dim, ic = mlp_end − mlp_begin).
+struct TargetLayer {
+  std::vector<float> input_norm;  // [H]
+  std::vector<float> wq;          // [qd, H]   rows of q_proj
+  std::vector<float> wk, wv;      // [kvd, H]  rows of k_proj, v_proj
+  std::vector<float> q_norm;      // [head_dim]
+  std::vector<float> k_norm;      // [head_dim]
+  std::vector<float> wo;          // [H, qd]   columns of o_proj
+  std::vector<float> post_norm;   // [H]
+  std::vector<float> wgate, wup;  // [ic, H]   rows of gate_proj, up_proj
+  std::vector<float> wdown;       // [H, ic]   columns of down_proj
+};
+
+class TargetModel {
+ public:
+  // Loads this rank's slices of the Hugging Face model in `model_dir` (config.json + model.safetensors or index)
+  // for the TP group `tp` (rank tp.rank() of tp.size()). `tp` must outlive the model.
+  TargetModel(const std::string& model_dir, comm::Transport& tp, TargetOptions options = {});
+
+  const QwenConfig& config() const { return config_; }
+  const TargetShard& shard() const { return shard_; }
+  const TargetStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  size_t weight_bytes() const;  // fp32 bytes of the slices held
+
+  // Collective over the TP group (every rank passes the same tokens). Positions 0..S-1.
+  // taps[S, n_taps*H] (=): columns [t*H, (t+1)*H) = output of decoder layer tap_layer_ids[t] (0-based);
+  // final_hidden[S, H] (=): final RMSNorm of the last layer's output. Either may be null to skip it.
+  // A token outside [0, vocab) or a layer id outside [0, layers) is a dflash::Error naming it.
+  void forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
+               float* final_hidden);
+
+ private:
+  void load_layer(int l);
+  void timed_allreduce(float* data, size_t n);
+
+  std::string dir_;
+  comm::Transport& tp_;
+  TargetOptions options_;
+  QwenConfig config_;
+  TargetShard shard_;
+  io::Checkpoint ckpt_;            // kept open: embedding rows are read per forward
+  std::vector<TargetLayer> layers_;
+  std::vector<float> final_norm_;  // [H]
+  TargetStats stats_;
+};
+
+// The target's vocabulary matrices as fp32, for drafter ranks: embedding [V, H] and lm_head [V, H]
+// (tied checkpoints: lm_head is the embedding, stored once). Reads nothing else from the checkpoint.
+struct TargetVocab {
+  int vocab = 0, hidden = 0;
+  bool tied = false;
+  std::vector<float> embedding;  // [V, H]
+  std::vector<float> lm_head_untied;  // [V, H]; empty when tied
+  const float* lm_head() const { return tied ? embedding.data() : lm_head_untied.data(); }
+};
+TargetVocab load_target_vocab(const std::string& model_dir);
+
+}  // namespace dflash::model
