@@ -9,5 +9,7 @@ namespace dflash::data {
 int run_import_jsonl(int argc, char** argv);
 // inspect FILE.h5 [--vocab V] [--seq I]: validates the dataset and prints its statistics.
 int run_inspect(int argc, char** argv);
+// make-target --out DIR [sizes...]: a random Qwen3 model (config.json + safetensors) for tests and the quickstart.
+int run_make_target(int argc, char** argv);
 
 }  // namespace dflash::data

@@ -19,6 +19,9 @@ const Subcommand kSubcommands[] = {
     {"import-jsonl", dflash::data::run_import_jsonl,
      "IN.jsonl OUT.h5 [--vocab V]: JSONL of {input_ids, loss_mask?} to an HDF5 dataset"},
     {"inspect", dflash::data::run_inspect, "FILE.h5 [--vocab V] [--seq I]: validate a dataset and print its statistics"},
+    {"make-target", dflash::data::run_make_target,
+     "--out DIR [--hidden --layers --heads --kv-heads --head-dim --intermediate --vocab --seed --dtype --tie]: "
+     "write a random Qwen3 model"},
 };
 
 void usage() {
