@@ -1,0 +1,100 @@
+// dflash_bench drafter: forward + backward of the drafter over one sequence's anchors, GFLOP/s achieved, and the
+// ratio to this machine's sgemm rate measured in the same run.
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "apps/dflash_bench/bench.h"
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/core/memory.h"
+#include "lib/core/rng.h"
+#include "lib/core/timer.h"
+#include "lib/model/drafter.h"
+
+namespace dflash::bench {
+
+int run_drafter(int argc, char** argv) {
+  Args args(argc, argv,
+            {"seq", "anchors", "block", "hidden", "layers", "heads", "kv-heads", "head-dim", "intermediate", "taps",
+             "window", "reps", "seed"},
+            {"help"});
+  if (args.has("help")) {
+    std::printf(
+        "dflash_bench drafter [--seq 2048] [--anchors 128] [--block 16] [--hidden 1024] [--layers 2] [--heads 16]\n"
+        "                     [--kv-heads 4] [--head-dim 64] [--intermediate 2816] [--taps 5] [--window 0]\n"
+        "                     [--reps 3] [--seed 1]\n");
+    return 0;
+  }
+  DrafterConfig c;
+  c.hidden = int(args.integer("hidden", 1024));
+  c.layers = int(args.integer("layers", 2));
+  c.heads = int(args.integer("heads", 16));
+  c.kv_heads = int(args.integer("kv-heads", 4));
+  c.head_dim = int(args.integer("head-dim", 64));
+  c.intermediate = int(args.integer("intermediate", 2816));
+  c.block_size = int(args.integer("block", 16));
+  c.n_taps = int(args.integer("taps", 5));
+  c.vocab = 1024;  // only the embedding rows the block tokens touch matter here
+  c.mask_token_id = c.vocab - 1;
+  c.window.assign(c.layers, int(args.integer("window", 0)));
+  const int S = int(args.integer("seq", 2048)), N = int(args.integer("anchors", 128));
+  const int reps = int(args.integer("reps", 3));
+  const uint64_t seed = uint64_t(args.integer("seed", 1));
+  c.validate();
+
+  // anchors: N distinct positions drawn uniformly from [0, S - 1), sorted (the training recipe's shape)
+  Rng rng(seed, 3);
+  std::vector<int> pool(std::max(S - 1, 1));
+  for (size_t i = 0; i < pool.size(); ++i) pool[i] = int(i);
+  DFLASH_CHECK(N <= int(pool.size()), "--anchors {} exceeds the {} candidate positions of --seq {}", N, pool.size(),
+               S);
+  for (int i = 0; i < N; ++i) std::swap(pool[i], pool[i + rng.below(pool.size() - i)]);
+  std::vector<int> anchors(pool.begin(), pool.begin() + N);
+  std::sort(anchors.begin(), anchors.end());
+
+  const size_t rss0 = resident_bytes();
+  DrafterParams<float> w(c), g(c);
+  w.init_random(seed, 0.02);
+  std::vector<float> taps(size_t(S) * c.n_taps * c.hidden), embed(size_t(c.vocab) * c.hidden);
+  for (auto& x : taps) x = float(rng.normal());
+  for (auto& x : embed) x = float(0.02 * rng.normal());
+  std::vector<int32_t> tokens(S);
+  for (auto& t : tokens) t = int32_t(rng.below(c.vocab - 1));
+  DrafterInputs<float> in{taps.data(), tokens.data(), S, anchors.data(), N, embed.data()};
+  std::vector<float> d_out(size_t(N) * c.block_size * c.hidden);
+  for (auto& x : d_out) x = float(rng.normal());
+
+  DrafterActivations<float> acts;
+  drafter_forward(c, w, in, acts);  // warm-up: first-touch page faults and BLAS thread start-up
+  drafter_backward(c, w, in, acts, d_out.data(), g);
+  double t_fwd = 1e30, t_bwd = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    Timer t;
+    drafter_forward(c, w, in, acts);
+    t_fwd = std::min(t_fwd, t.seconds());
+    t.reset();
+    drafter_backward(c, w, in, acts, d_out.data(), g);
+    t_bwd = std::min(t_bwd, t.seconds());
+  }
+  const size_t rss = peak_resident_bytes();
+  const DrafterFlops f = drafter_flops(c, S, anchors);
+  const int NB = N * c.block_size;
+  const double sgemm = sgemm_gflops(NB, c.intermediate, c.hidden);  // the drafter's largest GEMM shape
+  const double gf_fwd = f.forward / t_fwd * 1e-9, gf_bwd = f.backward / t_bwd * 1e-9;
+  const double gf_all = (f.forward + f.backward) / (t_fwd + t_bwd) * 1e-9;
+
+  std::printf("drafter: S=%d anchors=%d B=%d (rows %d) H=%d L=%d heads=%d/%d D=%d I=%d taps=%d window=%d\n", S, N,
+              c.block_size, NB, c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.intermediate, c.n_taps,
+              c.window[0]);
+  std::printf("  forward   %8.1f ms  %8.2f GFLOP  %7.1f GFLOP/s\n", t_fwd * 1e3, f.forward * 1e-9, gf_fwd);
+  std::printf("  backward  %8.1f ms  %8.2f GFLOP  %7.1f GFLOP/s\n", t_bwd * 1e3, f.backward * 1e-9, gf_bwd);
+  std::printf("  fwd+bwd   %8.1f ms  %8.2f GFLOP  %7.1f GFLOP/s\n", (t_fwd + t_bwd) * 1e3,
+              (f.forward + f.backward) * 1e-9, gf_all);
+  std::printf("  sgemm rate (M=%d N=%d K=%d, same run): %.1f GFLOP/s\n", NB, c.intermediate, c.hidden, sgemm);
+  std::printf("  ratio to sgemm: %.2f   peak RSS %.0f MiB (process start %.0f MiB)\n", gf_all / sgemm,
+              rss / 1048576.0, rss0 / 1048576.0);
+  return 0;
+}
+
+}  // namespace dflash::bench

@@ -1,0 +1,132 @@
+#include "lib/model/drafter_params.h"
+
+#include <algorithm>
+
+#include "lib/core/error.h"
+#include "lib/core/rng.h"
+
+namespace dflash {
+
+void DrafterConfig::validate() const {
+  auto positive = [](int v, const char* name) {
+    DFLASH_CHECK(v > 0, "drafter config: {} must be positive, got {}", name, v);
+  };
+  positive(hidden, "hidden");
+  positive(layers, "layers");
+  positive(heads, "heads");
+  positive(kv_heads, "kv_heads");
+  positive(head_dim, "head_dim");
+  positive(intermediate, "intermediate");
+  positive(block_size, "block_size");
+  positive(n_taps, "n_taps");
+  positive(vocab, "vocab");
+  DFLASH_CHECK(heads % kv_heads == 0, "drafter config: heads ({}) must be a multiple of kv_heads ({})", heads,
+               kv_heads);
+  DFLASH_CHECK(head_dim % 2 == 0, "drafter config: head_dim ({}) must be even for RoPE", head_dim);
+  DFLASH_CHECK(block_size >= 2, "drafter config: block_size ({}) must be >= 2 (anchor + at least one prediction)",
+               block_size);
+  DFLASH_CHECK(mask_token_id >= 0 && mask_token_id < vocab,
+               "drafter config: mask_token_id {} is outside the vocabulary [0, {})", mask_token_id, vocab);
+  DFLASH_CHECK(window.empty() || int(window.size()) == layers,
+               "drafter config: {} sliding-window entries for {} layers (give one per layer, 0 = full)",
+               window.size(), layers);
+  for (size_t l = 0; l < window.size(); ++l)
+    DFLASH_CHECK(window[l] >= 0, "drafter config: window of layer {} is {} (must be >= 0)", l, window[l]);
+  DFLASH_CHECK(rope_theta > 0 && rms_eps > 0, "drafter config: rope_theta ({}) and rms_eps ({}) must be positive",
+               rope_theta, rms_eps);
+}
+
+std::vector<ParamInfo> drafter_param_layout(const DrafterConfig& c) {
+  c.validate();
+  std::vector<ParamInfo> out;
+  size_t offset = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool is_norm) {
+    size_t n = 1;
+    for (auto d : shape) n *= size_t(d);
+    out.push_back({std::move(name), std::move(shape), offset, n, is_norm});
+    offset += n;
+  };
+  const int64_t H = c.hidden, Q = int64_t(c.heads) * c.head_dim, KV = int64_t(c.kv_heads) * c.head_dim;
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {H}, true);
+    add(p + "self_attn.q_proj.weight", {Q, H}, false);
+    add(p + "self_attn.k_proj.weight", {KV, H}, false);
+    add(p + "self_attn.v_proj.weight", {KV, H}, false);
+    add(p + "self_attn.o_proj.weight", {H, Q}, false);
+    add(p + "self_attn.q_norm.weight", {c.head_dim}, true);
+    add(p + "self_attn.k_norm.weight", {c.head_dim}, true);
+    add(p + "post_attention_layernorm.weight", {H}, true);
+    add(p + "mlp.gate_proj.weight", {c.intermediate, H}, false);
+    add(p + "mlp.up_proj.weight", {c.intermediate, H}, false);
+    add(p + "mlp.down_proj.weight", {H, c.intermediate}, false);
+  }
+  add("fc.weight", {H, int64_t(c.n_taps) * H}, false);
+  add("hidden_norm.weight", {H}, true);
+  add("norm.weight", {H}, true);
+  return out;
+}
+
+template <typename T>
+DrafterParams<T>::DrafterParams(const DrafterConfig& cfg) : layout(drafter_param_layout(cfg)), cfg_(cfg) {
+  flat.assign(layout.back().offset + layout.back().numel, T(0));
+  bind();
+}
+
+template <typename T>
+DrafterParams<T>::DrafterParams(const DrafterParams& o) : flat(o.flat), layout(o.layout), cfg_(o.cfg_) {
+  bind();
+}
+
+template <typename T>
+DrafterParams<T>& DrafterParams<T>::operator=(const DrafterParams& o) {
+  flat = o.flat;
+  layout = o.layout;
+  cfg_ = o.cfg_;
+  bind();
+  return *this;
+}
+
+template <typename T>
+void DrafterParams<T>::bind() {
+  // The layout's order is fixed (see drafter_param_layout): 11 tensors per layer, then fc, hidden_norm, norm.
+  size_t i = 0;
+  auto next = [&] { return flat.data() + layout[i++].offset; };
+  layers.resize(cfg_.layers);
+  for (auto& w : layers) {
+    w.input_norm = next();
+    w.q_proj = next();
+    w.k_proj = next();
+    w.v_proj = next();
+    w.o_proj = next();
+    w.q_norm = next();
+    w.k_norm = next();
+    w.post_norm = next();
+    w.gate_proj = next();
+    w.up_proj = next();
+    w.down_proj = next();
+  }
+  fc = next();
+  hidden_norm = next();
+  norm = next();
+}
+
+template <typename T>
+void DrafterParams<T>::init_random(uint64_t seed, double init_std) {
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const ParamInfo& p = layout[t];
+    Rng rng(seed, 1000 + t);  // one stream per tensor: adding a layer does not reshuffle the others
+    T* x = data(p);
+    for (size_t k = 0; k < p.numel; ++k) x[k] = p.is_norm ? T(1) : T(init_std * rng.normal());
+  }
+}
+
+template <typename T>
+void DrafterParams<T>::zero() {
+  std::fill(flat.begin(), flat.end(), T(0));
+}
+
+template class DrafterParams<float>;
+template class DrafterParams<double>;
+
+}  // namespace dflash
