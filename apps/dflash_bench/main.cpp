@@ -17,6 +17,7 @@ struct Subcommand {
 
 const Subcommand kSubcommands[] = {
     {"drafter", dflash::bench::run_drafter, "drafter forward+backward over one sequence's anchors vs sgemm rate"},
+    {"loss", dflash::bench::run_loss, "chunked vocab loss (recompute|fused|naive) vs its GEMMs alone, and its memory"},
 };
 
 void usage() {

@@ -1,3 +1,6 @@
+// The row loops (vocab_loss_row.h) must vectorise: GCC will not if-convert the selects inside loss_exp while FP
+// operations may trap (its default), so this translation unit says they do not. No code here relies on FP traps.
+#pragma GCC optimize("no-trapping-math")
 #include "lib/model/vocab_loss.h"
 
 #include <algorithm>

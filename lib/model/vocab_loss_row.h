@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "kernels/cpu/loss_exp.h"
 #include "lib/model/vocab_loss.h"
 
 namespace dflash {
@@ -27,7 +28,7 @@ template <typename T>
 inline double sum_exp(const T* z, int begin, int end, T shift, T scale) {
   double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int v = begin; v < end; ++v) s += double(std::exp((z[v] - shift) * scale));
+  for (int v = begin; v < end; ++v) s += double(cpu::loss_exp((z[v] - shift) * scale));
   return s;
 }
 
@@ -107,7 +108,7 @@ void row_stats(const T* z, const T* u, int V, int y, double tau, int top_k, Voca
     double su = 0, acc = 0;
 #pragma omp simd reduction(+ : su, acc)
     for (int v = 0; v < V; ++v) {
-      const double e = double(std::exp((u[v] - umax) * inv_tau));
+      const double e = double(cpu::loss_exp((u[v] - umax) * inv_tau));
       su += e;
       acc += e * double((u[v] - umax) - (z[v] - zmax));
     }
@@ -120,6 +121,31 @@ void row_stats(const T* z, const T* u, int V, int y, double tau, int top_k, Voca
     out.kl = tau * acc / su - tau * tau * (s.ut_logsum - s.zt_logsum);
   }
 }
+
+// The vocabulary loop of row_grad, one instantiation per combination of terms so that each vectorises.
+template <typename T>
+struct GradLoop {
+  T a_p, a_pt, a_q, a_cap;  // coefficients of p, p_τ, q_τ and the CAP term
+  T zmax, logsum, zt_logsum, umax, ut_logsum, excl_max, excl_logsum, inv_tau;
+  template <bool KL, bool TAU1, bool CAP>
+  void run(T* z, const T* u, int V) const {
+#pragma omp simd
+    for (int v = 0; v < V; ++v) {
+      const T zv = z[v];
+      T d = a_p * cpu::loss_exp((zv - zmax) - logsum);
+      if constexpr (KL) {
+        if constexpr (TAU1) {
+          d += a_q * cpu::loss_exp((u[v] - umax) - ut_logsum);
+        } else {
+          d += a_pt * cpu::loss_exp((zv - zmax) * inv_tau - zt_logsum);
+          d += a_q * cpu::loss_exp((u[v] - umax) * inv_tau - ut_logsum);
+        }
+      }
+      if constexpr (CAP) d += a_cap * cpu::loss_exp((zv - excl_max) - excl_logsum);
+      z[v] = d;
+    }
+  }
+};
 
 // z [V]: in = the row's logits, out (=) c · ∂ℓ/∂z with c = grad_scale · w; u [V] target logits (null without KL).
 //   CE:  p − e_y (at y: −(1 − p_y) from the saved statistics)
@@ -152,29 +178,25 @@ void row_grad(T* z, const T* u, int V, int y, const VocabLossRow& s, double c, c
   const double at_y = c * k.ce * (-s.one_minus_py) + kl_term(y) + (y != m ? cap_other(y) : 0.0);
   const double at_m = m != y ? c * k.ce * p_m + kl_term(m) + (cap ? c * k.cap * p_m : 0.0) : at_y;
 
-  const T a_p = T(c * k.ce + (kl && tau1 ? c * k.kl * tau : 0.0));  // τ = 1: p_τ = p shares the exponential
-  const T a_pt = T(kl && !tau1 ? c * k.kl * tau : 0.0);
-  const T a_q = T(kl ? -c * k.kl * tau : 0.0);
-  const T a_cap = T(cap ? -c * k.cap * p_m : 0.0);
-  if (!kl && !cap) {
-#pragma omp simd
-    for (int v = 0; v < V; ++v) z[v] = a_p * std::exp((z[v] - zmax) - logsum);
-  } else if (kl && tau1 && !cap) {
-#pragma omp simd
-    for (int v = 0; v < V; ++v)
-      z[v] = a_p * std::exp((z[v] - zmax) - logsum) + a_q * std::exp((u[v] - umax) - ut_logsum);
-  } else {
-    for (int v = 0; v < V; ++v) {
-      const T zv = z[v];
-      T d = a_p * std::exp((zv - zmax) - logsum);
-      if (kl) {
-        if (!tau1) d += a_pt * std::exp((zv - zmax) * inv_tau - zt_logsum);
-        d += a_q * std::exp((u[v] - umax) * inv_tau - ut_logsum);
-      }
-      if (cap) d += a_cap * std::exp((zv - excl_max) - excl_logsum);
-      z[v] = d;
-    }
-  }
+  GradLoop<T> g;
+  g.a_p = T(c * k.ce + (kl && tau1 ? c * k.kl * tau : 0.0));  // τ = 1: p_τ = p shares the exponential
+  g.a_pt = T(kl && !tau1 ? c * k.kl * tau : 0.0);
+  g.a_q = T(kl ? -c * k.kl * tau : 0.0);
+  g.a_cap = T(cap ? -c * k.cap * p_m : 0.0);
+  g.zmax = zmax, g.logsum = logsum, g.zt_logsum = zt_logsum, g.umax = umax, g.ut_logsum = ut_logsum;
+  g.excl_max = excl_max, g.excl_logsum = excl_logsum, g.inv_tau = inv_tau;
+  if (!kl && !cap)
+    g.template run<false, false, false>(z, u, V);
+  else if (!kl && cap)
+    g.template run<false, false, true>(z, u, V);
+  else if (tau1 && !cap)
+    g.template run<true, true, false>(z, u, V);
+  else if (tau1 && cap)
+    g.template run<true, true, true>(z, u, V);
+  else if (!cap)
+    g.template run<true, false, false>(z, u, V);
+  else
+    g.template run<true, false, true>(z, u, V);
   z[y] = T(at_y);
   z[m] = T(at_m);
 }
