@@ -18,6 +18,7 @@ struct Subcommand {
 const Subcommand kSubcommands[] = {
     {"drafter", dflash::bench::run_drafter, "drafter forward+backward over one sequence's anchors vs sgemm rate"},
     {"target", dflash::bench::run_target, "TP target forward tokens/s and all-reduce time (mpirun -np K)"},
+    {"loss", dflash::bench::run_loss, "chunked vocab loss (recompute|fused|naive) vs its GEMMs alone, and its memory"},
 };
 
 void usage() {

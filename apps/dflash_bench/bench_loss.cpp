@@ -1,0 +1,183 @@
+// dflash_bench loss: the chunked vocab loss (forward + backward) against the bound made of its own GEMMs, timed
+// alone in the same run at the same shapes, and the peak resident memory the loss added on top of its inputs.
+//   fused:     per chunk 2 drafter GEMMs (logits, dX) + 1 target GEMM  = 3 vocab GEMMs
+//   recompute: per chunk 3 drafter GEMMs (logits twice, dX) + 2 target = 5 vocab GEMMs
+//   naive:     fused with one chunk of all T rows: every [T, V] logit in memory at once (memory linear in T)
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "apps/dflash_bench/bench.h"
+#include "kernels/cpu/gemm.h"
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/core/memory.h"
+#include "lib/core/rng.h"
+#include "lib/core/timer.h"
+#include "lib/model/vocab_loss.h"
+
+namespace dflash::bench {
+
+namespace {
+
+// Seconds of the vocab GEMMs of one chunk of n rows, timed alone (best of reps): logits [n,V] = X[n,H] Wᵀ and
+// dX [n,H] = dZ[n,V] W.
+struct ChunkGemmTimes {
+  double logits = 0, dx = 0;          // wall seconds
+  double logits_cpu = 0, dx_cpu = 0;  // process CPU seconds (all threads): less sensitive to other processes
+};
+
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+ChunkGemmTimes best_of(const ChunkGemmTimes& a, const ChunkGemmTimes& b) {
+  return {std::min(a.logits, b.logits), std::min(a.dx, b.dx), std::min(a.logits_cpu, b.logits_cpu),
+          std::min(a.dx_cpu, b.dx_cpu)};
+}
+
+ChunkGemmTimes time_chunk_gemms(const float* W, int n, int H, int V, int reps) {
+  std::vector<float> x(size_t(n) * H), z(size_t(n) * V), dx(size_t(n) * H);
+  Rng rng(5);
+  for (auto& v : x) v = float(rng.normal());
+  for (auto& v : z) v = float(1e-3 * rng.normal());
+  ChunkGemmTimes t{1e30, 1e30, 1e30, 1e30};
+  for (int r = 0; r < reps; ++r) {
+    Timer a;
+    double c = cpu_seconds();
+    cpu::gemm<float>(false, true, n, V, H, 1.0f, x.data(), H, W, H, 0.0f, z.data(), V);
+    t.logits = std::min(t.logits, a.seconds());
+    t.logits_cpu = std::min(t.logits_cpu, cpu_seconds() - c);
+    a.reset();
+    c = cpu_seconds();
+    cpu::gemm<float>(false, false, n, H, V, 1.0f, z.data(), V, W, H, 0.0f, dx.data(), H);
+    t.dx = std::min(t.dx, a.seconds());
+    t.dx_cpu = std::min(t.dx_cpu, cpu_seconds() - c);
+  }
+  return t;
+}
+
+}  // namespace
+
+int run_loss(int argc, char** argv) {
+  Args args(argc, argv, {"T", "H", "V", "chunk", "mode", "B", "ce", "kl", "tau", "cap", "top-k", "reps", "seed"},
+            {"help"});
+  if (args.has("help")) {
+    std::printf(
+        "dflash_bench loss [--T 4096] [--H 2048] [--V 32000] [--chunk 1024] [--mode recompute|fused|naive]\n"
+        "                  [--B 16] [--ce 1] [--kl 1] [--tau 1] [--cap 0.1] [--top-k 5] [--reps 1] [--seed 1]\n"
+        "Times forward + backward of the vocab loss in float, the same GEMMs alone (the bound), and the peak\n"
+        "resident memory the loss added. naive = one chunk of all T rows (materialises [T, V] logits).\n");
+    return 0;
+  }
+  const int T = int(args.integer("T", 4096)), H = int(args.integer("H", 2048)), V = int(args.integer("V", 32000));
+  const int B = int(args.integer("B", 16)), reps = int(args.integer("reps", 1));
+  const std::string mode = args.str("mode", "recompute");
+  DFLASH_CHECK(mode == "recompute" || mode == "fused" || mode == "naive",
+               "--mode must be recompute, fused or naive (got '{}')", mode);
+  DFLASH_CHECK(T >= 1 && H >= 1 && V >= 2 && B >= 2 && reps >= 1, "--T, --H, --reps must be ≥ 1, --V and --B ≥ 2");
+  VocabLossSettings s;
+  s.mode = mode == "recompute" ? VocabLossMode::recompute : VocabLossMode::fused;
+  s.chunk_size = mode == "naive" ? T : int(args.integer("chunk", 1024));
+  s.ce_weight = args.real("ce", 1.0);
+  s.kl_weight = args.real("kl", 1.0);
+  s.kl_temperature = args.real("tau", 1.0);
+  s.cap_weight = args.real("cap", 0.1);
+  s.top_k = int(args.integer("top-k", 5));
+  s.block_size = B;
+  const bool target = s.kl_weight != 0;
+  const uint64_t seed = uint64_t(args.integer("seed", 1));
+
+  // Inputs: random head with logits of std ~3, blocks of B−1 rows, weights exp(−(k−1)/7).
+  Rng rng(seed, 1);
+  std::vector<float> W(size_t(V) * H), X(size_t(T) * H), Y(target ? size_t(T) * H : 0), dX(size_t(T) * H);
+  const float ws = float(3.0 / std::sqrt(double(H)));
+  for (auto& v : W) v = ws * float(rng.normal());
+  for (auto& v : X) v = float(rng.normal());
+  for (size_t i = 0; i < Y.size(); ++i) Y[i] = X[i] + 0.5f * float(rng.normal());
+  std::vector<int32_t> labels(T), kpos(T), bid(T);
+  std::vector<float> w(T);
+  for (int r = 0; r < T; ++r) {
+    labels[r] = int32_t(rng.below(uint64_t(V)));
+    kpos[r] = 1 + r % (B - 1);
+    bid[r] = r / (B - 1);
+    w[r] = float(std::exp(-(kpos[r] - 1) / 7.0));
+  }
+  VocabLossBatch<float> batch;
+  batch.rows = T;
+  batch.hidden = X.data();
+  batch.target_hidden = target ? Y.data() : nullptr;
+  batch.labels = labels.data();
+  batch.weights = w.data();
+  batch.block_pos = kpos.data();
+  batch.block_id = bid.data();
+  double wsum = 0;
+  for (float v : w) wsum += v;
+
+  // Warm BLAS up (thread pool, buffers) before the memory baseline so that they are not counted as the loss's.
+  { std::vector<float> a(64 * 64), c(64 * 64); cpu::linear_forward(c.data(), a.data(), a.data(), 64, 64, 64); }
+  const bool reset_ok = reset_peak_resident();
+  const size_t base = resident_bytes();
+
+  VocabLoss<float> loss(s, W.data(), V, H);
+  VocabLossContext ctx;
+  VocabLossResult out;
+  // The bound's GEMMs are timed before and after the loss (best of both): the machine may be shared.
+  const int C = std::min(s.chunk_size, T), full = T / C, rest = T % C;
+  ChunkGemmTimes g = time_chunk_gemms(W.data(), C, H, V, 1);
+  double t_fwd = 1e30, t_bwd = 1e30, cpu_loss = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const double c0 = cpu_seconds();
+    Timer t;
+    out = loss.forward(batch, ctx, 1.0 / wsum, dX.data());
+    t_fwd = std::min(t_fwd, t.seconds());
+    t.reset();
+    loss.backward(batch, ctx, 1.0 / wsum, dX.data());
+    t_bwd = std::min(t_bwd, t.seconds());
+    cpu_loss = std::min(cpu_loss, cpu_seconds() - c0);
+  }
+  const size_t peak = peak_resident_bytes();
+  const double added = double(peak > base ? peak - base : 0);
+  const size_t scratch = loss.scratch_bytes();
+  const size_t context = ctx.rows.capacity() * sizeof(VocabLossRow);
+
+  // The bound: the same GEMMs alone, at the chunk shapes this run used (full chunks + the remainder chunk).
+  const int per_chunk_logits = (mode == "recompute" ? 2 : 1) * (target ? 2 : 1);
+  g = best_of(g, time_chunk_gemms(W.data(), C, H, V, 1));
+  double bound = full * (per_chunk_logits * g.logits + g.dx);
+  double bound_cpu = full * (per_chunk_logits * g.logits_cpu + g.dx_cpu);
+  if (rest) {
+    const ChunkGemmTimes gr = time_chunk_gemms(W.data(), rest, H, V, 2);
+    bound += per_chunk_logits * gr.logits + gr.dx;
+    bound_cpu += per_chunk_logits * gr.logits_cpu + gr.dx_cpu;
+  }
+  const int n_gemms = per_chunk_logits + 1;
+  const double flops = n_gemms * 2.0 * T * double(H) * V;
+  const double total = t_fwd + t_bwd;
+
+  std::printf("loss: mode=%s T=%d H=%d V=%d chunk=%d B=%d ce=%g kl=%g tau=%g cap=%g top_k=%d reps=%d\n",
+              mode.c_str(), T, H, V, C, B, s.ce_weight, s.kl_weight, s.kl_temperature, s.cap_weight, s.top_k, reps);
+  std::printf("  loss/Σw %.6f  (ce %.6f kl %.6f cap %.6f)  acc@k1 %.4f  τ %.3f\n", out.sums.loss / out.sums.weight,
+              out.sums.ce / out.sums.weight, out.sums.kl / out.sums.weight, out.sums.cap / out.sums.weight,
+              double(out.metrics.correct[1]) / double(std::max<int64_t>(out.metrics.scored[1], 1)),
+              double(out.metrics.accepted_sum) / double(std::max<int64_t>(out.metrics.blocks, 1)));
+  std::printf("  time      fwd %.3f s  bwd %.3f s  total %.3f s  (%.2f us/position)\n", t_fwd, t_bwd, total,
+              total / T * 1e6);
+  std::printf("  GFLOP     %.1f in %d vocab GEMMs  ->  %.1f GFLOP/s\n", flops * 1e-9, n_gemms, flops / total * 1e-9);
+  std::printf("  bound     same GEMMs alone %.3f s (%.1f GFLOP/s; chunk logits %.3f s, dX %.3f s)  ratio %.3f\n",
+              bound, flops / bound * 1e-9, g.logits, g.dx, bound / total);
+  std::printf("  cpu time  loss %.3f s, same GEMMs alone %.3f s  ratio %.3f  (process CPU seconds, all threads)\n",
+              cpu_loss, bound_cpu, bound_cpu / cpu_loss);
+  std::printf("  memory    peak RSS added by the loss %.1f MiB%s  (scratch %.1f MiB, context %.1f MiB;"
+              " 2*chunk*V*4 = %.1f MiB)\n",
+              added / 1048576.0, reset_ok ? "" : " [peak not resettable: includes setup]", scratch / 1048576.0,
+              context / 1048576.0, 2.0 * C * V * 4 / 1048576.0);
+  return 0;
+}
+
+}  // namespace dflash::bench

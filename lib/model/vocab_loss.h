@@ -1,0 +1,138 @@
+#pragma once
+// The vocabulary loss of the drafter: lm_head + CE + KL + CAP, chunked over positions so that nothing of size
+// [rows, V] is ever allocated. Math, gradients, schedule and memory formula: docs/loss.md.
+//
+// Per scored row r (label y, drafter logits z = X_r Wᵀ, target logits u = Y_r Wᵀ, p = softmax(z)):
+//   CE  = −log p_y,   KL = τ² KL(softmax(u/τ) ‖ softmax(z/τ)),   CAP = [m ≠ y] (lse(z) − lse_{v≠m}(z)), m = argmax p
+//   forward returns UNNORMALISED sums Σ w (λ_ce CE + λ_kl KL + λ_cap CAP); the caller divides by the global Σw
+//   through `grad_scale` (= 1 / global Σw, or 0 when it is 0).
+//
+// Use (same code for both modes):
+//   VocabLoss<float> loss(settings, W, V, H);          // owns the O(chunk × V) scratch, reused across calls
+//   VocabLossContext ctx;                              // per-row scalars kept from forward to backward
+//   auto out = loss.forward(batch, ctx, grad_scale, dX);  // fused: dX (=) written here
+//   loss.backward(batch, ctx, grad_scale, dX);            // recompute: dX (=) written here; fused: only rescales
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace dflash {
+
+enum class VocabLossMode {
+  recompute,  // forward keeps per-row scalars; backward recomputes the chunk logits and writes dX (3F + 2F target)
+  fused,      // forward forms dX while the chunk is in memory; backward only scales (2F + 1F target)
+};
+
+struct VocabLossSettings {
+  int chunk_size = 2048;  // rows per chunk: scratch is chunk × V per logits buffer
+  VocabLossMode mode = VocabLossMode::recompute;
+  double ce_weight = 1.0;       // λ_ce
+  double kl_weight = 0.0;       // λ_kl (needs target_hidden)
+  double kl_temperature = 1.0;  // τ
+  double cap_weight = 0.0;      // λ_cap
+  int top_k = 5;                // a row is a top-k hit when its label ranks < top_k in the drafter logits
+  int block_size = 16;          // B: block positions k are 1..B-1
+};
+
+// One micro-batch of scored rows. Rows of one block are contiguous, with k increasing (the trainer's layout).
+template <typename T>
+struct VocabLossBatch {
+  int rows = 0;
+  const T* hidden = nullptr;         // [rows, H] drafter final hidden X
+  const T* target_hidden = nullptr;  // [rows, H] target final hidden at anchor+k-1 (Y); null when KL is unused
+  const int32_t* labels = nullptr;   // [rows] the data token at anchor+k, in [0, V)
+  const T* weights = nullptr;        // [rows] w ≥ 0 (decay × loss mask × in-sequence); 0 = not scored
+  const int32_t* block_pos = nullptr;  // [rows] k in 1..B-1
+  const int32_t* block_id = nullptr;   // [rows] block index (any ids; a block's rows must be contiguous)
+};
+
+// Unnormalised sums over the rows of one call; they add across chunks, micro-batches and ranks.
+struct VocabLossSums {
+  double loss = 0;    // Σ w (λ_ce CE + λ_kl KL + λ_cap CAP)
+  double ce = 0;      // Σ w CE
+  double kl = 0;      // Σ w KL (0 when no target_hidden is given)
+  double cap = 0;     // Σ w CAP
+  double weight = 0;  // Σ w
+  void add(const VocabLossSums& o);
+};
+
+// Counts from the same logits (no extra pass); "scored" means w > 0. All entries add across ranks.
+struct VocabLossMetrics {
+  std::vector<int64_t> correct;  // [B] correct[k]: scored rows at block position k whose argmax is the label
+  std::vector<int64_t> scored;   // [B] scored[k]: scored rows at block position k (index 0 unused)
+  int64_t topk_hits = 0;         // scored rows whose label is among the top_k drafter logits
+  int64_t accepted_sum = 0;      // Σ over blocks of accepted length = 1 + leading run of scored, correct k = 1, 2, …
+  int64_t blocks = 0;            // blocks with at least one scored row
+  void add(const VocabLossMetrics& o);
+};
+
+struct VocabLossResult {
+  VocabLossSums sums;
+  VocabLossMetrics metrics;
+};
+
+// What forward keeps for backward, per row: the softmax statistics of z, z/τ and u/τ, the argmax, and 1 − p_y.
+// Maxima and log-sums are kept apart (not as one lse) so that z − lse loses no digits when |z| is large.
+struct VocabLossRow {
+  double z_max = 0;        // max_v z_v
+  double z_logsum = 0;     // log Σ_v exp(z_v − z_max)   (= log1p(Σ_{v≠m} …), formed without cancellation)
+  double excl_max = 0;     // max_{v≠m} z_v, or z_max when the shortcut below was exact enough
+  double excl_logsum = 0;  // log Σ_{v≠m} exp(z_v − excl_max)
+  double zt_logsum = 0;    // log Σ_v exp((z_v − z_max)/τ)
+  double u_max = 0;        // max_v u_v
+  double ut_logsum = 0;    // log Σ_v exp((u_v − u_max)/τ)
+  double one_minus_py = 0;  // 1 − p_y without cancellation (the CE gradient at the label is −this)
+  int32_t argmax = 0;       // m (lowest index on ties)
+  bool cap_active = false;  // m ≠ y and w > 0
+};
+
+struct VocabLossContext {
+  std::vector<VocabLossRow> rows;  // [rows] written by forward (=)
+  VocabLossMode mode = VocabLossMode::recompute;
+  double fused_grad_scale = 0;  // the grad_scale dX was formed with (fused)
+  bool has_forward = false;
+};
+
+template <typename T>
+class VocabLoss {
+ public:
+  // head: the frozen lm_head W [vocab, hidden] row-major (PyTorch layout); must outlive this object.
+  VocabLoss(const VocabLossSettings& settings, const T* head, int vocab, int hidden);
+
+  // Returns the unnormalised sums and metrics; fills ctx. Fused mode: dX [rows, H] (=) grad_scale · ∂(Σ w ℓ)/∂X.
+  // Recompute mode: dX is not touched (may be null).
+  VocabLossResult forward(const VocabLossBatch<T>& batch, VocabLossContext& ctx, double grad_scale, T* dX);
+
+  // dX [rows, H] (=) grad_scale · ∂(Σ w ℓ)/∂X. Recompute: recomputes each chunk's logits (same batch as forward).
+  // Fused: dX already holds the gradient from forward; it is rescaled when grad_scale differs.
+  void backward(const VocabLossBatch<T>& batch, const VocabLossContext& ctx, double grad_scale, T* dX);
+
+  const VocabLossSettings& settings() const { return settings_; }
+  // Bytes of scratch currently held (the loss's memory beyond its inputs, outputs and the per-row context).
+  size_t scratch_bytes() const;
+
+ private:
+  void check_batch(const VocabLossBatch<T>& batch) const;
+  // Logits of rows [r0, r0+n): z_ (=) X Wᵀ and, when used, u_ (=) Y Wᵀ.
+  void chunk_logits(const VocabLossBatch<T>& batch, int r0, int n, bool with_target);
+  // dz (=) grad_scale · w · ∂ℓ/∂z for each row of the chunk, in place over z_, then dX rows (=) dz W.
+  void chunk_grad(const VocabLossBatch<T>& batch, const VocabLossContext& ctx, int r0, int n, double grad_scale,
+                  T* dX);
+  bool use_target(const VocabLossBatch<T>& batch) const;
+
+  VocabLossSettings settings_;
+  const T* head_;  // [V, H]
+  int vocab_, hidden_;
+  std::vector<T> z_;  // [chunk, V] drafter logits, then d(logits) of the same chunk
+  std::vector<T> u_;  // [chunk, V] target logits (only when KL is computed)
+  // Per-row values of the current chunk, summed in row order afterwards (deterministic).
+  std::vector<double> ce_, kl_, cap_;  // [chunk]
+  std::vector<uint8_t> correct_, topk_;  // [chunk]
+};
+
+// Plain reference: materialises all [rows, V] logits in long double, no chunking, no care for speed.
+// Same contract as forward + backward with grad_scale (dX (=), may be null). For tests only.
+VocabLossResult vocab_loss_reference(const VocabLossSettings& settings, const VocabLossBatch<double>& batch,
+                                     const double* head, int vocab, int hidden, double grad_scale, double* dX);
+
+}  // namespace dflash
