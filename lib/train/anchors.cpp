@@ -13,8 +13,8 @@ std::vector<int> sample_anchors(const uint8_t* loss_mask, int seq_len, int max_a
   for (int i = 0; i + 1 < seq_len; ++i)
     if (loss_mask[i] && loss_mask[i + 1]) candidates.push_back(i);
   const int n = std::min<int>(max_anchors, int(candidates.size()));
-  // one stream per (step, rank, micro-batch): a resumed run redraws exactly the same anchors
-  Rng rng(key.seed, mix64(uint64_t(key.step) * 0x100000001b3ULL ^ mix64(uint64_t(key.rank) << 32 | uint32_t(key.micro_batch))));
+  // one stream per (step, slot): a resumed run redraws exactly the same anchors
+  Rng rng(key.seed, mix64(uint64_t(key.step) * 0x100000001b3ULL ^ mix64(uint64_t(key.slot) + 0x51ed27ULL)));
   for (int i = 0; i < n; ++i) std::swap(candidates[i], candidates[i + rng.below(candidates.size() - i)]);
   candidates.resize(n);
   std::sort(candidates.begin(), candidates.end());

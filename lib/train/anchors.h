@@ -2,7 +2,9 @@
 // Anchor sampling and the scored rows of one sequence (DFLASH_NOTES "Training recipe").
 //
 // Anchors: positions i with loss_mask[i] and loss_mask[i+1], drawn uniformly without replacement, sorted,
-// resampled every step; deterministic in (seed, step, drafter rank, micro-batch).
+// resampled every step; deterministic in (seed, step, slot), where slot = micro_batch · drafter_dp + drafter_rank is
+// the sequence's place in the global batch — so the same sequences get the same anchors whatever the split of the
+// global batch into ranks and micro-batches.
 // Scored rows: block positions k = 1..B-1 of every block; row k of block b predicts token[a_b + k] from the
 // drafter's output row b·B + k, and the target's logits at position a_b + k − 1 (what the target predicted there).
 #include <cstdint>
@@ -13,8 +15,7 @@ namespace dflash {
 struct AnchorKey {
   uint64_t seed = 0;
   int64_t step = 0;
-  int rank = 0;         // drafter DP rank
-  int micro_batch = 0;
+  int64_t slot = 0;  // micro_batch · drafter_dp + drafter_rank
 };
 
 // Sorted distinct anchors, at most `max_anchors` (fewer when the sequence has fewer candidates; none when it has

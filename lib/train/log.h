@@ -36,10 +36,22 @@ class Logger {
   Logger& operator=(const Logger&) = delete;
 
   void log(LogLevel level, std::string_view message);
-  template <typename... A> void debug(fmt::format_string<A...> f, A&&... a) { emit(LogLevel::kDebug, f, a...); }
-  template <typename... A> void info(fmt::format_string<A...> f, A&&... a) { emit(LogLevel::kInfo, f, a...); }
-  template <typename... A> void warn(fmt::format_string<A...> f, A&&... a) { emit(LogLevel::kWarn, f, a...); }
-  template <typename... A> void error(fmt::format_string<A...> f, A&&... a) { emit(LogLevel::kError, f, a...); }
+  template <typename... A>
+  void debug(fmt::format_string<A...> f, A&&... a) {
+    if (enabled(LogLevel::kDebug)) log(LogLevel::kDebug, fmt::format(f, std::forward<A>(a)...));
+  }
+  template <typename... A>
+  void info(fmt::format_string<A...> f, A&&... a) {
+    if (enabled(LogLevel::kInfo)) log(LogLevel::kInfo, fmt::format(f, std::forward<A>(a)...));
+  }
+  template <typename... A>
+  void warn(fmt::format_string<A...> f, A&&... a) {
+    if (enabled(LogLevel::kWarn)) log(LogLevel::kWarn, fmt::format(f, std::forward<A>(a)...));
+  }
+  template <typename... A>
+  void error(fmt::format_string<A...> f, A&&... a) {
+    if (enabled(LogLevel::kError)) log(LogLevel::kError, fmt::format(f, std::forward<A>(a)...));
+  }
 
   bool enabled(LogLevel level) const { return level >= level_; }
   LogLevel level() const { return level_; }
@@ -47,10 +59,6 @@ class Logger {
   const std::string& path() const { return path_; }
 
  private:
-  template <typename... A> void emit(LogLevel level, fmt::format_string<A...> f, A&... a) {
-    if (enabled(level)) log(level, fmt::format(f, std::forward<A>(a)...));
-  }
-
   std::string path_, prefix_;
   LogLevel level_;
   bool console_;

@@ -10,12 +10,12 @@
 
 using namespace dflash;
 
-TEST_CASE("anchors: sorted, distinct, inside the loss mask, deterministic in (seed, step, rank, micro-batch)") {
+TEST_CASE("anchors: sorted, distinct, inside the loss mask, deterministic in (seed, step, slot)") {
   const int S = 40;
   std::vector<uint8_t> mask(S, 1);
   for (int i = 0; i < 10; ++i) mask[i] = 0;  // a prompt: not trained
   mask[25] = 0;
-  const AnchorKey key{5, 3, 1, 0};
+  const AnchorKey key{5, 3, 1};
   auto a = sample_anchors(mask.data(), S, 12, key);
   REQUIRE(a.size() == 12);
   for (size_t i = 0; i < a.size(); ++i) {
@@ -24,9 +24,9 @@ TEST_CASE("anchors: sorted, distinct, inside the loss mask, deterministic in (se
     if (i) CHECK(a[i - 1] < a[i]);
   }
   CHECK(sample_anchors(mask.data(), S, 12, key) == a);
-  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{5, 4, 1, 0}) != a);
-  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{5, 3, 2, 0}) != a);
-  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{5, 3, 1, 1}) != a);
+  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{5, 4, 1}) != a);
+  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{5, 3, 2}) != a);
+  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{6, 3, 1}) != a);
   // candidates: i in [10, 38] with mask[i] and mask[i+1], minus 24 and 25 → 27 of them; asking for more gives all
   auto all = sample_anchors(mask.data(), S, 100, key);
   CHECK(all.size() == 27);

@@ -1,0 +1,110 @@
+#include "lib/train/packet.h"
+
+#include "lib/comm/shard.h"
+#include "lib/core/error.h"
+#include "lib/core/timer.h"
+
+namespace dflash::train {
+
+void FeaturePacket::allocate(const PacketHeader& h) {
+  header = h;
+  tokens.resize(size_t(h.seq_len));
+  loss_mask.resize(size_t(h.seq_len));
+  taps.resize(size_t(h.seq_len) * h.tap_width);
+  final_hidden.resize(size_t(h.seq_len) * h.hidden);
+}
+
+double PacketSender::send(FeaturePacket&& p, int dest, int tp_rank, int tp_size) {
+  double blocked = 0;
+  if (int(in_flight_.size()) >= max_in_flight_) {
+    Timer t;
+    for (auto& r : in_flight_.front().requests) r.wait();
+    in_flight_.pop_front();
+    blocked = t.seconds();
+  }
+  in_flight_.push_back({std::move(p), {}});
+  InFlight& f = in_flight_.back();
+  const PacketHeader& h = f.packet.header;
+  if (tp_rank == 0) {
+    f.requests.push_back(world_.isend_bytes(&f.packet.header, sizeof(PacketHeader), dest, kTagHeader));
+    f.requests.push_back(world_.isend(f.packet.tokens.data(), f.packet.tokens.size(), dest, kTagTokens));
+    f.requests.push_back(world_.isend(f.packet.loss_mask.data(), f.packet.loss_mask.size(), dest, kTagMask));
+  }
+  const comm::Range rows = comm::shard_range(h.seq_len, 1, tp_size, tp_rank);
+  if (rows.size() > 0) {
+    f.requests.push_back(world_.isend(f.packet.taps.data() + rows.begin * h.tap_width,
+                                      size_t(rows.size()) * h.tap_width, dest, kTagTaps));
+    f.requests.push_back(world_.isend(f.packet.final_hidden.data() + rows.begin * h.hidden,
+                                      size_t(rows.size()) * h.hidden, dest, kTagFinal));
+  }
+  return blocked;
+}
+
+void PacketSender::flush() {
+  for (auto& f : in_flight_)
+    for (auto& r : f.requests) r.wait();
+  in_flight_.clear();
+}
+
+PacketReceiver::PacketReceiver(comm::Transport& world, std::vector<int> sources, int tap_width, int hidden,
+                               int depth, PlanSource plans)
+    : world_(world), sources_(std::move(sources)), tap_width_(tap_width), hidden_(hidden),
+      depth_(depth < 1 ? 1 : depth), plans_(std::move(plans)) {
+  DFLASH_CHECK(!sources_.empty(), "packet receiver: no target ranks to receive from");
+  top_up();
+}
+
+void PacketReceiver::top_up() {
+  while (!plans_done_ && int(pending_.size()) < depth_) {
+    std::optional<PacketPlan> plan = plans_();
+    if (!plan) {
+      plans_done_ = true;
+      break;
+    }
+    pending_.emplace_back();
+    Pending& p = pending_.back();
+    p.plan = *plan;
+    PacketHeader h;
+    h.seq_index = plan->seq_index;
+    h.step = plan->step;
+    h.micro = plan->micro;
+    h.seq_len = plan->seq_len;
+    h.tap_width = tap_width_;
+    h.hidden = hidden_;
+    p.packet.allocate(h);
+    const int tp = int(sources_.size());
+    p.requests.push_back(world_.irecv_bytes(&p.header, sizeof(PacketHeader), sources_[0], kTagHeader));
+    p.requests.push_back(world_.irecv(p.packet.tokens.data(), p.packet.tokens.size(), sources_[0], kTagTokens));
+    p.requests.push_back(world_.irecv(p.packet.loss_mask.data(), p.packet.loss_mask.size(), sources_[0], kTagMask));
+    for (int t = 0; t < tp; ++t) {
+      const comm::Range rows = comm::shard_range(h.seq_len, 1, tp, t);
+      if (rows.size() == 0) continue;
+      p.requests.push_back(world_.irecv(p.packet.taps.data() + rows.begin * tap_width_,
+                                        size_t(rows.size()) * tap_width_, sources_[t], kTagTaps));
+      p.requests.push_back(world_.irecv(p.packet.final_hidden.data() + rows.begin * hidden_,
+                                        size_t(rows.size()) * hidden_, sources_[t], kTagFinal));
+    }
+  }
+}
+
+FeaturePacket PacketReceiver::next(double* wait_seconds) {
+  DFLASH_CHECK(!pending_.empty(), "packet receiver: no more packets are expected");
+  Timer t;
+  // wait in place: the header is received into the deque element itself, which must not move before then
+  for (auto& r : pending_.front().requests) r.wait();
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  if (wait_seconds) *wait_seconds += t.seconds();
+  const PacketHeader& got = p.header;
+  DFLASH_CHECK(got.seq_index == p.plan.seq_index && got.step == p.plan.step && got.micro == p.plan.micro &&
+                   got.seq_len == p.plan.seq_len && got.tap_width == tap_width_ && got.hidden == hidden_,
+               "feature stream out of order: expected sequence {} (step {}, micro-batch {}, {} tokens, width {}/{}) "
+               "from target rank {}, got sequence {} (step {}, micro-batch {}, {} tokens, width {}/{}); the target "
+               "and drafter ranks disagree on the data schedule or the model",
+               p.plan.seq_index, p.plan.step, p.plan.micro, p.plan.seq_len, tap_width_, hidden_, sources_[0],
+               got.seq_index, got.step, got.micro, got.seq_len, got.tap_width, got.hidden);
+  top_up();  // post the following receives before the caller starts computing
+  return std::move(p.packet);
+}
+
+}  // namespace dflash::train

@@ -1,0 +1,95 @@
+#pragma once
+// Feature packets: what a target group streams to one drafter rank for one sequence (ARCHITECTURE.md "Data flow").
+//
+// Every TP rank of the group holds the full activations after the target forward, so each sends a slice of the
+// rows (shard_range(S, 1, tp_size, tp_rank)) of the taps and the final hidden: all links work at once. TP rank 0
+// also sends the header, the tokens and the loss mask. Messages travel on the world communicator with one tag per
+// field; MPI keeps messages of one (source, tag) in order, so packets arrive in the order they were sent.
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "lib/comm/transport.h"
+
+namespace dflash::train {
+
+struct PacketHeader {
+  int64_t seq_index = -1;  // dataset index of the sequence
+  int64_t step = 0;        // optimizer step it is for
+  int32_t micro = 0;       // micro-batch within the step
+  int32_t seq_len = 0;     // S
+  int32_t tap_width = 0;   // n_taps * H
+  int32_t hidden = 0;      // H
+};
+
+struct FeaturePacket {
+  PacketHeader header;
+  std::vector<int32_t> tokens;     // [S]
+  std::vector<uint8_t> loss_mask;  // [S]
+  std::vector<float> taps;         // [S, n_taps*H]  target hidden states at the tap layers
+  std::vector<float> final_hidden; // [S, H]         target final normed hidden (for the KL term)
+  void allocate(const PacketHeader& h);
+};
+
+// Tags on the world communicator (distinct from anything else sent there).
+enum PacketTag : int { kTagHeader = 7101, kTagTokens, kTagMask, kTagTaps, kTagFinal };
+
+// Target side. Sends are asynchronous; at most `max_in_flight` packets per sender are pending (back-pressure):
+// send() first waits for the oldest when the window is full.
+class PacketSender {
+ public:
+  PacketSender(comm::Transport& world, int max_in_flight) : world_(world), max_in_flight_(max_in_flight) {}
+  ~PacketSender() { flush(); }
+
+  // Sends this TP rank's share of `packet` to world rank `dest`. Returns the seconds spent blocked by the window.
+  double send(FeaturePacket&& packet, int dest, int tp_rank, int tp_size);
+  void flush();  // waits for every pending send
+
+ private:
+  struct InFlight {
+    FeaturePacket packet;  // owned until its sends complete
+    std::vector<comm::Request> requests;
+  };
+  comm::Transport& world_;
+  int max_in_flight_;
+  std::deque<InFlight> in_flight_;
+};
+
+// What a drafter expects next: known in advance from the data schedule, so receives are posted early.
+struct PacketPlan {
+  int64_t seq_index = -1, step = 0;
+  int32_t micro = 0, seq_len = 0;
+};
+
+// Drafter side: receives the packets of one target group (its TP ranks' world ranks in `sources`), keeping the
+// receives of the next `depth` packets posted while the current one is computed on.
+class PacketReceiver {
+ public:
+  using PlanSource = std::function<std::optional<PacketPlan>()>;  // the next expected packet, or none at the end
+  PacketReceiver(comm::Transport& world, std::vector<int> sources, int tap_width, int hidden, int depth,
+                 PlanSource plans);
+
+  // The next packet, checked against its plan (a mismatch is a stream-order error naming both). wait_seconds
+  // (+=) the time spent waiting for it.
+  FeaturePacket next(double* wait_seconds);
+
+ private:
+  struct Pending {
+    PacketPlan plan;
+    PacketHeader header;
+    FeaturePacket packet;
+    std::vector<comm::Request> requests;
+  };
+  void top_up();
+
+  comm::Transport& world_;
+  std::vector<int> sources_;
+  int tap_width_, hidden_, depth_;
+  PlanSource plans_;
+  bool plans_done_ = false;
+  std::deque<Pending> pending_;
+};
+
+}  // namespace dflash::train

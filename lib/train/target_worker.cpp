@@ -1,0 +1,73 @@
+#include "lib/comm/mpi_transport.h"
+#include "lib/core/error.h"
+#include "lib/core/timer.h"
+#include "lib/model/target.h"
+#include "lib/train/packet.h"
+#include "lib/train/workers.h"
+
+namespace dflash::train {
+
+int streamed_length(const TrainConfig& cfg, const io::Dataset& data, int64_t index) {
+  const int64_t n = data.length(index);
+  return int(cfg.data.max_seq_len > 0 && n > cfg.data.max_seq_len ? cfg.data.max_seq_len : n);
+}
+
+void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log) {
+  comm::MpiTransport tp(comms.tp()), world(comms.world());
+  Timer load_timer;
+  model::TargetModel target(cfg.target.path, tp);
+  log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB in {:.2f} s; taps {}",
+           cfg.target.path, plan.target.layers, plan.target.hidden, plan.target.heads, plan.target.kv_heads,
+           target.weight_bytes() / 1048576.0, load_timer.seconds(), fmt::join(plan.tap_ids, ","));
+
+  io::SequenceSchedule schedule(plan.num_sequences, cfg.layout.drafter_dp, cfg.optim.micro_batches,
+                                uint64_t(cfg.run.seed), cfg.data.shuffle, cfg.data.path);
+  PacketSender sender(world, cfg.layout.packets_in_flight);
+  const int H = plan.target.hidden, tap_width = int(plan.tap_ids.size()) * H;
+  const std::vector<int> drafters = layout.drafters_of_group(layout.group);
+  Timer interval;
+  int64_t interval_tokens = 0;
+  double interval_blocked = 0;
+  target.reset_stats();
+  for (int64_t step = start_step; step < plan.total_steps; ++step) {
+    for (int micro = 0; micro < cfg.optim.micro_batches; ++micro) {
+      for (int d : drafters) {
+        const int64_t index = schedule.sequence(step, micro, d);
+        io::Sequence seq = data.read(index, cfg.data.max_seq_len);
+        FeaturePacket p;
+        PacketHeader h;
+        h.seq_index = index;
+        h.step = step;
+        h.micro = micro;
+        h.seq_len = int32_t(seq.tokens.size());
+        h.tap_width = tap_width;
+        h.hidden = H;
+        p.allocate(h);
+        p.tokens = std::move(seq.tokens);
+        p.loss_mask = std::move(seq.loss_mask);
+        if (h.seq_len > 0)
+          target.forward(p.tokens.data(), h.seq_len, plan.tap_ids, p.taps.data(), p.final_hidden.data());
+        interval_tokens += h.seq_len;
+        interval_blocked += sender.send(std::move(p), layout.drafter_world_rank(d), layout.tp_rank, tp.size());
+      }
+    }
+    if ((step + 1) % cfg.log.every == 0 || step + 1 == plan.total_steps) {
+      const double secs = interval.seconds();
+      const auto& st = target.stats();
+      log.info("target: step {} | {:.0f} tok/s | forward {:.2f} s, all-reduce {:.0f}% of it | blocked by drafters "
+               "{:.0f}%",
+               step + 1, interval_tokens / secs, st.forward_seconds,
+               st.forward_seconds > 0 ? 100.0 * st.allreduce_seconds / st.forward_seconds : 0.0,
+               100.0 * interval_blocked / secs);
+      interval.reset();
+      interval_tokens = 0;
+      interval_blocked = 0;
+      target.reset_stats();
+    }
+  }
+  sender.flush();
+  log.info("target: all packets sent");
+}
+
+}  // namespace dflash::train

@@ -1,0 +1,27 @@
+#pragma once
+// The two roles of a dflash_mpi job (ARCHITECTURE.md "Data flow of one training step").
+//   target worker: reads its drafters' sequences, runs the TP target forward, streams feature packets;
+//   drafter worker: receives packets, trains the drafter (DrafterStep), logs progress and metrics.
+#include <cstdint>
+
+#include "lib/comm/layout.h"
+#include "lib/config/config.h"
+#include "lib/io/dataset.h"
+#include "lib/train/log.h"
+#include "lib/train/run_plan.h"
+
+namespace dflash::train {
+
+// Steps [start_step, plan.total_steps) of this rank's target group.
+void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log);
+
+// Steps [start_step, plan.total_steps) on this drafter rank. The first drafter rank prints progress and writes
+// <out_dir>/metrics.jsonl.
+void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                        const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log);
+
+// Length of sequence `index` as streamed: data.max_seq_len truncates (0 = no limit).
+int streamed_length(const TrainConfig& cfg, const io::Dataset& data, int64_t index);
+
+}  // namespace dflash::train
