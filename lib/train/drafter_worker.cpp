@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -6,6 +7,7 @@
 #include "lib/comm/mpi_transport.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
+#include "lib/io/safetensors.h"
 #include "lib/model/target.h"
 #include "lib/train/drafter_step.h"
 #include "lib/train/metrics.h"
@@ -35,6 +37,16 @@ void check_identical_weights(comm::Transport& dp, const DrafterStep& trainer, in
 }
 
 }  // namespace
+
+std::string write_final_weights(const std::string& out_dir, const DrafterParams<float>& params) {
+  const std::string path = out_dir + "/drafter_final.safetensors", tmp = path + ".partial";
+  std::vector<io::TensorToWrite> tensors;
+  for (const ParamInfo& p : params.layout)
+    tensors.push_back(io::tensor_from(p.name, io::DType::F32, p.shape, params.data(p)));
+  io::write_safetensors(tmp, tensors, {{"format", "pt"}});
+  DFLASH_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}", tmp, path);
+  return path;
+}
 
 void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                         const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log) {
@@ -136,6 +148,10 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     interval_tokens = interval_steps = 0;
   }
   log.info("drafter: finished {} steps in {}", plan.total_steps - start_step, format_duration(run_timer.seconds()));
+  if (reporter) {
+    const std::string path = write_final_weights(cfg.run.out_dir, trainer.params());
+    log.info("drafter: final fp32 weights in {}", path);
+  }
 }
 
 }  // namespace dflash::train

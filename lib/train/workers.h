@@ -7,6 +7,7 @@
 #include "lib/comm/layout.h"
 #include "lib/config/config.h"
 #include "lib/io/dataset.h"
+#include "lib/model/drafter_params.h"
 #include "lib/train/log.h"
 #include "lib/train/run_plan.h"
 
@@ -20,6 +21,10 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
 // <out_dir>/metrics.jsonl.
 void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                         const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log);
+
+// Writes the drafter's fp32 weights (export names) to <out_dir>/drafter_final.safetensors via a temporary file and
+// a rename; returns the path.
+std::string write_final_weights(const std::string& out_dir, const DrafterParams<float>& params);
 
 // Length of sequence `index` as streamed: data.max_seq_len truncates (0 = no limit).
 int streamed_length(const TrainConfig& cfg, const io::Dataset& data, int64_t index);
