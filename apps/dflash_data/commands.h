@@ -11,5 +11,9 @@ int run_import_jsonl(int argc, char** argv);
 int run_inspect(int argc, char** argv);
 // make-target --out DIR [sizes...]: a random Qwen3 model (config.json + safetensors) for tests and the quickstart.
 int run_make_target(int argc, char** argv);
+// make-prompts --out OUT.h5 --vocab V [--count --min-len --max-len --reserve --seed]: random prompts (loss_mask 0).
+int run_make_prompts(int argc, char** argv);
+// regenerate --target DIR --prompts IN.h5 --out OUT.h5 [...]: prompts + the target's greedy continuations.
+int run_regenerate(int argc, char** argv);
 
 }  // namespace dflash::data

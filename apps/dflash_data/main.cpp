@@ -22,6 +22,11 @@ const Subcommand kSubcommands[] = {
     {"make-target", dflash::data::run_make_target,
      "--out DIR [--hidden --layers --heads --kv-heads --head-dim --intermediate --vocab --seed --dtype --tie]: "
      "write a random Qwen3 model"},
+    {"make-prompts", dflash::data::run_make_prompts,
+     "--out OUT.h5 --vocab V [--count --min-len --max-len --reserve --seed]: random prompts (loss_mask 0)"},
+    {"regenerate", dflash::data::run_regenerate,
+     "--target DIR --prompts IN.h5 --out OUT.h5 [--max-new-tokens --eos --limit --vocab-limit]: "
+     "prompts + the target's greedy continuations (mpirun -np K: TP K)"},
 };
 
 void usage() {

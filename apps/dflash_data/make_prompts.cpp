@@ -1,0 +1,77 @@
+// dflash_data make-prompts --out OUT.h5 --vocab V [--count 64 --min-len 16 --max-len 48 --reserve 1 --seed 1]
+// Random prompts for the tiny recipe (data/make_tiny.sh): `count` sequences of uniform lengths in
+// [min-len, max-len], token ids uniform in [0, V - reserve) (the top `reserve` ids, e.g. the drafter's mask token,
+// never appear), loss_mask 0 everywhere (a prompt is context; regenerate adds the trained continuation).
+// Prompt i is drawn from Rng(seed, i) alone, so the first k prompts do not depend on --count.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "apps/dflash_data/commands.h"
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/core/rng.h"
+#include "lib/io/dataset.h"
+
+// A user error: the message names the option and the fix; no source location.
+#define INPUT_CHECK(cond, ...)                                    \
+  do {                                                            \
+    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__)); \
+  } while (0)
+
+namespace dflash::data {
+
+namespace {
+constexpr const char* kUsage =
+    "usage: dflash_data make-prompts --out OUT.h5 --vocab V [--count 64] [--min-len 16] [--max-len 48]\n"
+    "                                [--reserve 1] [--seed 1]\n"
+    "  --vocab V     the target's vocab_size\n"
+    "  --reserve R   never use the top R ids [V-R, V) (default 1: the drafter's mask token is V-1)\n"
+    "  prompts have loss_mask 0; `dflash_data regenerate` appends the target's trained continuation\n";
+}
+
+int run_make_prompts(int argc, char** argv) {
+  Args a(argc, argv, {"out", "vocab", "count", "min-len", "max-len", "reserve", "seed"}, {"help"});
+  if (a.has("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  INPUT_CHECK(a.has("out") && a.has("vocab"), "--out OUT.h5 and --vocab V are required\n{}", kUsage);
+  const std::string out = a.str("out", "");
+  const int64_t vocab = a.integer("vocab", 0), count = a.integer("count", 64), reserve = a.integer("reserve", 1);
+  const int64_t min_len = a.integer("min-len", 16), max_len = a.integer("max-len", 48);
+  const uint64_t seed = uint64_t(a.integer("seed", 1));
+  INPUT_CHECK(vocab >= 1, "--vocab {}: must be >= 1", vocab);
+  INPUT_CHECK(reserve >= 0 && reserve < vocab, "--reserve {}: must be in [0, vocab {}) so that some ids remain",
+              reserve, vocab);
+  INPUT_CHECK(count >= 1, "--count {}: must be >= 1", count);
+  INPUT_CHECK(min_len >= 1 && min_len <= max_len, "--min-len {} --max-len {}: need 1 <= min-len <= max-len",
+              min_len, max_len);
+
+  const std::string partial = out + ".partial";
+  try {
+    io::DatasetWriter writer(partial);
+    std::vector<int32_t> tokens;
+    for (int64_t i = 0; i < count; ++i) {
+      Rng rng(seed, uint64_t(i));
+      tokens.resize(size_t(min_len + int64_t(rng.below(uint64_t(max_len - min_len + 1)))));
+      for (auto& t : tokens) t = int32_t(rng.below(uint64_t(vocab - reserve)));
+      writer.add(tokens, std::vector<uint8_t>(tokens.size(), 0));
+    }
+    writer.close();
+    std::filesystem::rename(partial, out);
+    std::printf("wrote %s: %lld prompts, %lld tokens, lengths in [%lld, %lld], ids in [0, %lld), loss_mask 0\n",
+                out.c_str(), (long long)writer.sequences(), (long long)writer.tokens(), (long long)min_len,
+                (long long)max_len, (long long)(vocab - reserve));
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(partial, ec);
+    throw;
+  }
+  return 0;
+}
+
+}  // namespace dflash::data

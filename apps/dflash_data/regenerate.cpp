@@ -1,0 +1,161 @@
+// dflash_data regenerate --target DIR --prompts IN.h5 --out OUT.h5 [--max-new-tokens 256] [--eos ID]
+//                        [--limit K] [--vocab-limit N]
+// Target-regenerated training data: for each sequence of IN.h5 its prompt (the tokens before the first
+// loss_mask = 1; the whole sequence when none is 1) is continued greedily by the target; OUT.h5 gets
+// prompt + continuation with loss_mask 0 on the prompt and 1 on the continuation.
+//
+// Single process: TP = 1 (no MPI at all). Under mpirun (or srun): every rank of MPI_COMM_WORLD is one rank of a
+// single TP group (`mpirun -np 5 dflash_data regenerate ...`), all ranks read IN.h5, rank 0 writes OUT.h5.
+// OUT.h5 is written as OUT.h5.partial and renamed at the end: a failed run leaves no dataset behind.
+#include "lib/comm/mpi_transport.h"  // first: sets OMPI_SKIP_MPICXX before <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "apps/dflash_data/commands.h"
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/core/timer.h"
+#include "lib/io/dataset.h"
+#include "lib/model/generate.h"
+#include "lib/model/target.h"
+
+// A user error: the message names the option or file and the fix; no source location.
+#define INPUT_CHECK(cond, ...)                                    \
+  do {                                                            \
+    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__)); \
+  } while (0)
+
+namespace dflash::data {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: dflash_data regenerate --target DIR --prompts IN.h5 --out OUT.h5 [--max-new-tokens 256] [--eos ID]\n"
+    "                              [--limit K] [--vocab-limit N]\n"
+    "  --target DIR        the target model (Hugging Face directory: config.json + safetensors)\n"
+    "  --prompts IN.h5     a dataset; each sequence's prompt is its tokens before the first loss_mask = 1\n"
+    "                      (all of it when none is 1); the old response, if any, is dropped\n"
+    "  --out OUT.h5        prompt (loss_mask 0) + greedy continuation (loss_mask 1), one sequence per prompt\n"
+    "  --max-new-tokens N  tokens generated per prompt (default 256)\n"
+    "  --eos ID            stop a sequence after the target generates ID (kept, trained)\n"
+    "  --limit K           only the first K prompts\n"
+    "  --vocab-limit N     generate only ids < N (keep reserved ids such as the mask token out of the data)\n"
+    "  single process = TP 1; `mpirun -np K dflash_data regenerate ...` runs one TP group of K ranks\n"
+    "  (no KV cache: each new token reruns the full forward; fine for tiny targets and offline data)\n";
+
+// Launched by mpirun / srun? Then MPI is initialised and the world is the TP group; otherwise no MPI at all
+// (a plain run must not depend on MPI singleton start-up working on this machine).
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+int regenerate(const Args& a, comm::Transport& tp) {
+  const bool writer_rank = tp.rank() == 0;
+  const std::string target_dir = a.str("target", ""), in = a.str("prompts", ""), out = a.str("out", "");
+  model::GenerateOptions opt;
+  opt.max_new_tokens = int(a.integer("max-new-tokens", opt.max_new_tokens));
+  opt.eos_id = int32_t(a.integer("eos", -1));
+  opt.vocab_limit = int(a.integer("vocab-limit", 0));
+  const int64_t limit = a.integer("limit", 0);
+  INPUT_CHECK(opt.max_new_tokens >= 1, "--max-new-tokens {}: must be >= 1", opt.max_new_tokens);
+  INPUT_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
+  INPUT_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory with "
+              "config.json and *.safetensors; `dflash_data make-target` writes one)", target_dir);
+
+  Timer load;
+  model::TargetModel target(target_dir, tp);
+  model::GreedyHead head(target_dir, tp);
+  const model::QwenConfig& c = target.config();
+  INPUT_CHECK(opt.eos_id < c.vocab, "--eos {}: not a token id of the target (vocab {})", opt.eos_id, c.vocab);
+  INPUT_CHECK(opt.vocab_limit >= 0 && opt.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}] (0 = every id)",
+              opt.vocab_limit, c.vocab);
+  io::Dataset prompts(in, c.vocab);  // validates; errors name the file and sequence
+  const int64_t n = limit > 0 ? std::min(limit, prompts.size()) : prompts.size();
+  INPUT_CHECK(n > 0, "{}: no sequences to regenerate", in);
+  if (writer_rank) {
+    std::printf("regenerate: target %s (H %d, %d layers, vocab %d) on TP %d, loaded in %.2f s\n", target_dir.c_str(),
+                c.hidden, c.layers, c.vocab, tp.size(), load.seconds());
+    std::printf("regenerate: %lld of %lld prompts from %s, up to %d new tokens each%s%s\n", (long long)n,
+                (long long)prompts.size(), in.c_str(), opt.max_new_tokens,
+                opt.eos_id >= 0 ? fmt::format(", eos {}", opt.eos_id).c_str() : "",
+                opt.vocab_limit > 0 ? fmt::format(", ids < {}", opt.vocab_limit).c_str() : "");
+    std::fflush(stdout);
+  }
+
+  const std::string partial = out + ".partial";
+  std::unique_ptr<io::DatasetWriter> writer;
+  try {
+    if (writer_rank) writer = std::make_unique<io::DatasetWriter>(partial);
+    double last_print = 0;
+    auto progress = [&](const model::RegenerateStats& s) {
+      if (!writer_rank || (s.seconds - last_print < 2.0 && s.sequences < n)) return;
+      last_print = s.seconds;
+      std::printf("  %lld/%lld sequences  %.2f sequences/s  %.0f new tokens/s\n", (long long)s.sequences,
+                  (long long)n, double(s.sequences) / s.seconds, double(s.new_tokens) / s.seconds);
+      std::fflush(stdout);
+    };
+    const model::RegenerateStats st =
+        model::regenerate_dataset(target, head, prompts, writer.get(), opt, limit, progress);
+    if (writer_rank) {
+      writer->close();
+      std::filesystem::rename(partial, out);
+      const double secs = std::max(st.seconds, 1e-9);
+      std::printf("wrote %s: %lld sequences, %lld tokens (%lld prompt, %lld generated), %lld stopped at eos\n",
+                  out.c_str(), (long long)st.sequences, (long long)(st.prompt_tokens + st.new_tokens),
+                  (long long)st.prompt_tokens, (long long)st.new_tokens, (long long)st.eos_stops);
+      std::printf("regenerate: %.2f s, %.2f sequences/s, %.0f new tokens/s, %.0f forward tokens/s (%ld forwards; "
+                  "no KV cache)\n",
+                  secs, double(st.sequences) / secs, double(st.new_tokens) / secs,
+                  double(target.stats().tokens) / std::max(target.stats().forward_seconds, 1e-9),
+                  target.stats().forwards);
+    }
+  } catch (...) {
+    writer.reset();
+    std::error_code ec;
+    if (writer_rank) std::filesystem::remove(partial, ec);
+    throw;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_regenerate(int argc, char** argv) {
+  Args a(argc, argv, {"target", "prompts", "out", "max-new-tokens", "eos", "limit", "vocab-limit"}, {"help"});
+  if (a.has("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  INPUT_CHECK(a.has("target") && a.has("prompts") && a.has("out"),
+              "--target DIR, --prompts IN.h5 and --out OUT.h5 are required\n{}", kUsage);
+  if (!launched_by_mpi()) {
+    comm::SelfTransport self;
+    return regenerate(a, self);  // errors go to main, which prints them
+  }
+  MPI_Init(nullptr, nullptr);
+  int rc = 1;
+  try {
+    comm::MpiTransport world(MPI_COMM_WORLD);
+    rc = regenerate(a, world);
+  } catch (const std::exception& e) {
+    // one rank may fail alone (e.g. rank 0 cannot write OUT.h5): abort the job rather than leave others waiting
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "[rank %d] dflash_data regenerate: error: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return rc;
+}
+
+}  // namespace dflash::data

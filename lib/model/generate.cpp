@@ -1,0 +1,141 @@
+#include "lib/model/generate.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "kernels/cpu/gemm.h"
+#include "lib/core/error.h"
+#include "lib/core/timer.h"
+#include "lib/io/safetensors.h"
+#include "lib/model/qwen_config.h"
+
+namespace dflash::model {
+
+int64_t argmax_first(const float* x, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;  // strict: the first of equals stays
+  return best;
+}
+
+GreedyHead::GreedyHead(const std::string& model_dir, comm::Transport& tp) : tp_(tp) {
+  const QwenConfig c = load_qwen_config(model_dir);
+  vocab_ = c.vocab;
+  hidden_ = c.hidden;
+  rows_ = comm::shard_range(c.vocab, 1, tp.size(), tp.rank());
+  io::Checkpoint ckpt(model_dir);
+  std::string name = "lm_head.weight";
+  if (c.tie_word_embeddings) {
+    name = "model.embed_tokens.weight";
+  } else {
+    DFLASH_CHECK(ckpt.has(name), "checkpoint {}: tie_word_embeddings is false but lm_head.weight is missing",
+                 model_dir);
+  }
+  ckpt.expect(name, {c.vocab, c.hidden});
+  head_.resize(size_t(rows_.size()) * size_t(hidden_));
+  if (rows_.size() > 0) ckpt.read_rows(name, rows_.begin, rows_.end, head_.data());
+  logits_.resize(size_t(rows_.size()));
+}
+
+int32_t GreedyHead::next_token(const float* hidden, int vocab_limit) {
+  DFLASH_CHECK(vocab_limit >= 0 && vocab_limit <= vocab_, "vocab_limit {} outside [0, vocab {}]", vocab_limit,
+               vocab_);
+  const int64_t limit = vocab_limit > 0 ? vocab_limit : vocab_;
+  const int64_t n = std::max<int64_t>(0, std::min(rows_.end, limit) - rows_.begin);  // candidate rows here
+  int64_t nan = 0;
+  if (n > 0) {
+    cpu::linear_forward<float>(logits_.data(), hidden, head_.data(), 1, hidden_, int(n));
+    for (int64_t i = 0; i < n; ++i) nan += std::isnan(logits_[size_t(i)]);
+  }
+  const int64_t local = argmax_first(logits_.data(), n);
+  // every rank fills its own slot (value, id, NaN count) and the sum gathers them: same answer on every rank
+  const int tp = tp_.size();
+  std::vector<double> slots(size_t(3 * tp), 0.0);
+  double* mine = &slots[size_t(3 * tp_.rank())];
+  mine[0] = local >= 0 ? double(logits_[size_t(local)]) : -std::numeric_limits<double>::infinity();
+  mine[1] = local >= 0 ? double(rows_.begin + local) : -1.0;
+  mine[2] = double(nan);
+  tp_.allreduce_sum(slots.data(), slots.size());
+  double best_value = -std::numeric_limits<double>::infinity(), nans = 0;
+  int64_t best = -1;
+  for (int r = 0; r < tp; ++r) {  // ranks hold increasing id ranges: strict > keeps the lowest id on ties
+    nans += slots[size_t(3 * r + 2)];
+    const int64_t id = int64_t(slots[size_t(3 * r + 1)]);
+    if (id >= 0 && (best < 0 || slots[size_t(3 * r)] > best_value)) {
+      best = id;
+      best_value = slots[size_t(3 * r)];
+    }
+  }
+  DFLASH_CHECK(nans == 0, "{} of the target's logits are NaN: the checkpoint or the hidden state is broken",
+               int64_t(nans));
+  DFLASH_CHECK(best >= 0, "no token to pick (vocab {}, vocab_limit {})", vocab_, vocab_limit);
+  return int32_t(best);
+}
+
+std::vector<int32_t> greedy_generate(TargetModel& target, GreedyHead& head, const std::vector<int32_t>& prompt,
+                                     const GenerateOptions& options) {
+  const int H = target.config().hidden;
+  DFLASH_CHECK(!prompt.empty(), "greedy_generate: the prompt is empty (the target needs at least one token)");
+  DFLASH_CHECK(options.max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}", options.max_new_tokens);
+  DFLASH_CHECK(options.eos_id < target.config().vocab, "eos id {} is not in the target's vocab ({} ids)",
+               options.eos_id, target.config().vocab);
+  std::vector<int32_t> sequence = prompt, generated;
+  sequence.reserve(prompt.size() + size_t(options.max_new_tokens));
+  std::vector<float> final_hidden(sequence.capacity() * size_t(H));  // [S, H]; only row S-1 is used
+  for (int k = 0; k < options.max_new_tokens; ++k) {
+    const int S = int(sequence.size());
+    target.forward(sequence.data(), S, {}, nullptr, final_hidden.data());
+    const int32_t next = head.next_token(&final_hidden[size_t(S - 1) * size_t(H)], options.vocab_limit);
+    sequence.push_back(next);
+    generated.push_back(next);
+    if (next == options.eos_id) break;
+  }
+  return generated;
+}
+
+std::vector<int32_t> prompt_of(const io::Sequence& sequence, const std::string& source) {
+  size_t n = 0;
+  while (n < sequence.tokens.size() && sequence.loss_mask[n] == 0) ++n;
+  if (n == 0)
+    throw Error(fmt::format(
+        "{}: sequence {} has loss_mask = 1 on its first token, so it has no prompt; a prompt is the tokens before "
+        "the first loss_mask = 1 (give prompt tokens loss_mask 0, e.g. \"loss_mask\" in import-jsonl)",
+        source, sequence.index));
+  return {sequence.tokens.begin(), sequence.tokens.begin() + int64_t(n)};
+}
+
+RegenerateStats regenerate_dataset(TargetModel& target, GreedyHead& head, const io::Dataset& prompts,
+                                   io::DatasetWriter* out, const GenerateOptions& options, int64_t limit,
+                                   const std::function<void(const RegenerateStats&)>& progress) {
+  const int64_t n = limit > 0 ? std::min(limit, prompts.size()) : prompts.size();
+  for (int64_t i = 0; i < n; ++i) prompt_of(prompts.read(i), prompts.path());  // fail before any generation
+  RegenerateStats st;
+  Timer timer;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<int32_t> prompt = prompt_of(prompts.read(i), prompts.path());
+    std::vector<int32_t> continuation;
+    try {
+      continuation = greedy_generate(target, head, prompt, options);
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: sequence {}: {}", prompts.path(), i, e.what()));
+    }
+    tokens = prompt;
+    tokens.insert(tokens.end(), continuation.begin(), continuation.end());
+    mask.assign(prompt.size(), 0);
+    mask.resize(tokens.size(), 1);
+    if (out) out->add(tokens, mask);
+    st.sequences += 1;
+    st.prompt_tokens += int64_t(prompt.size());
+    st.new_tokens += int64_t(continuation.size());
+    st.eos_stops += int(continuation.size()) < options.max_new_tokens;
+    st.seconds = timer.seconds();
+    if (progress) progress(st);
+  }
+  return st;
+}
+
+}  // namespace dflash::model

@@ -1,0 +1,76 @@
+#pragma once
+// Greedy generation with the frozen target, and target-regenerated training data (DFlash recipe: the responses
+// are what the target itself would say, DFLASH_NOTES.md "Training recipe").
+//
+// The next token is argmax_v final_hidden[S-1] · lm_head[v] (lowest id on ties). Every new token reruns the full
+// TP forward over prompt + generated tokens (no KV cache): cost O(n_new · forward(S)), fine for tiny targets and
+// offline data making, not a serving path. Every call here is collective over the target's TP group.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lib/comm/shard.h"
+#include "lib/comm/transport.h"
+#include "lib/io/dataset.h"
+#include "lib/model/target.h"
+
+namespace dflash::model {
+
+// Lowest index of the largest value of x[n] (NaN is never the largest); -1 when n == 0.
+int64_t argmax_first(const float* x, int64_t n);
+
+// This TP rank's rows of the target's lm_head (vocab ids shard_range(V, 1, tp, rank); the embedding when tied)
+// and the greedy pick over the whole vocabulary, the same on every rank.
+class GreedyHead {
+ public:
+  GreedyHead(const std::string& model_dir, comm::Transport& tp);
+
+  comm::Range rows() const { return rows_; }
+  int vocab() const { return vocab_; }
+
+  // Collective. hidden[H] → the id v < vocab_limit (0: the whole vocabulary) with the largest logit
+  // hidden · lm_head[v], lowest id on ties. Throws when a logit is NaN (a broken checkpoint or input).
+  int32_t next_token(const float* hidden, int vocab_limit = 0);
+
+ private:
+  comm::Transport& tp_;
+  int vocab_ = 0, hidden_ = 0;
+  comm::Range rows_;
+  std::vector<float> head_;    // [rows_.size(), H]
+  std::vector<float> logits_;  // [rows_.size()] scratch
+};
+
+struct GenerateOptions {
+  int max_new_tokens = 256;
+  int32_t eos_id = -1;   // >= 0: stop after generating this id (it is kept in the output)
+  int vocab_limit = 0;   // > 0: generate only ids < vocab_limit (keeps reserved ids, e.g. the mask token, out)
+};
+
+// Collective. The greedy continuation of prompt[S] (S >= 1): at most max_new_tokens ids, ending at eos if that
+// is generated. Every rank returns the same ids.
+std::vector<int32_t> greedy_generate(TargetModel& target, GreedyHead& head, const std::vector<int32_t>& prompt,
+                                     const GenerateOptions& options);
+
+// The prompt of a training sequence: its tokens before the first token with loss_mask = 1 (the whole sequence when
+// no token has loss_mask = 1); the old response after it is dropped. A sequence whose first token has
+// loss_mask = 1 has no prompt: a dflash::Error naming `source` and the sequence.
+std::vector<int32_t> prompt_of(const io::Sequence& sequence, const std::string& source);
+
+struct RegenerateStats {
+  int64_t sequences = 0;      // written so far
+  int64_t prompt_tokens = 0;  // loss_mask 0
+  int64_t new_tokens = 0;     // loss_mask 1
+  int64_t eos_stops = 0;      // sequences that ended at eos before max_new_tokens
+  double seconds = 0;         // wall time so far
+};
+
+// Collective. For each of the first `limit` sequences of `prompts` (0: all): the sequence prompt + greedy
+// continuation, loss_mask 0 on the prompt and 1 on the continuation, added to `out` (null on ranks that do not
+// write). Every prompt is checked first (prompt_of), so a bad sequence fails before anything is generated or
+// added. `progress` (optional) is called after each sequence on every rank.
+RegenerateStats regenerate_dataset(TargetModel& target, GreedyHead& head, const io::Dataset& prompts,
+                                   io::DatasetWriter* out, const GenerateOptions& options, int64_t limit = 0,
+                                   const std::function<void(const RegenerateStats&)>& progress = {});
+
+}  // namespace dflash::model
