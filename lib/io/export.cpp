@@ -159,8 +159,8 @@ void export_drafter(const std::string& step_dir, const std::string& out_dir, DTy
   try {
     validate_export_info(info, ck.drafter);
   } catch (const Error& e) {
-    EXPORT_CHECK(false, "{} ({} has no complete extra.export; give the missing values explicitly)", e.what(),
-                 step_dir);
+    EXPORT_CHECK(false, "{} (values from {} extra.export, then the explicit ones; give the missing or wrong ones "
+                 "explicitly)", e.what(), source);
   }
   export_drafter(ck.drafter, ck.params, info, out_dir, dtype);
 }
