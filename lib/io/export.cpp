@@ -159,7 +159,7 @@ void export_drafter(const std::string& step_dir, const std::string& out_dir, DTy
   try {
     validate_export_info(info, ck.drafter);
   } catch (const Error& e) {
-    EXPORT_CHECK(false, "{} (values from {} extra.export, then the explicit ones; give the missing or wrong ones "
+    EXPORT_CHECK(false, "{} (values from {}, then the explicit ones; give the missing or wrong ones "
                  "explicitly)", e.what(), source);
   }
   export_drafter(ck.drafter, ck.params, info, out_dir, dtype);
