@@ -16,6 +16,8 @@ struct Subcommand {
 };
 
 const Subcommand kSubcommands[] = {
+    {"export", dflash::data::run_export,
+     "STEP_DIR OUT_DIR [--dtype bf16|f32]: a checkpoint's drafter as model.safetensors + config.json"},
     {"import-jsonl", dflash::data::run_import_jsonl,
      "IN.jsonl OUT.h5 [--vocab V]: JSONL of {input_ids, loss_mask?} to an HDF5 dataset"},
     {"inspect", dflash::data::run_inspect, "FILE.h5 [--vocab V] [--seq I]: validate a dataset and print its statistics"},

@@ -1,0 +1,54 @@
+#pragma once
+// Drafter export (docs/export.md): `model.safetensors` + `config.json` in the DFlash naming that the DFlash reference
+// and serving engines load (ARCHITECTURE.md "Files users bring and get"), from a checkpoint or from weights in
+// memory; and the loader that reads such a directory back (bf16 or fp32) for tests and tools.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/io/safetensors.h"
+#include "lib/model/drafter_config.h"
+#include "lib/model/drafter_params.h"
+
+namespace dflash::io {
+
+// Facts about the target that config.json needs beyond the drafter's shape. The trainer records them in every
+// checkpoint as state.extra["export"] = export_info_json(info), so a checkpoint exports on its own.
+struct DrafterExportInfo {
+  std::vector<int> target_layer_ids;  // [n_taps] tapped target decoder layers (0-based; output of layer l)
+  int num_target_layers = 0;          // the target's num_hidden_layers
+  int max_position_embeddings = 0;    // the target's max_position_embeddings
+};
+
+nlohmann::json export_info_json(const DrafterExportInfo& info);
+// Reads {"target_layer_ids", "num_target_layers", "max_position_embeddings"}; `source` names the file in errors.
+DrafterExportInfo parse_export_info(const nlohmann::json& j, const std::string& source);
+// Throws naming the field unless ids has n_taps entries in [0, num_target_layers) and the sizes are positive.
+void validate_export_info(const DrafterExportInfo& info, const DrafterConfig& cfg);
+
+// The config.json object for this drafter (key order as written).
+nlohmann::ordered_json drafter_config_json(const DrafterConfig& cfg, const DrafterExportInfo& info, DType dtype);
+
+// Writes out_dir/model.safetensors (dtype F32 or BF16, bf16 rounded to nearest even) and out_dir/config.json,
+// each through a temporary name and a rename; creates out_dir.
+void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params, const DrafterExportInfo& info,
+                    const std::string& out_dir, DType dtype);
+
+// The same from a checkpoint directory (verified as read_checkpoint does; the optimizer is not read). The target
+// facts come from its state.json extra["export"]; a non-empty / non-zero field of `overrides` replaces that field
+// (and supplies it when the checkpoint has none).
+void export_drafter(const std::string& step_dir, const std::string& out_dir, DType dtype,
+                    const DrafterExportInfo& overrides = {});
+
+struct ExportedDrafter {
+  DrafterConfig config;
+  DrafterParams<float> params;  // widened to fp32 (exact for bf16)
+  DrafterExportInfo info;
+  DType dtype = DType::F32;     // dtype of the stored tensors
+};
+
+// Reads an exported directory back: config.json (architecture, keys) and every tensor by name and shape.
+ExportedDrafter load_exported_drafter(const std::string& dir);
+
+}  // namespace dflash::io
