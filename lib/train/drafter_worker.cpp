@@ -89,12 +89,22 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   Timer run_timer, interval;
   double interval_wait = 0, interval_compute = 0;
   int64_t interval_tokens = 0, interval_steps = 0;
+  StepResult acc;  // sums and counts over the log interval: what the progress line and metrics.jsonl report
+  auto reset_interval = [&] {
+    acc = StepResult{};
+    acc.metrics.correct.assign(B, 0);
+    acc.metrics.scored.assign(B, 0);
+  };
+  reset_interval();
   for (int64_t step = start_step; step < plan.total_steps; ++step) {
-    StepResult r = trainer.run(step, [&](int, double* wait) { return receiver.next(wait); });
+    const StepResult r = trainer.run(step, [&](int, double* wait) { return receiver.next(wait); });
     interval_wait += r.wait_seconds;
     interval_compute += r.compute_seconds;
     interval_tokens += r.tokens;
     ++interval_steps;
+    acc.sums.add(r.sums);
+    acc.metrics.add(r.metrics);
+    acc.positions += r.positions;
     if (r.skipped)
       log.warn("step {}: no scored positions in the global batch (sum of weights 0): weights unchanged", step + 1);
     const bool last = step + 1 == plan.total_steps;
@@ -102,35 +112,36 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
 
     check_identical_weights(dp, trainer, step + 1);
     const double secs = interval.seconds();
-    const double w = r.sums.weight > 0 ? r.sums.weight : 1.0;
+    const double w = acc.sums.weight > 0 ? acc.sums.weight : 1.0;
     int64_t correct = 0, scored = 0;
     std::vector<double> acc_by_pos;
     for (int k = 1; k < B; ++k) {
-      correct += r.metrics.correct[k];
-      scored += r.metrics.scored[k];
-      acc_by_pos.push_back(r.metrics.scored[k] ? double(r.metrics.correct[k]) / r.metrics.scored[k] : 0.0);
+      correct += acc.metrics.correct[k];
+      scored += acc.metrics.scored[k];
+      acc_by_pos.push_back(acc.metrics.scored[k] ? double(acc.metrics.correct[k]) / acc.metrics.scored[k] : 0.0);
     }
-    const double acc = scored ? double(correct) / scored : 0.0;
-    const double tau = r.metrics.blocks ? double(r.metrics.accepted_sum) / r.metrics.blocks : 0.0;
-    const double topk = scored ? double(r.metrics.topk_hits) / scored : 0.0;
+    const double accuracy = scored ? double(correct) / scored : 0.0;
+    const double tau = acc.metrics.blocks ? double(acc.metrics.accepted_sum) / acc.metrics.blocks : 0.0;
+    const double topk = scored ? double(acc.metrics.topk_hits) / scored : 0.0;
     const double tok_per_s = interval_tokens / secs;  // global: r.tokens sums every drafter rank
     const double wait_share = interval_wait / secs;
     const double eta = secs / interval_steps * double(plan.total_steps - step - 1);
     const std::string line = fmt::format(
         "step {}/{} | loss {:.4f} (ce {:.4f} kl {:.4f} cap {:.4f}) | acc {:.3f} top{} {:.3f} | tau {:.2f} | lr {:.2e} "
         "| gnorm {:.3f} | {:.0f} tok/s | wait {:.0f}% | eta {}",
-        step + 1, plan.total_steps, r.sums.loss / w, r.sums.ce / w, r.sums.kl / w, r.sums.cap / w, acc,
+        step + 1, plan.total_steps, acc.sums.loss / w, acc.sums.ce / w, acc.sums.kl / w, acc.sums.cap / w, accuracy,
         cfg.loss.top_k, topk, tau, r.lr, r.grad_norm, tok_per_s, 100 * wait_share, format_duration(eta));
     log.info("{}", line);
     if (metrics) {
       nlohmann::ordered_json j;
       j["step"] = step + 1;
-      j["loss"] = r.sums.loss / w;
-      j["ce"] = r.sums.ce / w;
-      j["kl"] = r.sums.kl / w;
-      j["cap"] = r.sums.cap / w;
-      j["weight_sum"] = r.sums.weight;
-      j["acc"] = acc;
+      j["steps_averaged"] = interval_steps;  // loss and metrics below are over these steps (weighted by Σw)
+      j["loss"] = acc.sums.loss / w;
+      j["ce"] = acc.sums.ce / w;
+      j["kl"] = acc.sums.kl / w;
+      j["cap"] = acc.sums.cap / w;
+      j["weight_sum"] = acc.sums.weight;
+      j["acc"] = accuracy;
       j["acc_by_pos"] = acc_by_pos;
       j["topk_acc"] = topk;
       j["tau"] = tau;
@@ -139,13 +150,14 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
       j["tokens_per_s"] = tok_per_s;
       j["wait_share"] = wait_share;
       j["compute_share"] = interval_compute / secs;
-      j["positions"] = r.positions;
+      j["positions"] = acc.positions;
       j["elapsed_s"] = run_timer.seconds();
       metrics->write(j);
     }
     interval.reset();
     interval_wait = interval_compute = 0;
     interval_tokens = interval_steps = 0;
+    reset_interval();
   }
   log.info("drafter: finished {} steps in {}", plan.total_steps - start_step, format_duration(run_timer.seconds()));
   if (reporter) {

@@ -65,7 +65,7 @@ case "$case" in
     echo "PASS (equivalence)"
     ;;
   world_mismatch)
-    expect_error "world size 7" "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}"
+    expect_error "the world has 7 ranks" "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}"
     ;;
   unknown_key)
     expect_error "did you mean 'optim.lr'" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" \
