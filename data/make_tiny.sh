@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The tiny recipe: a random Qwen3 target and target-regenerated training data for it, small enough for a laptop
-# (about 20 s on 2 cores). Usage: data/make_tiny.sh BUILD_DIR OUT_DIR
+# (about 13 s on 2 cores). Usage: data/make_tiny.sh BUILD_DIR OUT_DIR
 #   OUT_DIR/target/     random Qwen3 target: H 64, 8 layers, 16 Q / 8 KV heads × 16, intermediate 128, vocab 512,
 #                       f32, untied, seed 1 (TP 5 splits its 8 KV groups [2,2,2,1,1])
 #   OUT_DIR/prompts.h5  64 random prompts, 16–48 tokens, ids in [0, 511) (511 = the drafter's mask token)
 #   OUT_DIR/train.h5    each prompt (loss_mask 0) + 48 greedy target tokens (loss_mask 1), ids < 511
 # Drafter config to match: vocab 512, hidden 64, mask_token_id 511, num_target_layers 8, with 5 taps the default
 # target_layer_ids round(1 + i*(8-4)/4) = [1, 2, 3, 4, 5].
-# DFLASH_TINY_LAUNCH="mpirun -np 5" (for example) runs regenerate as one TP group of that many ranks.
+# DFLASH_TINY_LAUNCH="tests/integration/mpirun.sh -np 5" (for example) runs regenerate as one TP group of 5 ranks.
 set -euo pipefail
 if [[ $# -ne 2 ]]; then
   echo "usage: $0 BUILD_DIR OUT_DIR" >&2

@@ -9,12 +9,14 @@
 // OUT.h5 is written as OUT.h5.partial and renamed at the end: a failed run leaves no dataset behind.
 #include "lib/comm/mpi_transport.h"  // first: sets OMPI_SKIP_MPICXX before <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -79,7 +81,7 @@ int regenerate(const Args& a, comm::Transport& tp) {
   INPUT_CHECK(opt.vocab_limit >= 0 && opt.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}] (0 = every id)",
               opt.vocab_limit, c.vocab);
   io::Dataset prompts(in, c.vocab);  // validates; errors name the file and sequence
-  const int64_t n = limit > 0 ? std::min(limit, prompts.size()) : prompts.size();
+  const int64_t n = model::check_prompts(prompts, limit);  // input errors before OUT.h5.partial exists
   INPUT_CHECK(n > 0, "{}: no sequences to regenerate", in);
   if (writer_rank) {
     std::printf("regenerate: target %s (H %d, %d layers, vocab %d) on TP %d, loaded in %.2f s\n", target_dir.c_str(),
@@ -152,6 +154,8 @@ int run_regenerate(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     std::fprintf(stderr, "[rank %d] dflash_data regenerate: error: %s\n", rank, e.what());
     std::fflush(stderr);
+    // most errors hit every rank alike: give rank 0 a moment to remove OUT.h5.partial and abort first
+    if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Finalize();

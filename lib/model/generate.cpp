@@ -106,11 +106,16 @@ std::vector<int32_t> prompt_of(const io::Sequence& sequence, const std::string& 
   return {sequence.tokens.begin(), sequence.tokens.begin() + int64_t(n)};
 }
 
+int64_t check_prompts(const io::Dataset& prompts, int64_t limit) {
+  const int64_t n = limit > 0 ? std::min(limit, prompts.size()) : prompts.size();
+  for (int64_t i = 0; i < n; ++i) prompt_of(prompts.read(i), prompts.path());
+  return n;
+}
+
 RegenerateStats regenerate_dataset(TargetModel& target, GreedyHead& head, const io::Dataset& prompts,
                                    io::DatasetWriter* out, const GenerateOptions& options, int64_t limit,
                                    const std::function<void(const RegenerateStats&)>& progress) {
-  const int64_t n = limit > 0 ? std::min(limit, prompts.size()) : prompts.size();
-  for (int64_t i = 0; i < n; ++i) prompt_of(prompts.read(i), prompts.path());  // fail before any generation
+  const int64_t n = check_prompts(prompts, limit);  // fail before any generation
   RegenerateStats st;
   Timer timer;
   std::vector<int32_t> tokens;

@@ -57,6 +57,10 @@ std::vector<int32_t> greedy_generate(TargetModel& target, GreedyHead& head, cons
 // loss_mask = 1 has no prompt: a dflash::Error naming `source` and the sequence.
 std::vector<int32_t> prompt_of(const io::Sequence& sequence, const std::string& source);
 
+// The number of sequences regenerate_dataset would use (the first `limit`; 0: all) after checking that each has a
+// prompt (prompt_of); throws on the first that has none, naming it.
+int64_t check_prompts(const io::Dataset& prompts, int64_t limit = 0);
+
 struct RegenerateStats {
   int64_t sequences = 0;      // written so far
   int64_t prompt_tokens = 0;  // loss_mask 0
@@ -67,7 +71,7 @@ struct RegenerateStats {
 
 // Collective. For each of the first `limit` sequences of `prompts` (0: all): the sequence prompt + greedy
 // continuation, loss_mask 0 on the prompt and 1 on the continuation, added to `out` (null on ranks that do not
-// write). Every prompt is checked first (prompt_of), so a bad sequence fails before anything is generated or
+// write). Every prompt is checked first (check_prompts), so a bad sequence fails before anything is generated or
 // added. `progress` (optional) is called after each sequence on every rank.
 RegenerateStats regenerate_dataset(TargetModel& target, GreedyHead& head, const io::Dataset& prompts,
                                    io::DatasetWriter* out, const GenerateOptions& options, int64_t limit = 0,
