@@ -32,15 +32,13 @@ expect_error() {
 
 case "$case" in
   learns)
-    # 8 ranks, 30 steps: the loss of the last logged steps is clearly below the first ones'
+    # 8 ranks, 30 steps, loss averaged over steps 1-10, 11-20, 21-30: the last is clearly (>= 5%) below the first
     "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
-      --set run.steps=30 --set log.every=3 | tee "$out/log"
+      --set run.steps=30 --set optim.micro_batches=2 --set log.every=10 | tee "$out/log"
     mapfile -t l < <(losses "$out/run/metrics.jsonl")
-    [[ ${#l[@]} -eq 10 ]] || fail "expected 10 metrics records, got ${#l[@]}"
-    first=$(echo "${l[0]} ${l[1]}" | awk '{print ($1 + $2) / 2}')
-    last=$(echo "${l[8]} ${l[9]}" | awk '{print ($1 + $2) / 2}')
-    echo "mean loss of logged steps 3,6: $first; of steps 27,30: $last"
-    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < 0.9 * a) }' || fail "loss $last is not 10% below $first"
+    [[ ${#l[@]} -eq 3 ]] || fail "expected 3 metrics records, got ${#l[@]}"
+    echo "mean loss of steps 1-10: ${l[0]}; 11-20: ${l[1]}; 21-30: ${l[2]}"
+    awk -v a="${l[0]}" -v b="${l[2]}" 'BEGIN { exit !(b < 0.95 * a) }' || fail "loss ${l[2]} is not 5% below ${l[0]}"
     [[ -f "$out/run/drafter_final.safetensors" ]] || fail "no final weights"
     for r in 0 1 2 3 4 5 6 7; do
       f="$out/run/logs/rank_0$r.log"
@@ -51,10 +49,13 @@ case "$case" in
     echo "PASS (learns)"
     ;;
   equivalence)
-    # 3 drafter ranks x 1 micro-batch == 1 drafter rank x 3 micro-batches over the same sequences
-    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=3 --set log.every=1 \
+    # 3 drafter ranks x 1 micro-batch == 1 drafter rank x 3 micro-batches over the same sequences, 3 steps.
+    # lr 1e-3 without warmup: AdamW divides by sqrt(v), so fp32 summation-order noise in near-zero gradient
+    # elements becomes a step of up to lr; a small lr keeps that noise below the 1e-5 being tested.
+    eq=(--set run.steps=3 --set log.every=1 --set optim.lr=1e-3 --set optim.warmup_ratio=0)
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${eq[@]}" \
       --set layout.drafter_dp=3 --set optim.micro_batches=1 --set "run.out_dir=$out/dp3" >"$out/dp3.log"
-    "$mpirun_sh" -np 6 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=3 --set log.every=1 \
+    "$mpirun_sh" -np 6 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${eq[@]}" \
       --set layout.drafter_dp=1 --set optim.micro_batches=3 --set "run.out_dir=$out/dp1" >"$out/dp1.log"
     "$build/tests/integration/safetensors_compare" "$out/dp3/drafter_final.safetensors" \
       "$out/dp1/drafter_final.safetensors" --rtol 1e-5
