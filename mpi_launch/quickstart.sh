@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Fresh machine to first run: installs dependencies (when missing), builds in Release, and runs the main job on
-# the small embedded default. Until the trainer lands (issue: dflash_mpi end to end) the main job is the drafter
-# forward+backward benchmark at a small size; this script then switches to `mpirun -np 8 dflash_mpi`.
+# Fresh machine to a trained tiny drafter: installs dependencies (when missing), builds in Release, makes the tiny
+# random Qwen3 target and its target-regenerated data (data/make_tiny.sh), then trains with 8 MPI ranks on this
+# machine (5 target TP + 3 drafter DP; mpi_launch/configs/tiny.yaml). Outputs: runs/tiny_data/, runs/tiny/
+# (logs/rank_XX.log, metrics.jsonl, config.resolved.yaml, drafter_final.safetensors).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DFLASH_BUILD_DIR:-$root/build}"
 bash "$root/mpi_launch/install_deps.sh"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j"$(nproc)"
-threads="$(nproc)"
-OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" \
-  "$build/apps/dflash_bench" drafter --seq 512 --anchors 32 --hidden 256 --heads 4 --kv-heads 2 \
-  --head-dim 64 --intermediate 768 --layers 2
+cd "$root"
+if [[ ! -f runs/tiny_data/train.h5 ]]; then
+  bash data/make_tiny.sh "$build" runs/tiny_data
+fi
+DFLASH_BIN="$build/apps/dflash_mpi" bash mpi_launch/run_local.sh -np 8 mpi_launch/configs/tiny.yaml "$@"
