@@ -33,6 +33,12 @@ class MpiRequest final : public Request::Impl {
     check(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall", rank);
     return done != 0;
   }
+  void cancel() override {
+    for (MPI_Request& r : reqs)
+      if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);  // completes at once for an unmatched receive
+    check(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall (cancel)", rank);
+    reqs.clear();
+  }
 };
 
 }  // namespace
@@ -100,5 +106,11 @@ Request MpiTransport::irecv_bytes(void* data, size_t bytes, int src, int tag) {
 }
 
 void MpiTransport::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier", rank_); }
+
+bool MpiTransport::probe(int src, int tag) {
+  int flag = 0;
+  check(MPI_Iprobe(src < 0 ? MPI_ANY_SOURCE : src, tag, comm_, &flag, MPI_STATUS_IGNORE), "MPI_Iprobe", rank_);
+  return flag != 0;
+}
 
 }  // namespace dflash::comm

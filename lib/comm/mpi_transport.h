@@ -29,6 +29,7 @@ class MpiTransport final : public Transport {
   Request isend_bytes(const void* data, size_t bytes, int dest, int tag) override;
   Request irecv_bytes(void* data, size_t bytes, int src, int tag) override;
   void barrier() override;
+  bool probe(int src, int tag) override;
 
  private:
   MPI_Comm comm_;

@@ -15,6 +15,7 @@ class Request {
     virtual ~Impl() = default;
     virtual void wait() = 0;
     virtual bool test() = 0;  // true once complete (then wait() returns at once)
+    virtual void cancel() = 0;  // gives up an unmatched receive (a send is waited for: MPI cannot cancel it)
   };
   Request() = default;
   explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -39,6 +40,13 @@ class Request {
     return !impl_;
   }
   bool pending() const { return impl_ != nullptr; }
+  // Withdraws a receive nobody will match (e.g. prefetched packets after a stop); completed ones are just released.
+  void cancel() {
+    if (impl_) {
+      impl_->cancel();
+      impl_.reset();
+    }
+  }
 
  private:
   void finish() noexcept {
@@ -67,6 +75,8 @@ class Transport {
   virtual Request isend_bytes(const void* data, size_t bytes, int dest, int tag) = 0;
   virtual Request irecv_bytes(void* data, size_t bytes, int src, int tag) = 0;
   virtual void barrier() = 0;
+  // True when a message with `tag` from `src` (-1 = any source) is waiting to be received; does not receive it.
+  virtual bool probe(int src, int tag) = 0;
 
   template <typename T>
   void broadcast(T* data, size_t count, int root) { broadcast_bytes(data, count * sizeof(T), root); }
@@ -98,6 +108,7 @@ class SelfTransport final : public Transport {
   Request isend_bytes(const void*, size_t, int, int) override;
   Request irecv_bytes(void*, size_t, int, int) override;
   void barrier() override {}
+  bool probe(int, int) override { return false; }
 };
 
 }  // namespace dflash::comm

@@ -25,12 +25,15 @@ DrafterStep::DrafterStep(const TrainConfig& cfg, const RunPlan& plan, const floa
     if (p.is_norm) std::fill(decay_mask_.begin() + p.offset, decay_mask_.begin() + p.offset + p.numel, 0);
 }
 
-void DrafterStep::micro_batch(int64_t step, int micro, const FeaturePacket& pk, StepResult& r) {
+void DrafterStep::micro_batch(int64_t step, int micro, const FeaturePacket& pk, StepResult& r,
+                              StepCapture* capture) {
   const DrafterConfig& c = plan_.drafter;
   const int S = pk.header.seq_len, H = c.hidden, B = c.block_size;
   r.tokens += S;
   const AnchorKey key{uint64_t(cfg_.run.seed), step, int64_t(micro) * cfg_.layout.drafter_dp + dp_rank_};
   const std::vector<int> anchors = sample_anchors(pk.loss_mask.data(), S, cfg_.loss.anchors_per_seq, key);
+  if (capture)
+    capture->inputs.push_back({pk.header.seq_index, pk.tokens, pk.loss_mask, anchors, pk.taps, pk.final_hidden});
   if (anchors.empty()) return;  // nothing trainable in this sequence
   const ScoredRows rows = scored_rows(pk.tokens.data(), pk.loss_mask.data(), S, anchors, B, plan_.decay_gamma);
   const int T = rows.size();
@@ -72,7 +75,8 @@ void DrafterStep::micro_batch(int64_t step, int micro, const FeaturePacket& pk, 
   drafter_backward(c, params_, in, acts_, d_out_.data(), grads_);
 }
 
-StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet) {
+StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
+                            bool stop_signal, StepCapture* capture) {
   StepResult r;
   r.step = step;
   r.metrics.correct.assign(plan_.drafter.block_size, 0);
@@ -81,7 +85,7 @@ StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int,
   for (int m = 0; m < cfg_.optim.micro_batches; ++m) {
     FeaturePacket packet = next_packet(m, &r.wait_seconds);
     Timer t;
-    micro_batch(step, m, packet, r);
+    micro_batch(step, m, packet, r, capture);
     r.compute_seconds += t.seconds();
   }
 
@@ -94,7 +98,9 @@ StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int,
                                double(r.metrics.blocks)};
   for (int k = 0; k < B; ++k) stats.push_back(double(r.metrics.correct[k]));
   for (int k = 0; k < B; ++k) stats.push_back(double(r.metrics.scored[k]));
+  stats.push_back(stop_signal ? 1.0 : 0.0);
   dp_.allreduce_sum(stats.data(), stats.size());
+  r.stop_requested = stats.back() > 0;
   r.reduce_seconds = t.seconds();
   r.sums = {stats[0], stats[1], stats[2], stats[3], stats[4]};
   r.tokens = int64_t(stats[5]);
@@ -110,10 +116,12 @@ StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int,
   r.lr = lr_at(step, plan_.total_steps, cfg_.optim.lr, cfg_.optim.warmup_ratio, cfg_.optim.min_lr_ratio);
   if (r.sums.weight <= 0) {  // Σw = 0: the loss is 0/0; change nothing rather than step on NaN
     r.skipped = true;
+    if (capture) capture->grads = grads_.flat;  // all zero: every weight was 0
     return r;
   }
   const float inv_w = float(1.0 / r.sums.weight);
   for (float& g : grads_.flat) g *= inv_w;
+  if (capture) capture->grads = grads_.flat;
   r.grad_norm = clip_global_norm(grads_.flat.data(), grads_.flat.size(), cfg_.optim.grad_clip);
   adamw_step(params_.flat.data(), grads_.flat.data(), params_.flat.size(), adam_, adam_settings_, r.lr, decay_mask_);
   return r;

@@ -25,9 +25,26 @@ struct StepResult {
   int64_t tokens = 0;          // sequence tokens consumed
   int64_t positions = 0;       // scored rows (w > 0)
   bool skipped = false;        // Σw == 0: nothing was scored, weights unchanged
+  bool stop_requested = false; // some drafter rank received SIGTERM / SIGUSR1 before the step's all-reduce
   double compute_seconds = 0;  // this rank: forward + loss + backward
   double wait_seconds = 0;     // this rank: waiting for feature packets
   double reduce_seconds = 0;   // this rank: gradient all-reduce
+};
+
+// One micro-batch's inputs as the drafter saw them (for --dump-step).
+struct MicroBatchInputs {
+  int64_t seq_index = -1;
+  std::vector<int32_t> tokens;     // [S]
+  std::vector<uint8_t> loss_mask;  // [S]
+  std::vector<int> anchors;        // [N]
+  std::vector<float> taps;         // [S, n_taps*H]
+  std::vector<float> final_hidden; // [S, H]
+};
+
+// What --dump-step keeps of a step: this rank's inputs and the global gradient (normalised by Σw, before clipping).
+struct StepCapture {
+  std::vector<MicroBatchInputs> inputs;  // [micro_batches]
+  std::vector<float> grads;              // [P], layout of DrafterParams
 };
 
 class DrafterStep {
@@ -37,7 +54,10 @@ class DrafterStep {
               comm::Transport& dp);
 
   // Runs step `step` on the micro-batches next_packet(0..M-1) returns. wait_seconds: filled by next_packet.
-  StepResult run(int64_t step, const std::function<FeaturePacket(int micro, double* wait_seconds)>& next_packet);
+  // stop_signal: this rank received a stop signal (agreed on across ranks in the step's all-reduce).
+  // capture: when given, filled for --dump-step.
+  StepResult run(int64_t step, const std::function<FeaturePacket(int micro, double* wait_seconds)>& next_packet,
+                 bool stop_signal = false, StepCapture* capture = nullptr);
 
   DrafterParams<float>& params() { return params_; }
   AdamWState& optimizer() { return adam_; }
@@ -46,7 +66,7 @@ class DrafterStep {
   uint64_t weights_hash() const;
 
  private:
-  void micro_batch(int64_t step, int micro, const FeaturePacket& packet, StepResult& r);
+  void micro_batch(int64_t step, int micro, const FeaturePacket& packet, StepResult& r, StepCapture* capture);
 
   const TrainConfig& cfg_;
   const RunPlan& plan_;

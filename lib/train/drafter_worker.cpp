@@ -7,11 +7,15 @@
 #include "lib/comm/mpi_transport.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
+#include "lib/io/checkpoint.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/target.h"
+#include "lib/train/checkpointing.h"
 #include "lib/train/drafter_step.h"
 #include "lib/train/metrics.h"
 #include "lib/train/packet.h"
+#include "lib/train/signals.h"
+#include "lib/train/step_dump.h"
 #include "lib/train/workers.h"
 
 namespace dflash::train {
@@ -36,6 +40,29 @@ void check_identical_weights(comm::Transport& dp, const DrafterStep& trainer, in
                step, differs);
 }
 
+// Rank 0 holds the loaded checkpoint; the others get weights and optimizer state from it (no shared file system
+// needed between drafter ranks).
+void restore(comm::Transport& dp, DrafterStep& trainer, const io::LoadedCheckpoint* ckpt) {
+  DrafterParams<float>& w = trainer.params();
+  AdamWState& adam = trainer.optimizer();
+  if (dp.rank() == 0) {
+    DFLASH_CHECK(ckpt, "internal: drafter rank 0 resumes without a loaded checkpoint");
+    w.flat = ckpt->params.flat;
+    adam = ckpt->optimizer;
+  }
+  int64_t adam_step = adam.step, has_moments = adam.m.empty() ? 0 : 1;
+  dp.broadcast(&adam_step, 1, 0);
+  dp.broadcast(&has_moments, 1, 0);
+  dp.broadcast(w.flat.data(), w.flat.size(), 0);
+  adam.step = adam_step;
+  if (has_moments) {
+    adam.m.resize(w.flat.size());
+    adam.v.resize(w.flat.size());
+    dp.broadcast(adam.m.data(), adam.m.size(), 0);
+    dp.broadcast(adam.v.data(), adam.v.size(), 0);
+  }
+}
+
 }  // namespace
 
 std::string write_final_weights(const std::string& out_dir, const DrafterParams<float>& params) {
@@ -49,7 +76,8 @@ std::string write_final_weights(const std::string& out_dir, const DrafterParams<
 }
 
 void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                        const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log) {
+                        const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& opt,
+                        Logger& log) {
   comm::MpiTransport dp(comms.dp()), world(comms.world());
   Timer load_timer;
   const model::TargetVocab vocab = model::load_target_vocab(cfg.target.path);
@@ -57,15 +85,17 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
                "{}: embedding is [{}, {}] but config.json says [{}, {}]", cfg.target.path, vocab.vocab, vocab.hidden,
                plan.target.vocab, plan.target.hidden);
   DrafterStep trainer(cfg, plan, vocab.embedding.data(), vocab.lm_head(), layout.dp_rank, dp);
-  log.info("drafter: {} layers, H {}, {} Q / {} KV heads, block {}, {} parameters; embedding + lm_head loaded in "
-           "{:.2f} s",
+  if (opt.start_step > 0) restore(dp, trainer, opt.resume);
+  log.info("drafter: {} layers, H {}, {} Q / {} KV heads, block {}, {} parameters; {} in {:.2f} s",
            plan.drafter.layers, plan.drafter.hidden, plan.drafter.heads, plan.drafter.kv_heads,
-           plan.drafter.block_size, trainer.params().flat.size(), load_timer.seconds());
+           plan.drafter.block_size, trainer.params().flat.size(),
+           opt.start_step > 0 ? fmt::format("resumed at step {}", opt.start_step) : std::string("initialised"),
+           load_timer.seconds());
 
   // the packets this rank will receive, in order: known from the schedule, so receives are posted early
   io::SequenceSchedule schedule(plan.num_sequences, cfg.layout.drafter_dp, cfg.optim.micro_batches,
                                 uint64_t(cfg.run.seed), cfg.data.shuffle, cfg.data.path);
-  int64_t plan_step = start_step;
+  int64_t plan_step = opt.start_step;
   int plan_micro = 0;
   auto next_plan = [&]() -> std::optional<PacketPlan> {
     if (plan_step >= plan.total_steps) return std::nullopt;
@@ -84,7 +114,17 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
 
   const bool reporter = layout.dp_rank == 0;
   std::optional<MetricsWriter> metrics;
-  if (reporter) metrics.emplace(cfg.run.out_dir, start_step > 0);
+  if (reporter) metrics.emplace(cfg.run.out_dir, opt.start_step > 0);
+  auto save = [&](int64_t next_step) {
+    if (!reporter) return;
+    Timer t;
+    const std::string dir = io::save_checkpoint(cfg.run.out_dir, plan.drafter, trainer.params(), trainer.optimizer(),
+                                                training_state(cfg, plan, next_step));
+    const auto removed = io::prune_checkpoints(cfg.run.out_dir, cfg.ckpt.keep);
+    log.info("checkpoint: {} ({:.2f} s){}", dir, t.seconds(),
+             removed.empty() ? "" : fmt::format("; removed {} older", removed.size()));
+  };
+
   const int B = plan.drafter.block_size;
   Timer run_timer, interval;
   double interval_wait = 0, interval_compute = 0;
@@ -96,8 +136,14 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     acc.metrics.scored.assign(B, 0);
   };
   reset_interval();
-  for (int64_t step = start_step; step < plan.total_steps; ++step) {
-    const StepResult r = trainer.run(step, [&](int, double* wait) { return receiver.next(wait); });
+  int64_t next_step = opt.start_step;
+  const bool dumping = !opt.dump_dir.empty();
+  while (next_step < plan.total_steps) {
+    const int64_t step = next_step++;
+    StepCapture capture;
+    const StepResult r = trainer.run(
+        step, [&](int, double* wait) { return receiver.next(wait); }, stop_signal() != 0,
+        dumping ? &capture : nullptr);
     interval_wait += r.wait_seconds;
     interval_compute += r.compute_seconds;
     interval_tokens += r.tokens;
@@ -107,60 +153,74 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     acc.positions += r.positions;
     if (r.skipped)
       log.warn("step {}: no scored positions in the global batch (sum of weights 0): weights unchanged", step + 1);
-    const bool last = step + 1 == plan.total_steps;
-    if ((step + 1) % cfg.log.every != 0 && !last) continue;
-
-    check_identical_weights(dp, trainer, step + 1);
-    const double secs = interval.seconds();
-    const double w = acc.sums.weight > 0 ? acc.sums.weight : 1.0;
-    int64_t correct = 0, scored = 0;
-    std::vector<double> acc_by_pos;
-    for (int k = 1; k < B; ++k) {
-      correct += acc.metrics.correct[k];
-      scored += acc.metrics.scored[k];
-      acc_by_pos.push_back(acc.metrics.scored[k] ? double(acc.metrics.correct[k]) / acc.metrics.scored[k] : 0.0);
+    if (dumping) {
+      const std::string path = write_step_dump(opt.dump_dir, dp, plan, cfg, r, capture, trainer.params());
+      if (reporter) log.info("step dump: {}", path);
     }
-    const double accuracy = scored ? double(correct) / scored : 0.0;
-    const double tau = acc.metrics.blocks ? double(acc.metrics.accepted_sum) / acc.metrics.blocks : 0.0;
-    const double topk = scored ? double(acc.metrics.topk_hits) / scored : 0.0;
-    const double tok_per_s = interval_tokens / secs;  // global: r.tokens sums every drafter rank
-    const double wait_share = interval_wait / secs;
-    const double eta = secs / interval_steps * double(plan.total_steps - step - 1);
-    const std::string line = fmt::format(
-        "step {}/{} | loss {:.4f} (ce {:.4f} kl {:.4f} cap {:.4f}) | acc {:.3f} top{} {:.3f} | tau {:.2f} | lr {:.2e} "
-        "| gnorm {:.3f} | {:.0f} tok/s | wait {:.0f}% | eta {}",
-        step + 1, plan.total_steps, acc.sums.loss / w, acc.sums.ce / w, acc.sums.kl / w, acc.sums.cap / w, accuracy,
-        cfg.loss.top_k, topk, tau, r.lr, r.grad_norm, tok_per_s, 100 * wait_share, format_duration(eta));
-    log.info("{}", line);
-    if (metrics) {
-      nlohmann::ordered_json j;
-      j["step"] = step + 1;
-      j["steps_averaged"] = interval_steps;  // loss and metrics below are over these steps (weighted by Σw)
-      j["loss"] = acc.sums.loss / w;
-      j["ce"] = acc.sums.ce / w;
-      j["kl"] = acc.sums.kl / w;
-      j["cap"] = acc.sums.cap / w;
-      j["weight_sum"] = acc.sums.weight;
-      j["acc"] = accuracy;
-      j["acc_by_pos"] = acc_by_pos;
-      j["topk_acc"] = topk;
-      j["tau"] = tau;
-      j["lr"] = r.lr;
-      j["grad_norm"] = r.grad_norm;
-      j["tokens_per_s"] = tok_per_s;
-      j["wait_share"] = wait_share;
-      j["compute_share"] = interval_compute / secs;
-      j["positions"] = acc.positions;
-      j["elapsed_s"] = run_timer.seconds();
-      metrics->write(j);
+    const bool stop_after = opt.stop_after > 0 && next_step - opt.start_step >= opt.stop_after;
+    const bool stop = r.stop_requested || stop_after || dumping;
+    const bool last = next_step == plan.total_steps;
+    if (next_step % cfg.log.every == 0 || last || stop) {
+      check_identical_weights(dp, trainer, next_step);
+      const double secs = interval.seconds();
+      const double w = acc.sums.weight > 0 ? acc.sums.weight : 1.0;
+      int64_t correct = 0, scored = 0;
+      std::vector<double> acc_by_pos;
+      for (int k = 1; k < B; ++k) {
+        correct += acc.metrics.correct[k];
+        scored += acc.metrics.scored[k];
+        acc_by_pos.push_back(acc.metrics.scored[k] ? double(acc.metrics.correct[k]) / acc.metrics.scored[k] : 0.0);
+      }
+      const double accuracy = scored ? double(correct) / scored : 0.0;
+      const double tau = acc.metrics.blocks ? double(acc.metrics.accepted_sum) / acc.metrics.blocks : 0.0;
+      const double topk = scored ? double(acc.metrics.topk_hits) / scored : 0.0;
+      const double tok_per_s = interval_tokens / secs;  // global: r.tokens sums every drafter rank
+      const double wait_share = interval_wait / secs;
+      const double eta = secs / interval_steps * double(plan.total_steps - next_step);
+      log.info(
+          "step {}/{} | loss {:.4f} (ce {:.4f} kl {:.4f} cap {:.4f}) | acc {:.3f} top{} {:.3f} | tau {:.2f} | lr "
+          "{:.2e} | gnorm {:.3f} | {:.0f} tok/s | wait {:.0f}% | eta {}",
+          next_step, plan.total_steps, acc.sums.loss / w, acc.sums.ce / w, acc.sums.kl / w, acc.sums.cap / w,
+          accuracy, cfg.loss.top_k, topk, tau, r.lr, r.grad_norm, tok_per_s, 100 * wait_share,
+          format_duration(eta));
+      if (metrics) {
+        nlohmann::ordered_json j;
+        j["step"] = next_step;
+        j["steps_averaged"] = interval_steps;  // loss and metrics below are over these steps (weighted by Σw)
+        j["loss"] = acc.sums.loss / w;
+        j["ce"] = acc.sums.ce / w;
+        j["kl"] = acc.sums.kl / w;
+        j["cap"] = acc.sums.cap / w;
+        j["weight_sum"] = acc.sums.weight;
+        j["acc"] = accuracy;
+        j["acc_by_pos"] = acc_by_pos;
+        j["topk_acc"] = topk;
+        j["tau"] = tau;
+        j["lr"] = r.lr;
+        j["grad_norm"] = r.grad_norm;
+        j["tokens_per_s"] = tok_per_s;
+        j["wait_share"] = wait_share;
+        j["compute_share"] = interval_compute / secs;
+        j["positions"] = acc.positions;
+        j["elapsed_s"] = run_timer.seconds();
+        metrics->write(j);
+      }
+      interval.reset();
+      interval_wait = interval_compute = 0;
+      interval_tokens = interval_steps = 0;
+      reset_interval();
     }
-    interval.reset();
-    interval_wait = interval_compute = 0;
-    interval_tokens = interval_steps = 0;
-    reset_interval();
+    const bool periodic = cfg.ckpt.every > 0 && (next_step % cfg.ckpt.every == 0 || last);
+    if (periodic || (stop && !dumping)) save(next_step);
+    if (r.stop_requested)
+      log.warn("stopping after step {} on {} (checkpoint written); continue with ckpt.resume=auto", next_step,
+               stop_signal() ? signal_name(stop_signal()) : "another drafter rank's signal");
+    if (stop) break;
   }
-  log.info("drafter: finished {} steps in {}", plan.total_steps - start_step, format_duration(run_timer.seconds()));
-  if (reporter) {
+  const int dropped = receiver.finish(next_step, sources[0]);
+  log.info("drafter: ran steps {}..{} in {}{}", opt.start_step + 1, next_step, format_duration(run_timer.seconds()),
+           dropped ? fmt::format(" ({} prefetched packets dropped)", dropped) : std::string());
+  if (reporter && next_step == plan.total_steps) {
     const std::string path = write_final_weights(cfg.run.out_dir, trainer.params());
     log.info("drafter: final fp32 weights in {}", path);
   }

@@ -1,5 +1,7 @@
 #include "lib/train/packet.h"
 
+#include <unistd.h>
+
 #include "lib/comm/shard.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
@@ -44,6 +46,23 @@ void PacketSender::flush() {
   for (auto& f : in_flight_)
     for (auto& r : f.requests) r.wait();
   in_flight_.clear();
+}
+
+bool PacketSender::stop_requested(comm::Transport& tp) {
+  uint8_t stop = tp.rank() == 0 && world_.probe(-1, kTagStop) ? 1 : 0;
+  tp.broadcast(&stop, 1, 0);
+  return stop != 0;
+}
+
+void PacketSender::finish(comm::Transport& tp, int64_t last_step, const std::vector<int>& drafters) {
+  if (tp.rank() == 0) {
+    for (int d : drafters) {
+      int64_t their_stop = 0;
+      world_.recv(&their_stop, 1, d, kTagStop);
+    }
+    for (int d : drafters) world_.send(&last_step, 1, d, kTagLast);
+  }
+  flush();
 }
 
 PacketReceiver::PacketReceiver(comm::Transport& world, std::vector<int> sources, int tap_width, int hidden,
@@ -105,6 +124,35 @@ FeaturePacket PacketReceiver::next(double* wait_seconds) {
                got.seq_index, got.step, got.micro, got.seq_len, got.tap_width, got.hidden);
   top_up();  // post the following receives before the caller starts computing
   return std::move(p.packet);
+}
+
+int PacketReceiver::finish(int64_t stop_step, int target_rank0) {
+  world_.send(&stop_step, 1, target_rank0, kTagStop);
+  int64_t last_step = -1;
+  comm::Request last = world_.irecv(&last_step, 1, target_rank0, kTagLast);
+  int dropped = 0;
+  // keep the front packet's receives moving: the target may be blocked on back-pressure until they complete
+  while (!last.test()) {
+    if (!pending_.empty()) {
+      bool done = true;
+      for (auto& r : pending_.front().requests) done = r.test() && done;
+      if (done) {
+        next(nullptr);
+        ++dropped;
+        continue;
+      }
+    }
+    usleep(200);  // the cores are shared with the target ranks that are finishing their sends
+  }
+  while (!pending_.empty() && pending_.front().plan.step <= last_step) {
+    next(nullptr);
+    ++dropped;
+  }
+  for (auto& p : pending_)  // posted for steps the target never produced
+    for (auto& r : p.requests) r.cancel();
+  pending_.clear();
+  plans_done_ = true;
+  return dropped;
 }
 
 }  // namespace dflash::train

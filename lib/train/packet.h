@@ -34,7 +34,15 @@ struct FeaturePacket {
 };
 
 // Tags on the world communicator (distinct from anything else sent there).
-enum PacketTag : int { kTagHeader = 7101, kTagTokens, kTagMask, kTagTaps, kTagFinal };
+enum PacketTag : int { kTagHeader = 7101, kTagTokens, kTagMask, kTagTaps, kTagFinal, kTagStop, kTagLast };
+
+// Ending a stream (normally or early, e.g. on SIGTERM) without leaving a send or a receive unmatched:
+//   1. every drafter sends kTagStop (int64: the first step it will not train) to TP rank 0 of its group;
+//   2. the target group checks for a stop before each step (TP rank 0 probes, then tells its TP group), stops
+//      producing, receives one kTagStop per drafter it feeds and answers each with kTagLast (int64: the last step
+//      it sent packets for), then waits for its sends;
+//   3. each drafter keeps receiving while it waits for kTagLast (so a target blocked on back-pressure can go on),
+//      receives and drops the packets up to that step, and cancels the receives it had posted beyond it.
 
 // Target side. Sends are asynchronous; at most `max_in_flight` packets per sender are pending (back-pressure):
 // send() first waits for the oldest when the window is full.
@@ -46,6 +54,12 @@ class PacketSender {
   // Sends this TP rank's share of `packet` to world rank `dest`. Returns the seconds spent blocked by the window.
   double send(FeaturePacket&& packet, int dest, int tp_rank, int tp_size);
   void flush();  // waits for every pending send
+
+  // Target side of ending the stream: collective over the TP group `tp`. True when a drafter asked to stop.
+  bool stop_requested(comm::Transport& tp);
+  // After the last step produced (last_step, or start-1 when none): TP rank 0 receives every drafter's kTagStop
+  // and answers with kTagLast; then every TP rank waits for its sends. `drafters`: world ranks fed by the group.
+  void finish(comm::Transport& tp, int64_t last_step, const std::vector<int>& drafters);
 
  private:
   struct InFlight {
@@ -74,6 +88,10 @@ class PacketReceiver {
   // The next packet, checked against its plan (a mismatch is a stream-order error naming both). wait_seconds
   // (+=) the time spent waiting for it.
   FeaturePacket next(double* wait_seconds);
+
+  // Ends the stream early or at its end (protocol above): `stop_step` is the first step this drafter does not
+  // train; `target_rank0` the world rank of its group's TP rank 0. Returns the packets dropped.
+  int finish(int64_t stop_step, int target_rank0);
 
  private:
   struct Pending {

@@ -30,7 +30,9 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
   int64_t interval_tokens = 0;
   double interval_blocked = 0;
   target.reset_stats();
-  for (int64_t step = start_step; step < plan.total_steps; ++step) {
+  int64_t step = start_step;
+  for (; step < plan.total_steps; ++step) {
+    if (sender.stop_requested(tp)) break;  // the drafters stopped early (signal, --stop-after-steps, --dump-step)
     for (int micro = 0; micro < cfg.optim.micro_batches; ++micro) {
       for (int d : drafters) {
         const int64_t index = schedule.sequence(step, micro, d);
@@ -66,8 +68,10 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
       target.reset_stats();
     }
   }
-  sender.flush();
-  log.info("target: all packets sent");
+  std::vector<int> drafter_ranks;
+  for (int d : drafters) drafter_ranks.push_back(layout.drafter_world_rank(d));
+  sender.finish(tp, step - 1, drafter_ranks);
+  log.info("target: sent the packets of steps {}..{}", start_step + 1, step);
 }
 
 }  // namespace dflash::train

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -12,7 +13,10 @@
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 #include "lib/model/qwen_config.h"
+#include "lib/io/export.h"
+#include "lib/train/checkpointing.h"
 #include "lib/train/log.h"
+#include "lib/train/signals.h"
 #include "lib/train/run_plan.h"
 #include "lib/train/workers.h"
 
@@ -21,9 +25,55 @@ namespace dflash::train {
 namespace {
 
 const char* kUsage =
-    "usage: mpirun -np N dflash_mpi CONFIG.yaml [--set key=value ...]\n"
+    "usage: mpirun -np N dflash_mpi CONFIG.yaml [--set key=value ...] [--stop-after-steps K] [--dump-step DIR]\n"
+    "       dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]\n"
     "  N must equal layout.target_tp * layout.target_groups + layout.drafter_dp (default 5*1+3 = 8).\n"
+    "  --stop-after-steps K  run K steps from the start (or the resumed step), write a checkpoint, exit\n"
+    "  --dump-step DIR       run one step and write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors\n"
+    "  --export              write a checkpoint as model.safetensors + config.json for serving (docs/export.md)\n"
+    "  SIGTERM / SIGUSR1: finish the current step, write a checkpoint, exit 0 (resume with ckpt.resume=auto).\n"
     "  Keys: docs/config.md. Example: mpi_launch/configs/tiny.yaml\n";
+
+struct ProgramOptions {
+  int64_t stop_after = 0;
+  std::string dump_dir;
+};
+
+// The options after the config file and its --set overrides.
+ProgramOptions parse_program_options(const std::vector<std::string>& rest) {
+  ProgramOptions o;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const std::string& a = rest[i];
+    auto value = [&]() -> const std::string& {
+      DFLASH_CHECK(i + 1 < rest.size(), "dflash_mpi: {} needs a value", a);
+      return rest[++i];
+    };
+    if (a == "--stop-after-steps") {
+      const std::string& v = value();
+      char* end = nullptr;
+      o.stop_after = std::strtoll(v.c_str(), &end, 10);
+      DFLASH_CHECK(end && *end == 0 && o.stop_after > 0, "dflash_mpi: --stop-after-steps expects a positive integer, "
+                                                         "got '{}'", v);
+    } else if (a == "--dump-step") {
+      o.dump_dir = value();
+    } else {
+      DFLASH_FAIL("dflash_mpi: unknown option '{}'\n{}", a, kUsage);
+    }
+  }
+  return o;
+}
+
+// dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]: no MPI job needed.
+int run_export(const std::vector<std::string>& args) {
+  DFLASH_CHECK(args.size() == 2 || (args.size() == 4 && args[2] == "--dtype"),
+               "usage: dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]");
+  const std::string dtype = args.size() == 4 ? args[3] : "bf16";
+  DFLASH_CHECK(dtype == "bf16" || dtype == "f32", "--dtype {}: use bf16 or f32", dtype);
+  io::export_drafter(args[0], args[1], dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
+  std::printf("exported %s to %s (%s): model.safetensors + config.json\n", args[0].c_str(), args[1].c_str(),
+              dtype.c_str());
+  return 0;
+}
 
 // Prints the error once and takes the world down. Errors every rank hits alike (config, layout, data) are
 // printed by world rank 0; the others give it a moment to do so, then abort too. An error only one rank sees is
@@ -47,15 +97,20 @@ int dflash_mpi_main(int argc, char** argv) {
   std::string who;
   std::unique_ptr<Logger> log;
   try {
+    if (argc >= 2 && std::string(argv[1]) == "--export") {
+      int rc = 0;
+      if (rank == 0) rc = run_export(std::vector<std::string>(argv + 2, argv + argc));
+      MPI_Finalize();
+      return rc;
+    }
     ConfigCli cli = parse_config_cli(argc, argv);
-    if (cli.file.empty() || !cli.rest.empty()) {
-      if (rank == 0) {
-        std::fprintf(stderr, "%s", kUsage);
-        if (!cli.rest.empty()) std::fprintf(stderr, "dflash_mpi: unexpected argument '%s'\n", cli.rest[0].c_str());
-      }
+    if (cli.file.empty()) {
+      if (rank == 0) std::fprintf(stderr, "%s", kUsage);
       MPI_Finalize();
       return 2;
     }
+    const ProgramOptions options = parse_program_options(cli.rest);
+    install_stop_signal_handlers();
     const TrainConfig cfg = load_config(cli.file, cli.sets);
     const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
                                                      cfg.layout.drafter_dp, size, rank);
@@ -90,11 +145,33 @@ int dflash_mpi_main(int argc, char** argv) {
     log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console);
     log->info("{} of {} ranks; config {} (hash {})", who, size, cli.file, config_hash_hex(cfg));
 
-    const int64_t start_step = 0;
-    if (is_target)
+    // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
+    std::optional<io::LoadedCheckpoint> resumed;
+    int64_t start_step = 0;
+    const int first_drafter = layout.drafter_world_rank(0);
+    if (rank == first_drafter) {
+      const std::string dir = resolve_resume_dir(cfg);
+      if (!dir.empty()) {
+        resumed.emplace(io::load_checkpoint(dir, checkpoint_expectation(cfg, plan)));
+        start_step = resumed->state.step;
+        log->info("resuming from {} at step {}", dir, start_step);
+      } else if (cfg.ckpt.resume == "auto") {
+        log->info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
+      }
+    }
+    MPI_Bcast(&start_step, 1, MPI_INT64_T, first_drafter, MPI_COMM_WORLD);
+    DFLASH_CHECK(start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
+                 start_step, plan.total_steps);
+    if (is_target) {
       run_target_worker(cfg, plan, layout, comms, data, start_step, *log);
-    else
-      run_drafter_worker(cfg, plan, layout, comms, data, start_step, *log);
+    } else {
+      DrafterRunOptions o;
+      o.start_step = start_step;
+      o.resume = resumed ? &*resumed : nullptr;
+      o.stop_after = options.stop_after;
+      o.dump_dir = options.dump_dir;
+      run_drafter_worker(cfg, plan, layout, comms, data, o, *log);
+    }
     MPI_Barrier(MPI_COMM_WORLD);
   } catch (const std::exception& e) {
     abort_world(rank, who, e.what(), log.get());

@@ -6,6 +6,7 @@
 
 #include "lib/comm/layout.h"
 #include "lib/config/config.h"
+#include "lib/io/checkpoint.h"
 #include "lib/io/dataset.h"
 #include "lib/model/drafter_params.h"
 #include "lib/train/log.h"
@@ -13,14 +14,22 @@
 
 namespace dflash::train {
 
-// Steps [start_step, plan.total_steps) of this rank's target group.
+// Steps [start_step, plan.total_steps) of this rank's target group, or until its drafters ask it to stop.
 void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                        const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log);
 
-// Steps [start_step, plan.total_steps) on this drafter rank. The first drafter rank prints progress and writes
-// <out_dir>/metrics.jsonl.
+struct DrafterRunOptions {
+  int64_t start_step = 0;                     // first step to run (> 0 when resuming)
+  const io::LoadedCheckpoint* resume = nullptr;  // on drafter rank 0 when resuming: weights + optimizer state
+  int64_t stop_after = 0;                     // > 0: stop (with a checkpoint) after this many steps of this run
+  std::string dump_dir;                       // non-empty: run one step, write its dump there, stop
+};
+
+// Steps [start_step, plan.total_steps) on this drafter rank, or fewer on a stop. The first drafter rank prints
+// progress, writes <out_dir>/metrics.jsonl, the checkpoints and, at the end, drafter_final.safetensors.
 void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                        const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log);
+                        const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& options,
+                        Logger& log);
 
 // Writes the drafter's fp32 weights (export names) to <out_dir>/drafter_final.safetensors via a temporary file and
 // a rename; returns the path.
