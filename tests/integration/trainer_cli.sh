@@ -83,6 +83,88 @@ case "$case" in
     expect_error "sequence 1" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
       --set "data.path=$out/bad.h5"
     ;;
+  resume_bitexact)
+    # 20 steps straight vs 10 steps, stop (checkpoint), resume, 10 more: identical weights and losses, bit for bit
+    run=(--set run.steps=20 --set log.every=1)
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${run[@]}" \
+      --set "run.out_dir=$out/straight" >"$out/straight.log"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${run[@]}" \
+      --set "run.out_dir=$out/split" --stop-after-steps 10 >"$out/split1.log"
+    [[ -f "$out/split/ckpt/step_00000010/DONE" ]] || fail "no complete checkpoint at step 10"
+    [[ ! -f "$out/split/drafter_final.safetensors" ]] || fail "a stopped run must not write final weights"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${run[@]}" \
+      --set "run.out_dir=$out/split" --set ckpt.resume=auto >"$out/split2.log"
+    grep -q "resuming from .*step_00000010 at step 10" "$out/split/logs/rank_05.log" || fail "did not resume at 10"
+    "$build/tests/integration/safetensors_compare" "$out/straight/drafter_final.safetensors" \
+      "$out/split/drafter_final.safetensors" --rtol 0 || fail "weights differ"
+    diff <(losses "$out/straight/metrics.jsonl") <(losses "$out/split/metrics.jsonl") || fail "loss sequences differ"
+    [[ $(losses "$out/split/metrics.jsonl" | wc -l) -eq 20 ]] || fail "expected 20 logged losses"
+    echo "PASS (resume_bitexact): 20 losses and every weight identical"
+    ;;
+  ckpt_incomplete)
+    # checkpoints at 5 and 10; a crash while writing 10 (no DONE) makes resume take 5; a truncated weights file in
+    # a DONE-marked checkpoint is refused with a message naming it
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=10 \
+      --set ckpt.every=5 --set ckpt.keep=0 >"$out/run.log"
+    [[ -f "$out/run/ckpt/step_00000005/DONE" && -f "$out/run/ckpt/step_00000010/DONE" ]] || fail "checkpoints missing"
+    rm "$out/run/ckpt/step_00000010/DONE"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=10 \
+      --set ckpt.resume=auto --stop-after-steps 1 >"$out/resume.log"
+    grep -q "resuming from .*step_00000005 at step 5" "$out/run/logs/rank_05.log" ||
+      fail "resume did not skip the checkpoint without DONE"
+    echo "resume skipped step_00000010 (no DONE) and took step_00000005"
+    truncate -s -100 "$out/run/ckpt/step_00000006/model.safetensors"
+    expect_error "model.safetensors" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
+      --set run.steps=10 --set ckpt.resume=auto
+    grep -q "truncated" "$out/log" || fail "the refusal does not say the file is truncated"
+    ;;
+  sigterm)
+    # SIGTERM to every rank mid-run: the job finishes its step, writes a complete checkpoint, exits 0; resume goes on
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=100000 \
+      --set log.every=1 >"$out/run.log" 2>&1 &
+    job=$!
+    for _ in $(seq 1 300); do
+      [[ -f "$out/run/metrics.jsonl" && $(wc -l <"$out/run/metrics.jsonl") -ge 3 ]] && break
+      sleep 0.1
+    done
+    # signal the ranks (the children of mpirun), as slurm signals the tasks; SIGTERM to mpirun itself kills the job
+    pkill -TERM -P "$job" -f dflash_mpi || fail "no dflash_mpi rank to signal"
+    rc=0
+    timeout 60 tail --pid=$job -f /dev/null || fail "the job did not exit within 60 s of SIGTERM"
+    wait $job || rc=$?
+    tail -n 5 "$out/run.log"
+    [[ $rc -eq 0 ]] || fail "exit code $rc after SIGTERM, expected 0"
+    ckpt=$(ls -d "$out/run/ckpt"/step_* | tail -1)
+    [[ -f "$ckpt/DONE" ]] || fail "no complete checkpoint after SIGTERM"
+    step=$((10#${ckpt##*step_}))
+    grep -q "stopping after step $step on SIGTERM" "$out/run/logs/rank_05.log" || fail "no stop message"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=100000 \
+      --set log.every=1 --set ckpt.resume=auto --stop-after-steps 2 >"$out/resume.log"
+    grep -q "resuming from .*at step $step" "$out/run/logs/rank_05.log" || fail "resume did not continue at $step"
+    echo "PASS (sigterm): checkpoint at step $step, resumed from it"
+    ;;
+  export_dump)
+    # --export of a checkpoint (f32 weights equal the checkpoint's), and --dump-step's file holds inputs, loss and
+    # gradients under the export names
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 \
+      --set ckpt.every=2 >"$out/run.log"
+    "$bin" --export "$out/run/ckpt/step_00000002" "$out/export" --dtype f32
+    for key in '"architectures"' '"DFlashDraftModel"' '"block_size"' '"target_layer_ids"' '"mask_token_id"'; do
+      grep -q "$key" "$out/export/config.json" || fail "config.json lacks $key"
+    done
+    "$build/tests/integration/safetensors_compare" "$out/export/model.safetensors" \
+      "$out/run/ckpt/step_00000002/model.safetensors" --rtol 0 || fail "exported weights differ"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 \
+      --set "run.out_dir=$out/dump_run" --dump-step "$out/dump" >"$out/dump.log"
+    f="$out/dump/step_00000001.safetensors"
+    [[ -f "$f" ]] || fail "no dump file"
+    header=$(head -c 200000 "$f" | tr -d '\0')
+    for key in inputs.slot0.tokens inputs.slot5.taps inputs.slot5.anchors inputs.slot3.final_hidden loss.ce \
+        loss.weight_sum layers.1.mlp.down_proj.weight fc.weight hidden_norm.weight dflash.loss.kl; do
+      grep -q "\"$key\"" <<<"$header" || fail "dump lacks $key"
+    done
+    echo "PASS (export_dump)"
+    ;;
   *)
     fail "unknown case"
     ;;
