@@ -13,12 +13,6 @@
 #include "lib/core/error.h"
 #include "lib/io/export.h"
 
-// A user error: the message names the argument and the fix; no source location.
-#define INPUT_CHECK(cond, ...)                                          \
-  do {                                                                  \
-    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__));       \
-  } while (0)
-
 namespace dflash::data {
 
 namespace {
@@ -42,7 +36,7 @@ std::vector<int> parse_ids(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    INPUT_CHECK(used == item.size() && !item.empty(),
+    DFLASH_USER_CHECK(used == item.size() && !item.empty(),
                 "--target-layer-ids: '{}' is not a comma-separated list of layer numbers (e.g. 1,9,17,25,33)", text);
     ids.push_back(v);
   }
@@ -56,10 +50,10 @@ int run_export(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  INPUT_CHECK(args.positional().size() == 2, "expected STEP_DIR and OUT_DIR, got {} argument(s)\n{}",
+  DFLASH_USER_CHECK(args.positional().size() == 2, "expected STEP_DIR and OUT_DIR, got {} argument(s)\n{}",
               args.positional().size(), kUsage);
   const std::string dtype = args.str("dtype", "bf16");
-  INPUT_CHECK(dtype == "bf16" || dtype == "f32", "--dtype must be bf16 or f32, got '{}'", dtype);
+  DFLASH_USER_CHECK(dtype == "bf16" || dtype == "f32", "--dtype must be bf16 or f32, got '{}'", dtype);
   io::DrafterExportInfo over;
   if (args.has("target-layer-ids")) over.target_layer_ids = parse_ids(args.str("target-layer-ids", ""));
   over.num_target_layers = int(args.integer("num-target-layers", 0));

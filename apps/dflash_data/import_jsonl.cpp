@@ -16,12 +16,6 @@
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 
-// A user error: the message names the file, line and field; no source location.
-#define INPUT_CHECK(cond, ...)                                          \
-  do {                                                                  \
-    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__));       \
-  } while (0)
-
 namespace dflash::data {
 
 namespace {
@@ -41,28 +35,28 @@ void parse_line(const std::string& where, const std::string& line, int64_t vocab
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(fmt::format("{}: not valid JSON ({})", where, e.what()));
   }
-  INPUT_CHECK(j.is_object(), "{}: expected a JSON object with \"input_ids\", found {}", where, j.type_name());
+  DFLASH_USER_CHECK(j.is_object(), "{}: expected a JSON object with \"input_ids\", found {}", where, j.type_name());
   auto ids = j.find("input_ids");
-  INPUT_CHECK(ids != j.end(), "{}: missing \"input_ids\" (an array of token ids)", where);
-  INPUT_CHECK(ids->is_array(), "{}: \"input_ids\" must be an array of token ids, found {}", where, ids->type_name());
-  INPUT_CHECK(!ids->empty(), "{}: \"input_ids\" is empty; drop the line or give its tokens", where);
+  DFLASH_USER_CHECK(ids != j.end(), "{}: missing \"input_ids\" (an array of token ids)", where);
+  DFLASH_USER_CHECK(ids->is_array(), "{}: \"input_ids\" must be an array of token ids, found {}", where, ids->type_name());
+  DFLASH_USER_CHECK(!ids->empty(), "{}: \"input_ids\" is empty; drop the line or give its tokens", where);
   tokens.clear();
   for (size_t i = 0; i < ids->size(); ++i) {
     const auto& v = (*ids)[i];
-    INPUT_CHECK(v.is_number_integer(), "{}: \"input_ids\"[{}] is {}, expected an integer token id", where, i,
+    DFLASH_USER_CHECK(v.is_number_integer(), "{}: \"input_ids\"[{}] is {}, expected an integer token id", where, i,
                  v.dump());
     int64_t id = v.is_number_unsigned() ? int64_t(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX)) : v.get<int64_t>();
-    INPUT_CHECK(id >= 0 && id <= std::numeric_limits<int32_t>::max(),
+    DFLASH_USER_CHECK(id >= 0 && id <= std::numeric_limits<int32_t>::max(),
                  "{}: \"input_ids\"[{}] is {}; token ids must be in [0, 2^31)", where, i, id);
-    INPUT_CHECK(vocab <= 0 || id < vocab,
+    DFLASH_USER_CHECK(vocab <= 0 || id < vocab,
                  "{}: \"input_ids\"[{}] is {} >= --vocab {}; tokenized for another model?", where, i, id, vocab);
     tokens.push_back(int32_t(id));
   }
   mask.assign(tokens.size(), 1);
   auto m = j.find("loss_mask");
   if (m == j.end() || m->is_null()) return;
-  INPUT_CHECK(m->is_array(), "{}: \"loss_mask\" must be an array of 0/1, found {}", where, m->type_name());
-  INPUT_CHECK(m->size() == tokens.size(), "{}: \"loss_mask\" has {} values but \"input_ids\" has {}; give one "
+  DFLASH_USER_CHECK(m->is_array(), "{}: \"loss_mask\" must be an array of 0/1, found {}", where, m->type_name());
+  DFLASH_USER_CHECK(m->size() == tokens.size(), "{}: \"loss_mask\" has {} values but \"input_ids\" has {}; give one "
                "0/1 per token", where, m->size(), tokens.size());
   for (size_t i = 0; i < m->size(); ++i) {
     const auto& v = (*m)[i];
@@ -70,7 +64,7 @@ void parse_line(const std::string& where, const std::string& line, int64_t vocab
       mask[i] = v.get<bool>();
       continue;
     }
-    INPUT_CHECK(v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1),
+    DFLASH_USER_CHECK(v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1),
                  "{}: \"loss_mask\"[{}] is {}, expected 0 or 1", where, i, v.dump());
     mask[i] = uint8_t(v.get<int64_t>());
   }
@@ -84,12 +78,12 @@ int run_import_jsonl(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  INPUT_CHECK(args.positional().size() == 2, "expected IN.jsonl OUT.h5, got {} argument(s)\n{}",
+  DFLASH_USER_CHECK(args.positional().size() == 2, "expected IN.jsonl OUT.h5, got {} argument(s)\n{}",
                args.positional().size(), kUsage);
   const std::string in = args.positional()[0], out = args.positional()[1];
   const int64_t vocab = args.integer("vocab", 0);
   std::ifstream f(in);
-  INPUT_CHECK(f.good(), "{}: cannot open for reading (does the file exist?)", in);
+  DFLASH_USER_CHECK(f.good(), "{}: cannot open for reading (does the file exist?)", in);
 
   const std::string partial = out + ".partial";
   int64_t lines = 0, no_trained = 0, trained = 0;
@@ -107,8 +101,8 @@ int run_import_jsonl(int argc, char** argv) {
       no_trained += t == 0;
       writer.add(tokens, mask);
     }
-    INPUT_CHECK(!f.bad(), "{}: read error after line {}", in, lines);
-    INPUT_CHECK(writer.sequences() > 0, "{}: no sequences (the file is empty or all lines are blank)", in);
+    DFLASH_USER_CHECK(!f.bad(), "{}: read error after line {}", in, lines);
+    DFLASH_USER_CHECK(writer.sequences() > 0, "{}: no sequences (the file is empty or all lines are blank)", in);
     writer.close();
     std::filesystem::rename(partial, out);
     std::printf("wrote %s: %lld sequences, %lld tokens, %.1f%% trained (loss_mask = 1)\n", out.c_str(),

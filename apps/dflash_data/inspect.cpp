@@ -11,12 +11,6 @@
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 
-// A user error: the message names the file, line and field; no source location.
-#define INPUT_CHECK(cond, ...)                                          \
-  do {                                                                  \
-    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__));       \
-  } while (0)
-
 namespace dflash::data {
 
 namespace {
@@ -32,7 +26,7 @@ int run_inspect(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  INPUT_CHECK(args.positional().size() == 1, "expected one FILE.h5, got {} argument(s)\n{}",
+  DFLASH_USER_CHECK(args.positional().size() == 1, "expected one FILE.h5, got {} argument(s)\n{}",
                args.positional().size(), kUsage);
   const std::string path = args.positional()[0];
   const int64_t vocab = args.integer("vocab", 0);

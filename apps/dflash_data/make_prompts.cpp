@@ -16,12 +16,6 @@
 #include "lib/core/rng.h"
 #include "lib/io/dataset.h"
 
-// A user error: the message names the option and the fix; no source location.
-#define INPUT_CHECK(cond, ...)                                    \
-  do {                                                            \
-    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__)); \
-  } while (0)
-
 namespace dflash::data {
 
 namespace {
@@ -39,16 +33,16 @@ int run_make_prompts(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  INPUT_CHECK(a.has("out") && a.has("vocab"), "--out OUT.h5 and --vocab V are required\n{}", kUsage);
+  DFLASH_USER_CHECK(a.has("out") && a.has("vocab"), "--out OUT.h5 and --vocab V are required\n{}", kUsage);
   const std::string out = a.str("out", "");
   const int64_t vocab = a.integer("vocab", 0), count = a.integer("count", 64), reserve = a.integer("reserve", 1);
   const int64_t min_len = a.integer("min-len", 16), max_len = a.integer("max-len", 48);
   const uint64_t seed = uint64_t(a.integer("seed", 1));
-  INPUT_CHECK(vocab >= 1, "--vocab {}: must be >= 1", vocab);
-  INPUT_CHECK(reserve >= 0 && reserve < vocab, "--reserve {}: must be in [0, vocab {}) so that some ids remain",
+  DFLASH_USER_CHECK(vocab >= 1, "--vocab {}: must be >= 1", vocab);
+  DFLASH_USER_CHECK(reserve >= 0 && reserve < vocab, "--reserve {}: must be in [0, vocab {}) so that some ids remain",
               reserve, vocab);
-  INPUT_CHECK(count >= 1, "--count {}: must be >= 1", count);
-  INPUT_CHECK(min_len >= 1 && min_len <= max_len, "--min-len {} --max-len {}: need 1 <= min-len <= max-len",
+  DFLASH_USER_CHECK(count >= 1, "--count {}: must be >= 1", count);
+  DFLASH_USER_CHECK(min_len >= 1 && min_len <= max_len, "--min-len {} --max-len {}: need 1 <= min-len <= max-len",
               min_len, max_len);
 
   const std::string partial = out + ".partial";

@@ -28,12 +28,6 @@
 #include "lib/model/generate.h"
 #include "lib/model/target.h"
 
-// A user error: the message names the option or file and the fix; no source location.
-#define INPUT_CHECK(cond, ...)                                    \
-  do {                                                            \
-    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__)); \
-  } while (0)
-
 namespace dflash::data {
 
 namespace {
@@ -68,21 +62,21 @@ int regenerate(const Args& a, comm::Transport& tp) {
   opt.eos_id = int32_t(a.integer("eos", -1));
   opt.vocab_limit = int(a.integer("vocab-limit", 0));
   const int64_t limit = a.integer("limit", 0);
-  INPUT_CHECK(opt.max_new_tokens >= 1, "--max-new-tokens {}: must be >= 1", opt.max_new_tokens);
-  INPUT_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
-  INPUT_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory with "
+  DFLASH_USER_CHECK(opt.max_new_tokens >= 1, "--max-new-tokens {}: must be >= 1", opt.max_new_tokens);
+  DFLASH_USER_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
+  DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory with "
               "config.json and *.safetensors; `dflash_data make-target` writes one)", target_dir);
 
   Timer load;
   model::TargetModel target(target_dir, tp);
   model::GreedyHead head(target_dir, tp);
   const model::QwenConfig& c = target.config();
-  INPUT_CHECK(opt.eos_id < c.vocab, "--eos {}: not a token id of the target (vocab {})", opt.eos_id, c.vocab);
-  INPUT_CHECK(opt.vocab_limit >= 0 && opt.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}] (0 = every id)",
+  DFLASH_USER_CHECK(opt.eos_id < c.vocab, "--eos {}: not a token id of the target (vocab {})", opt.eos_id, c.vocab);
+  DFLASH_USER_CHECK(opt.vocab_limit >= 0 && opt.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}] (0 = every id)",
               opt.vocab_limit, c.vocab);
   io::Dataset prompts(in, c.vocab);  // validates; errors name the file and sequence
   const int64_t n = model::check_prompts(prompts, limit);  // input errors before OUT.h5.partial exists
-  INPUT_CHECK(n > 0, "{}: no sequences to regenerate", in);
+  DFLASH_USER_CHECK(n > 0, "{}: no sequences to regenerate", in);
   if (writer_rank) {
     std::printf("regenerate: target %s (H %d, %d layers, vocab %d) on TP %d, loaded in %.2f s\n", target_dir.c_str(),
                 c.hidden, c.layers, c.vocab, tp.size(), load.seconds());
@@ -137,7 +131,7 @@ int run_regenerate(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  INPUT_CHECK(a.has("target") && a.has("prompts") && a.has("out"),
+  DFLASH_USER_CHECK(a.has("target") && a.has("prompts") && a.has("out"),
               "--target DIR, --prompts IN.h5 and --out OUT.h5 are required\n{}", kUsage);
   if (!launched_by_mpi()) {
     comm::SelfTransport self;

@@ -21,6 +21,13 @@ struct Error : std::runtime_error {
     }                                                                                               \
   } while (0)
 
+// DFLASH_USER_CHECK(cond, "fmt {}", args...): a user error (bad file, value, option) whose message already names
+// the file, key or row and the fix: thrown without the source location, which would only distract the user.
+#define DFLASH_USER_CHECK(cond, ...)                                  \
+  do {                                                                \
+    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__));     \
+  } while (0)
+
 // DFLASH_FAIL("fmt {}", args...): throws unconditionally.
 #define DFLASH_FAIL(...) DFLASH_CHECK(false, __VA_ARGS__)
 

@@ -23,12 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A user-facing error about a checkpoint on disk: names the directory or file and the fix; no source location.
-#define CKPT_CHECK(cond, ...)                                             \
-  do {                                                                    \
-    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__));         \
-  } while (0)
-
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
@@ -44,16 +38,16 @@ std::string hex64(uint64_t v) { return fmt::format("0x{:016x}", v); }
 
 void fsync_path(const fs::path& p, bool directory) {
   int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  CKPT_CHECK(fd >= 0, "checkpoint: cannot open {} to fsync: {}", p.string(), std::strerror(errno));
+  DFLASH_USER_CHECK(fd >= 0, "checkpoint: cannot open {} to fsync: {}", p.string(), std::strerror(errno));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  CKPT_CHECK(rc == 0, "checkpoint: fsync of {} failed: {} (is the disk full?)", p.string(), std::strerror(err));
+  DFLASH_USER_CHECK(rc == 0, "checkpoint: fsync of {} failed: {} (is the disk full?)", p.string(), std::strerror(err));
 }
 
 void write_text_file(const fs::path& p, const std::string& text) {
   int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  CKPT_CHECK(fd >= 0, "checkpoint: cannot create {}: {}", p.string(), std::strerror(errno));
+  DFLASH_USER_CHECK(fd >= 0, "checkpoint: cannot create {}: {}", p.string(), std::strerror(errno));
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -61,18 +55,18 @@ void write_text_file(const fs::path& p, const std::string& text) {
     if (n <= 0) {
       const int err = errno;
       ::close(fd);
-      CKPT_CHECK(false, "checkpoint: write to {} failed: {} (is the disk full?)", p.string(), std::strerror(err));
+      DFLASH_USER_CHECK(false, "checkpoint: write to {} failed: {} (is the disk full?)", p.string(), std::strerror(err));
     }
     done += size_t(n);
   }
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  CKPT_CHECK(rc == 0, "checkpoint: fsync of {} failed: {}", p.string(), std::strerror(err));
+  DFLASH_USER_CHECK(rc == 0, "checkpoint: fsync of {} failed: {}", p.string(), std::strerror(err));
 }
 
 void rename_file(const fs::path& from, const fs::path& to) {
-  CKPT_CHECK(::rename(from.c_str(), to.c_str()) == 0, "checkpoint: cannot rename {} to {}: {}", from.string(),
+  DFLASH_USER_CHECK(::rename(from.c_str(), to.c_str()) == 0, "checkpoint: cannot rename {} to {}: {}", from.string(),
              to.string(), std::strerror(errno));
 }
 
@@ -102,7 +96,7 @@ uint64_t fnv_words(uint64_t h, const uint8_t* p, size_t n) {
 
 FileDigest digest_file(const fs::path& p) {
   int fd = ::open(p.c_str(), O_RDONLY);
-  CKPT_CHECK(fd >= 0, "checkpoint: cannot open {}: {}", p.string(), std::strerror(errno));
+  DFLASH_USER_CHECK(fd >= 0, "checkpoint: cannot open {}: {}", p.string(), std::strerror(errno));
   std::vector<uint8_t> buf(size_t(4) << 20);
   FileDigest d;
   d.hash = kFnvOffset;
@@ -114,7 +108,7 @@ FileDigest digest_file(const fs::path& p) {
       if (n < 0) {
         const int err = errno;
         ::close(fd);
-        CKPT_CHECK(false, "checkpoint: read of {} failed: {}", p.string(), std::strerror(err));
+        DFLASH_USER_CHECK(false, "checkpoint: read of {} failed: {}", p.string(), std::strerror(err));
       }
       if (n == 0) break;
       filled += size_t(n);
@@ -130,7 +124,7 @@ FileDigest digest_file(const fs::path& p) {
 
 std::string read_text_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
-  CKPT_CHECK(f, "checkpoint: cannot read {}", p.string());
+  DFLASH_USER_CHECK(f, "checkpoint: cannot read {}", p.string());
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -185,17 +179,17 @@ nlohmann::ordered_json drafter_json(const DrafterConfig& c) {
 // Reads key `key` of object `j` as T, naming the file and key when it is missing or of the wrong type.
 template <typename T>
 T get(const nlohmann::json& j, const char* key, const std::string& file) {
-  CKPT_CHECK(j.is_object() && j.contains(key), "checkpoint {}: missing key '{}'", file, key);
+  DFLASH_USER_CHECK(j.is_object() && j.contains(key), "checkpoint {}: missing key '{}'", file, key);
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception& e) {
-    CKPT_CHECK(false, "checkpoint {}: key '{}' has the wrong type ({})", file, key, e.what());
+    DFLASH_USER_CHECK(false, "checkpoint {}: key '{}' has the wrong type ({})", file, key, e.what());
   }
   return T{};
 }
 
 DrafterConfig parse_drafter(const nlohmann::json& j, const std::string& file) {
-  CKPT_CHECK(j.is_object(), "checkpoint {}: 'drafter' must be an object", file);
+  DFLASH_USER_CHECK(j.is_object(), "checkpoint {}: 'drafter' must be an object", file);
   DrafterConfig c;
   c.hidden = get<int>(j, "hidden", file);
   c.layers = get<int>(j, "layers", file);
@@ -213,7 +207,7 @@ DrafterConfig parse_drafter(const nlohmann::json& j, const std::string& file) {
   try {
     c.validate();
   } catch (const Error& e) {
-    CKPT_CHECK(false, "checkpoint {}: {}", file, e.what());
+    DFLASH_USER_CHECK(false, "checkpoint {}: {}", file, e.what());
   }
   return c;
 }
@@ -246,33 +240,33 @@ TrainingState parse_state(const std::string& text, const std::string& file, Draf
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    CKPT_CHECK(false, "checkpoint {}: not valid JSON ({})", file, e.what());
+    DFLASH_USER_CHECK(false, "checkpoint {}: not valid JSON ({})", file, e.what());
   }
-  CKPT_CHECK(j.is_object() && j.value("format", "") == kCheckpointMagic,
+  DFLASH_USER_CHECK(j.is_object() && j.value("format", "") == kCheckpointMagic,
              "checkpoint {}: not a dflash_mpi checkpoint state (\"format\" must be \"{}\")", file, kCheckpointMagic);
   const int version = get<int>(j, "version", file);
-  CKPT_CHECK(version == kCheckpointVersion,
+  DFLASH_USER_CHECK(version == kCheckpointVersion,
              "checkpoint {}: format version {}, this build reads version {} (use the dflash_mpi that wrote it)", file,
              version, kCheckpointVersion);
   TrainingState s;
   s.step = get<int64_t>(j, "step", file);
   if (adamw_step) *adamw_step = get<int64_t>(j, "adamw_step", file);
-  CKPT_CHECK(j.contains("data"), "checkpoint {}: missing key 'data'", file);
+  DFLASH_USER_CHECK(j.contains("data"), "checkpoint {}: missing key 'data'", file);
   const auto& d = j.at("data");
   s.data.epoch = get<int64_t>(d, "epoch", file);
   s.data.step_in_epoch = get<int64_t>(d, "step_in_epoch", file);
   s.data.shuffle_seed = get<uint64_t>(d, "shuffle_seed", file);
-  CKPT_CHECK(j.contains("layout"), "checkpoint {}: missing key 'layout'", file);
+  DFLASH_USER_CHECK(j.contains("layout"), "checkpoint {}: missing key 'layout'", file);
   const auto& l = j.at("layout");
   s.layout.target_tp = get<int>(l, "target_tp", file);
   s.layout.target_groups = get<int>(l, "target_groups", file);
   s.layout.drafter_dp = get<int>(l, "drafter_dp", file);
   s.layout.micro_batches = get<int>(l, "micro_batches", file);
-  CKPT_CHECK(j.contains("drafter"), "checkpoint {}: missing key 'drafter'", file);
+  DFLASH_USER_CHECK(j.contains("drafter"), "checkpoint {}: missing key 'drafter'", file);
   DrafterConfig c = parse_drafter(j.at("drafter"), file);
   if (drafter) *drafter = c;
   s.config_hash = get<std::string>(j, "config_hash", file);
-  CKPT_CHECK(j.contains("rng") && j.at("rng").is_array(), "checkpoint {}: 'rng' must be a list", file);
+  DFLASH_USER_CHECK(j.contains("rng") && j.at("rng").is_array(), "checkpoint {}: 'rng' must be a list", file);
   for (const auto& r : j.at("rng"))
     s.rng.push_back({get<int>(r, "rank", file), get<uint64_t>(r, "seed", file), get<uint64_t>(r, "stream", file),
                      get<uint64_t>(r, "counter", file)});
@@ -300,7 +294,7 @@ std::string done_text(int64_t step, const std::vector<DoneEntry>& files) {
 std::vector<DoneEntry> parse_done(const fs::path& dir) {
   const fs::path p = dir / kDoneFile;
   std::error_code ec;
-  CKPT_CHECK(fs::is_regular_file(p, ec),
+  DFLASH_USER_CHECK(fs::is_regular_file(p, ec),
              "checkpoint {}: no DONE marker, so it is incomplete (a save was interrupted); resume from an older "
              "checkpoint (ckpt.resume: auto skips it) or delete the directory",
              dir.string());
@@ -308,26 +302,26 @@ std::vector<DoneEntry> parse_done(const fs::path& dir) {
   try {
     j = nlohmann::json::parse(read_text_file(p));
   } catch (const nlohmann::json::exception& e) {
-    CKPT_CHECK(false, "checkpoint {}: not valid JSON ({})", p.string(), e.what());
+    DFLASH_USER_CHECK(false, "checkpoint {}: not valid JSON ({})", p.string(), e.what());
   }
-  CKPT_CHECK(j.is_object() && j.value("format", "") == kDoneMagic, "checkpoint {}: not a dflash_mpi DONE marker",
+  DFLASH_USER_CHECK(j.is_object() && j.value("format", "") == kDoneMagic, "checkpoint {}: not a dflash_mpi DONE marker",
              p.string());
-  CKPT_CHECK(j.contains("files") && j.at("files").is_array(), "checkpoint {}: 'files' must be a list", p.string());
+  DFLASH_USER_CHECK(j.contains("files") && j.at("files").is_array(), "checkpoint {}: 'files' must be a list", p.string());
   std::vector<DoneEntry> out;
   for (const auto& f : j.at("files")) {
     DoneEntry e;
     e.name = get<std::string>(f, "name", p.string());
     e.digest.bytes = get<uint64_t>(f, "bytes", p.string());
     const std::string h = get<std::string>(f, "hash", p.string());
-    CKPT_CHECK(h.size() == 18 && h.compare(0, 2, "0x") == 0, "checkpoint {}: hash of {} is not 0x + 16 hex digits",
+    DFLASH_USER_CHECK(h.size() == 18 && h.compare(0, 2, "0x") == 0, "checkpoint {}: hash of {} is not 0x + 16 hex digits",
                p.string(), e.name);
-    CKPT_CHECK(h.find_first_not_of("0123456789abcdefABCDEF", 2) == std::string::npos,
+    DFLASH_USER_CHECK(h.find_first_not_of("0123456789abcdefABCDEF", 2) == std::string::npos,
                "checkpoint {}: hash of {} is not 0x + 16 hex digits", p.string(), e.name);
     e.digest.hash = std::stoull(h.substr(2), nullptr, 16);
     out.push_back(e);
   }
   for (const char* need : {kModelFile, kOptimizerFile, kStateFile})
-    CKPT_CHECK(std::any_of(out.begin(), out.end(), [&](const DoneEntry& e) { return e.name == need; }),
+    DFLASH_USER_CHECK(std::any_of(out.begin(), out.end(), [&](const DoneEntry& e) { return e.name == need; }),
                "checkpoint {}: DONE does not list {}", p.string(), need);
   return out;
 }
@@ -343,20 +337,20 @@ const char* kCorruptHint = "delete this directory to resume from the previous ch
 void verify_size(const fs::path& dir, const DoneEntry& e) {
   const fs::path p = dir / e.name;
   std::error_code ec;
-  CKPT_CHECK(fs::is_regular_file(p, ec), "checkpoint {}: {} is missing but DONE lists it; {}", dir.string(), e.name,
+  DFLASH_USER_CHECK(fs::is_regular_file(p, ec), "checkpoint {}: {} is missing but DONE lists it; {}", dir.string(), e.name,
              kCorruptHint);
   const uint64_t size = fs::file_size(p, ec);
-  CKPT_CHECK(!ec && size == e.digest.bytes,
+  DFLASH_USER_CHECK(!ec && size == e.digest.bytes,
              "checkpoint {}: {} has {} bytes, DONE recorded {} (truncated or overwritten); {}", dir.string(), e.name,
              size, e.digest.bytes, kCorruptHint);
 }
 
 void verify_hash(const fs::path& dir, const DoneEntry& e) {
   const FileDigest d = digest_file(dir / e.name);
-  CKPT_CHECK(d.bytes == e.digest.bytes,
+  DFLASH_USER_CHECK(d.bytes == e.digest.bytes,
              "checkpoint {}: {} has {} bytes, DONE recorded {} (truncated or overwritten); {}", dir.string(), e.name,
              d.bytes, e.digest.bytes, kCorruptHint);
-  CKPT_CHECK(d.hash == e.digest.hash, "checkpoint {}: {} has hash {}, DONE recorded {} (the file is corrupted); {}",
+  DFLASH_USER_CHECK(d.hash == e.digest.hash, "checkpoint {}: {} has hash {}, DONE recorded {} (the file is corrupted); {}",
              dir.string(), e.name, hex64(d.hash), hex64(e.digest.hash), kCorruptHint);
 }
 
@@ -364,7 +358,7 @@ void verify_hash(const fs::path& dir, const DoneEntry& e) {
 
 void expect_same(const std::string& dir, const char* what, const char* field, const std::string& ckpt,
                  const std::string& run) {
-  CKPT_CHECK(ckpt == run,
+  DFLASH_USER_CHECK(ckpt == run,
              "checkpoint {}: checkpoint {} {}={}, this run has {}={} (resume with the same {} or start a new "
              "run.out_dir)",
              dir, what, field, ckpt, field, run, what);
@@ -391,7 +385,7 @@ void compare(const std::string& dir, const TrainingState& s, const DrafterConfig
   expect_same(dir, "drafter", "rms_eps", num(d.rms_eps), num(e.rms_eps));
   expect_same(dir, "drafter", "window", fmt::format("[{}]", fmt::join(d.window, ", ")),
               fmt::format("[{}]", fmt::join(e.window, ", ")));
-  CKPT_CHECK(s.config_hash == x.config_hash,
+  DFLASH_USER_CHECK(s.config_hash == x.config_hash,
              "checkpoint {}: checkpoint config_hash={}, this run has config_hash={} (a key that changes the training "
              "math differs: compare config.resolved.yaml of both runs; see docs/config.md)",
              dir, s.config_hash, x.config_hash);
@@ -403,9 +397,9 @@ void read_params(const SafetensorsFile& f, const std::string& prefix, const std:
                  float* flat) {
   for (const auto& p : layout) {
     const std::string name = prefix + p.name;
-    CKPT_CHECK(f.has(name), "checkpoint {}: missing tensor '{}'", f.path(), name);
+    DFLASH_USER_CHECK(f.has(name), "checkpoint {}: missing tensor '{}'", f.path(), name);
     const TensorInfo& t = f.info(name);
-    CKPT_CHECK(t.dtype == DType::F32 && t.shape == p.shape,
+    DFLASH_USER_CHECK(t.dtype == DType::F32 && t.shape == p.shape,
                "checkpoint {}: tensor '{}' is {} {}, expected F32 {} (state.json's drafter shape)", f.path(), name,
                dtype_name(t.dtype), t.shape_str(), TensorInfo{"", DType::F32, p.shape}.shape_str());
     f.read_rows(name, 0, t.rows(), flat + p.offset);
@@ -415,7 +409,7 @@ void read_params(const SafetensorsFile& f, const std::string& prefix, const std:
 LoadedCheckpoint read_impl(const std::string& dir_str, const CheckpointExpectation* expected, bool with_optimizer) {
   const fs::path dir(dir_str);
   std::error_code ec;
-  CKPT_CHECK(fs::is_directory(dir, ec), "checkpoint {}: no such directory", dir_str);
+  DFLASH_USER_CHECK(fs::is_directory(dir, ec), "checkpoint {}: no such directory", dir_str);
   const std::vector<DoneEntry> done = parse_done(dir);
   for (const auto& e : done) verify_size(dir, e);  // cheap: catches truncation before hashing gigabytes
   verify_hash(dir, done_entry(done, kStateFile));
@@ -432,7 +426,7 @@ LoadedCheckpoint read_impl(const std::string& dir_str, const CheckpointExpectati
   {
     SafetensorsFile f((dir / kModelFile).string());
     read_params(f, "", out.params.layout, out.params.flat.data());
-    CKPT_CHECK(f.names().size() == out.params.layout.size(),
+    DFLASH_USER_CHECK(f.names().size() == out.params.layout.size(),
                "checkpoint {}: {} tensors, the drafter shape in state.json has {}", f.path(), f.names().size(),
                out.params.layout.size());
   }
@@ -440,7 +434,7 @@ LoadedCheckpoint read_impl(const std::string& dir_str, const CheckpointExpectati
     SafetensorsFile f((dir / kOptimizerFile).string());
     const size_t n_names = f.names().size();
     if (n_names > 0) {  // an optimizer that has not stepped yet is stored without tensors
-      CKPT_CHECK(n_names == 2 * out.params.layout.size(),
+      DFLASH_USER_CHECK(n_names == 2 * out.params.layout.size(),
                  "checkpoint {}: {} tensors, expected {} (exp_avg.* and exp_avg_sq.* of every parameter)", f.path(),
                  n_names, 2 * out.params.layout.size());
       out.optimizer.m.assign(out.params.flat.size(), 0.f);
@@ -456,11 +450,11 @@ void remove_checkpoint_dir(const fs::path& dir) {
   std::error_code ec;
   if (fs::exists(dir / kDoneFile, ec)) {
     fs::remove(dir / kDoneFile, ec);
-    CKPT_CHECK(!ec, "checkpoint: cannot delete {}: {}", (dir / kDoneFile).string(), ec.message());
+    DFLASH_USER_CHECK(!ec, "checkpoint: cannot delete {}: {}", (dir / kDoneFile).string(), ec.message());
     fsync_path(dir, true);  // DONE is gone for good before any weight file is
   }
   fs::remove_all(dir, ec);
-  CKPT_CHECK(!ec, "checkpoint: cannot delete {}: {}", dir.string(), ec.message());
+  DFLASH_USER_CHECK(!ec, "checkpoint: cannot delete {}: {}", dir.string(), ec.message());
 }
 
 }  // namespace
@@ -488,7 +482,7 @@ std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& dra
   std::error_code ec;
   const bool root_existed = fs::is_directory(root, ec);
   fs::create_directories(dir, ec);
-  CKPT_CHECK(!ec, "checkpoint: cannot create {}: {}", dir.string(), ec.message());
+  DFLASH_USER_CHECK(!ec, "checkpoint: cannot create {}: {}", dir.string(), ec.message());
   if (!root_existed) fsync_path(fs::path(out_dir).empty() ? fs::path(".") : fs::path(out_dir), true);
   fsync_path(root, true);  // the step directory's entry is durable
 
@@ -515,7 +509,7 @@ std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& dra
   // 2. an older complete save of this step stops being complete before its files are replaced
   if (fs::exists(dir / kDoneFile, ec)) {
     fs::remove(dir / kDoneFile, ec);
-    CKPT_CHECK(!ec, "checkpoint: cannot delete {}: {}", (dir / kDoneFile).string(), ec.message());
+    DFLASH_USER_CHECK(!ec, "checkpoint: cannot delete {}: {}", (dir / kDoneFile).string(), ec.message());
     fsync_path(dir, true);
   }
   // 3. rename into place, make the renames durable

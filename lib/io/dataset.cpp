@@ -24,12 +24,6 @@ constexpr hsize_t kOffsetChunk = 1 << 14;   // elements per HDF5 chunk of offset
 constexpr size_t kWriteBuffer = 1 << 20;    // tokens buffered by the writer before a flush
 constexpr int64_t kScanChunk = 1 << 22;     // tokens read at a time by validation and stats
 
-// A user error (bad file, bad values): the message names file, dataset, sequence and fix; no source location.
-#define DATA_CHECK(cond, ...)                                                 \
-  do {                                                                        \
-    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__));             \
-  } while (0)
-
 // Library errors are turned into dflash::Error below; HDF5 must not print its own stack to stderr.
 void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
@@ -231,15 +225,15 @@ Dataset::Dataset(const std::string& path, int64_t vocab, bool scan_tokens) : pat
     }
     H5Dclose(offsets_ds);
 
-    DATA_CHECK(n_offsets >= 1, "{}: dataset 'offsets' is empty; it needs n+1 entries starting with 0 (a dataset "
+    DFLASH_USER_CHECK(n_offsets >= 1, "{}: dataset 'offsets' is empty; it needs n+1 entries starting with 0 (a dataset "
                  "of no sequences has offsets = [0])", path_);
-    DATA_CHECK(offsets_[0] == 0, "{}: dataset 'offsets': offsets[0] is {}, must be 0 (sequence 0 starts at the "
+    DFLASH_USER_CHECK(offsets_[0] == 0, "{}: dataset 'offsets': offsets[0] is {}, must be 0 (sequence 0 starts at the "
                  "first token); rewrite the offsets as cumulative lengths starting at 0", path_, offsets_[0]);
     for (int64_t i = 0; i + 1 < int64_t(n_offsets); ++i)
-      DATA_CHECK(offsets_[i + 1] >= offsets_[i], "{}: dataset 'offsets' is not monotone at sequence {}: "
+      DFLASH_USER_CHECK(offsets_[i + 1] >= offsets_[i], "{}: dataset 'offsets' is not monotone at sequence {}: "
                    "offsets[{}] = {} > offsets[{}] = {}; offsets must be non-decreasing cumulative lengths",
                    path_, i, i, offsets_[i], i + 1, offsets_[i + 1]);
-    DATA_CHECK(offsets_.back() == int64_t(n_tokens), "{}: dataset 'offsets' ends at {} (end of sequence {}) but "
+    DFLASH_USER_CHECK(offsets_.back() == int64_t(n_tokens), "{}: dataset 'offsets' ends at {} (end of sequence {}) but "
                  "dataset 'tokens' has {} entries; the last offset must equal the number of tokens",
                  path_, offsets_.back(), size() - 1, n_tokens);
     if (n_mask != n_tokens) {
@@ -354,7 +348,7 @@ SequenceSchedule::SequenceSchedule(int64_t num_sequences, int drafter_dp, int mi
     : n_(num_sequences), dp_(drafter_dp), micro_(micro_batches), seed_(seed), shuffle_(shuffle) {
   DFLASH_CHECK(dp_ >= 1 && micro_ >= 1, "drafter_dp ({}) and micro_batches ({}) must be >= 1", dp_, micro_);
   steps_per_epoch_ = n_ / (int64_t(dp_) * micro_);
-  DATA_CHECK(steps_per_epoch_ >= 1, "{} has {} sequences, fewer than one step needs (layout.drafter_dp {} x "
+  DFLASH_USER_CHECK(steps_per_epoch_ >= 1, "{} has {} sequences, fewer than one step needs (layout.drafter_dp {} x "
                "optim.micro_batches {} = {}); add data or lower micro_batches", dataset_name, n_, dp_, micro_,
                int64_t(dp_) * micro_);
 }

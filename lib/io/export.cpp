@@ -16,38 +16,32 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A user-facing error about export inputs or an exported directory: names the file / field and the fix.
-#define EXPORT_CHECK(cond, ...)                                           \
-  do {                                                                    \
-    if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__));         \
-  } while (0)
-
 constexpr const char* kFull = "full_attention";
 constexpr const char* kSliding = "sliding_attention";
 
 template <typename T>
 T get(const nlohmann::json& j, const char* key, const std::string& file) {
-  EXPORT_CHECK(j.is_object() && j.contains(key), "{}: missing key '{}'", file, key);
+  DFLASH_USER_CHECK(j.is_object() && j.contains(key), "{}: missing key '{}'", file, key);
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception& e) {
-    EXPORT_CHECK(false, "{}: key '{}' has the wrong type ({})", file, key, e.what());
+    DFLASH_USER_CHECK(false, "{}: key '{}' has the wrong type ({})", file, key, e.what());
   }
   return T{};
 }
 
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  EXPORT_CHECK(f, "export: cannot create {}", p.string());
+  DFLASH_USER_CHECK(f, "export: cannot create {}", p.string());
   f << text;
   f.close();
-  EXPORT_CHECK(f, "export: write to {} failed (is the disk full?)", p.string());
+  DFLASH_USER_CHECK(f, "export: write to {} failed (is the disk full?)", p.string());
 }
 
 void rename_into_place(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   fs::rename(from, to, ec);
-  EXPORT_CHECK(!ec, "export: cannot rename {} to {}: {}", from.string(), to.string(), ec.message());
+  DFLASH_USER_CHECK(!ec, "export: cannot rename {} to {}: {}", from.string(), to.string(), ec.message());
 }
 
 }  // namespace
@@ -67,19 +61,19 @@ DrafterExportInfo parse_export_info(const nlohmann::json& j, const std::string& 
 }
 
 void validate_export_info(const DrafterExportInfo& info, const DrafterConfig& cfg) {
-  EXPORT_CHECK(info.num_target_layers > 0,
+  DFLASH_USER_CHECK(info.num_target_layers > 0,
                "export: num_target_layers must be positive, got {} (the target's num_hidden_layers; "
                "dflash_data export takes --num-target-layers)",
                info.num_target_layers);
-  EXPORT_CHECK(info.max_position_embeddings > 0,
+  DFLASH_USER_CHECK(info.max_position_embeddings > 0,
                "export: max_position_embeddings must be positive, got {} (the target's max_position_embeddings; "
                "dflash_data export takes --max-position-embeddings)",
                info.max_position_embeddings);
-  EXPORT_CHECK(int(info.target_layer_ids.size()) == cfg.n_taps,
+  DFLASH_USER_CHECK(int(info.target_layer_ids.size()) == cfg.n_taps,
                "export: {} target_layer_ids [{}] for a drafter with n_taps={} (give one tapped layer per tap)",
                info.target_layer_ids.size(), fmt::join(info.target_layer_ids, ", "), cfg.n_taps);
   for (int id : info.target_layer_ids)
-    EXPORT_CHECK(id >= 0 && id < info.num_target_layers,
+    DFLASH_USER_CHECK(id >= 0 && id < info.num_target_layers,
                  "export: target_layer_ids [{}] has {}, outside the target's layers [0, {})",
                  fmt::join(info.target_layer_ids, ", "), id, info.num_target_layers);
 }
@@ -94,7 +88,7 @@ nlohmann::ordered_json drafter_config_json(const DrafterConfig& cfg, const Draft
     const int w = cfg.window.empty() ? 0 : cfg.window[size_t(l)];
     layer_types.push_back(w > 0 ? kSliding : kFull);
     if (w == 0) continue;
-    EXPORT_CHECK(window == 0 || window == w,
+    DFLASH_USER_CHECK(window == 0 || window == w,
                  "export: sliding layers have windows {} and {}; config.json holds one sliding_window for all",
                  window, w);
     window = w;
@@ -127,7 +121,7 @@ nlohmann::ordered_json drafter_config_json(const DrafterConfig& cfg, const Draft
 
 void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params, const DrafterExportInfo& info,
                     const std::string& out_dir, DType dtype) {
-  EXPORT_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export: dtype must be F32 or BF16, got {}",
+  DFLASH_USER_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export: dtype must be F32 or BF16, got {}",
                dtype_name(dtype));
   const nlohmann::ordered_json config = drafter_config_json(cfg, info, dtype);
   const std::vector<ParamInfo> layout = drafter_param_layout(cfg);
@@ -137,7 +131,7 @@ void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params
   const fs::path dir(out_dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  EXPORT_CHECK(!ec, "export: cannot create {}: {}", out_dir, ec.message());
+  DFLASH_USER_CHECK(!ec, "export: cannot create {}: {}", out_dir, ec.message());
   std::vector<TensorToWrite> tensors;
   for (const auto& p : layout) tensors.push_back(tensor_from(p.name, dtype, p.shape, params.flat.data() + p.offset));
   write_safetensors((dir / "model.safetensors.tmp").string(), tensors, {{"format", "pt"}});
@@ -159,7 +153,7 @@ void export_drafter(const std::string& step_dir, const std::string& out_dir, DTy
   try {
     validate_export_info(info, ck.drafter);
   } catch (const Error& e) {
-    EXPORT_CHECK(false, "{} (values from {}, then the explicit ones; give the missing or wrong ones "
+    DFLASH_USER_CHECK(false, "{} (values from {}, then the explicit ones; give the missing or wrong ones "
                  "explicitly)", e.what(), source);
   }
   export_drafter(ck.drafter, ck.params, info, out_dir, dtype);
@@ -169,17 +163,17 @@ ExportedDrafter load_exported_drafter(const std::string& dir) {
   const fs::path cfg_path = fs::path(dir) / "config.json";
   const std::string src = cfg_path.string();
   std::ifstream f(cfg_path);
-  EXPORT_CHECK(f, "{}: cannot read (an exported drafter directory holds config.json and model.safetensors)", src);
+  DFLASH_USER_CHECK(f, "{}: cannot read (an exported drafter directory holds config.json and model.safetensors)", src);
   nlohmann::json j;
   try {
     std::stringstream ss;
     ss << f.rdbuf();
     j = nlohmann::json::parse(ss.str());
   } catch (const nlohmann::json::exception& e) {
-    EXPORT_CHECK(false, "{}: not valid JSON ({})", src, e.what());
+    DFLASH_USER_CHECK(false, "{}: not valid JSON ({})", src, e.what());
   }
   const auto archs = get<std::vector<std::string>>(j, "architectures", src);
-  EXPORT_CHECK(archs.size() == 1 && archs[0] == "DFlashDraftModel",
+  DFLASH_USER_CHECK(archs.size() == 1 && archs[0] == "DFlashDraftModel",
                "{}: architectures is [{}], expected [\"DFlashDraftModel\"]", src, fmt::join(archs, ", "));
   DrafterConfig c;
   c.hidden = get<int>(j, "hidden_size", src);
@@ -192,7 +186,7 @@ ExportedDrafter load_exported_drafter(const std::string& dir) {
   c.rope_theta = get<double>(j, "rope_theta", src);
   c.vocab = get<int>(j, "vocab_size", src);
   c.block_size = get<int>(j, "block_size", src);
-  EXPORT_CHECK(j.contains("dflash_config"), "{}: missing key 'dflash_config'", src);
+  DFLASH_USER_CHECK(j.contains("dflash_config"), "{}: missing key 'dflash_config'", src);
   const auto& dc = j.at("dflash_config");
   c.mask_token_id = get<int>(dc, "mask_token_id", src + " dflash_config");
   DrafterExportInfo info;
@@ -203,16 +197,16 @@ ExportedDrafter load_exported_drafter(const std::string& dir) {
   const bool any_sliding = j.value("use_sliding_window", false);
   if (j.contains("layer_types")) {
     const auto types = get<std::vector<std::string>>(j, "layer_types", src);
-    EXPORT_CHECK(int(types.size()) == c.layers, "{}: {} layer_types for num_hidden_layers={}", src, types.size(),
+    DFLASH_USER_CHECK(int(types.size()) == c.layers, "{}: {} layer_types for num_hidden_layers={}", src, types.size(),
                  c.layers);
     for (const auto& t : types) {
-      EXPORT_CHECK(t == kFull || t == kSliding, "{}: layer_types has '{}', expected '{}' or '{}'", src, t, kFull,
+      DFLASH_USER_CHECK(t == kFull || t == kSliding, "{}: layer_types has '{}', expected '{}' or '{}'", src, t, kFull,
                    kSliding);
       if (t == kFull) {
         c.window.push_back(0);
         continue;
       }
-      EXPORT_CHECK(any_sliding && j.contains("sliding_window") && j.at("sliding_window").is_number_integer(),
+      DFLASH_USER_CHECK(any_sliding && j.contains("sliding_window") && j.at("sliding_window").is_number_integer(),
                    "{}: a sliding_attention layer needs use_sliding_window true and an integer sliding_window", src);
       c.window.push_back(j.at("sliding_window").get<int>());
     }
@@ -221,24 +215,24 @@ ExportedDrafter load_exported_drafter(const std::string& dir) {
     c.validate();
     validate_export_info(info, c);
   } catch (const Error& e) {
-    EXPORT_CHECK(false, "{}: {}", src, e.what());
+    DFLASH_USER_CHECK(false, "{}: {}", src, e.what());
   }
 
   ExportedDrafter out{c, DrafterParams<float>(c), info, DType::F32};
   SafetensorsFile st((fs::path(dir) / "model.safetensors").string());
   bool first = true;
   for (const auto& p : out.params.layout) {
-    EXPORT_CHECK(st.has(p.name), "{}: missing tensor '{}'", st.path(), p.name);
+    DFLASH_USER_CHECK(st.has(p.name), "{}: missing tensor '{}'", st.path(), p.name);
     const TensorInfo& t = st.info(p.name);
-    EXPORT_CHECK(t.shape == p.shape, "{}: tensor '{}' has shape {}, config.json implies {}", st.path(), p.name,
+    DFLASH_USER_CHECK(t.shape == p.shape, "{}: tensor '{}' has shape {}, config.json implies {}", st.path(), p.name,
                  t.shape_str(), TensorInfo{"", DType::F32, p.shape}.shape_str());
     if (first) out.dtype = t.dtype;
     first = false;
-    EXPORT_CHECK(t.dtype == out.dtype, "{}: tensor '{}' is {}, the others are {}", st.path(), p.name,
+    DFLASH_USER_CHECK(t.dtype == out.dtype, "{}: tensor '{}' is {}, the others are {}", st.path(), p.name,
                  dtype_name(t.dtype), dtype_name(out.dtype));
     st.read_rows(p.name, 0, t.rows(), out.params.flat.data() + p.offset);
   }
-  EXPORT_CHECK(st.names().size() == out.params.layout.size(), "{}: {} tensors, config.json implies {}", st.path(),
+  DFLASH_USER_CHECK(st.names().size() == out.params.layout.size(), "{}: {} tensors, config.json implies {}", st.path(),
                st.names().size(), out.params.layout.size());
   return out;
 }
