@@ -1,19 +1,11 @@
 // dflash_data SUBCOMMAND [options]: make and check the files dflash_mpi reads (HDF5 datasets, tiny models).
 // Each subcommand lives in its own <name>.cpp and is declared in commands.h.
-#include <cstdio>
-#include <cstring>
-#include <exception>
-#include <string>
-
 #include "apps/dflash_data/commands.h"
+#include "lib/core/subcommands.h"
 
 namespace {
 
-struct Subcommand {
-  const char* name;
-  int (*run)(int argc, char** argv);
-  const char* help;
-};
+using dflash::Subcommand;
 
 const Subcommand kSubcommands[] = {
     {"export", dflash::data::run_export,
@@ -31,30 +23,9 @@ const Subcommand kSubcommands[] = {
      "prompts + the target's greedy continuations (mpirun -np K: TP K)"},
 };
 
-void usage() {
-  std::fprintf(stderr, "usage: dflash_data SUBCOMMAND [--help] [options]\n\nsubcommands:\n");
-  for (const auto& s : kSubcommands) std::fprintf(stderr, "  %-14s %s\n", s.name, s.help);
-  std::fprintf(stderr, "\nthe dataset format is described in data/README.md\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    usage();
-    return argc < 2 ? 2 : 0;
-  }
-  for (const auto& s : kSubcommands) {
-    if (std::string(argv[1]) == s.name) {
-      try {
-        return s.run(argc - 1, argv + 1);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "dflash_data %s: error: %s\n", s.name, e.what());
-        return 1;
-      }
-    }
-  }
-  std::fprintf(stderr, "dflash_data: unknown subcommand '%s'\n", argv[1]);
-  usage();
-  return 2;
+  return dflash::run_subcommand("dflash_data", kSubcommands, argc, argv,
+                                "the dataset format is described in data/README.md");
 }

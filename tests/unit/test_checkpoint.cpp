@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "fd_check.h"
+#include "test_util.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/io/checkpoint.h"
@@ -25,45 +26,10 @@ using namespace dflash::io;
 
 namespace {
 
-// this process's scratch directory, removed when the test binary exits
-const fs::path& scratch_root() {
-  static const struct Root {
-    fs::path path = fs::temp_directory_path() / ("dflash_test_checkpoint_" + std::to_string(::getpid()));
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  } root;
-  return root.path;
-}
-
-std::string temp_dir(const std::string& name) {
-  fs::path d = scratch_root() / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
-
-DrafterConfig tiny_config() {
-  DrafterConfig c;
-  c.hidden = 16;
-  c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 6;
-  c.intermediate = 20;
-  c.block_size = 4;
-  c.n_taps = 3;
-  c.vocab = 40;
-  c.mask_token_id = 39;
-  c.rope_theta = 10000.0;
-  c.rms_eps = 1e-6;
-  c.window = {0, 5};
-  return c;
-}
+std::string temp_dir(const std::string& name) { return dflash::test::scratch_dir(name).string(); }
 
 struct Run {
-  DrafterConfig cfg = tiny_config();
+  DrafterConfig cfg = dflash::test::small_drafter_config();
   DrafterParams<float> params{cfg};
   AdamWState opt;
   TrainingState state;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fd_check.h"
+#include "test_util.h"
 #include "lib/core/error.h"
 #include "lib/model/drafter.h"
 
@@ -15,31 +16,13 @@ using namespace dflash::test;
 
 namespace {
 
-DrafterConfig small_config() {
-  DrafterConfig c;
-  c.hidden = 16;
-  c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 6;  // NH*D = 24 != H: catches transposed projections
-  c.intermediate = 20;
-  c.block_size = 4;
-  c.n_taps = 3;
-  c.vocab = 40;
-  c.mask_token_id = 39;
-  c.rope_theta = 10000.0;
-  c.rms_eps = 1e-6;
-  c.window = {0, 5};  // layer 1 is a sliding-window layer
-  return c;
-}
-
 constexpr int kSeqLen = 14;
 // overlapping anchors (4, 5), one at 0 (sees no context), one near the end (its block runs past S)
 const std::vector<int> kAnchors = {0, 4, 5, 12};
 
 template <typename T>
 struct World {
-  DrafterConfig cfg = small_config();
+  DrafterConfig cfg = small_drafter_config();
   DrafterParams<T> w{cfg};
   std::vector<T> taps, embed;
   std::vector<int32_t> tokens;
@@ -172,11 +155,11 @@ TEST_CASE("drafter: bad anchors and configs are clear errors") {
   std::vector<int> bad = {3, kSeqLen};
   CHECK_THROWS_WITH_AS(drafter_forward(world.cfg, world.w, world.inputs(bad), acts),
                        doctest::Contains("anchor 1 = 14 is outside [0, 14)"), dflash::Error);
-  DrafterConfig c = small_config();
+  DrafterConfig c = small_drafter_config();
   c.kv_heads = 3;
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("heads (4) must be a multiple of kv_heads (3)"),
                        dflash::Error);
-  c = small_config();
+  c = small_drafter_config();
   c.window = {0};
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("1 sliding-window entries for 2 layers"), dflash::Error);
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fd_check.h"
+#include "test_util.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/io/checkpoint.h"
@@ -25,41 +26,7 @@ using namespace dflash::io;
 
 namespace {
 
-const fs::path& scratch_root() {
-  static const struct Root {
-    fs::path path = fs::temp_directory_path() / ("dflash_test_export_" + std::to_string(::getpid()));
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  } root;
-  return root.path;
-}
-
-std::string temp_dir(const std::string& name) {
-  fs::path d = scratch_root() / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
-
-DrafterConfig tiny_config() {
-  DrafterConfig c;
-  c.hidden = 16;
-  c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 6;
-  c.intermediate = 20;
-  c.block_size = 4;
-  c.n_taps = 3;
-  c.vocab = 40;
-  c.mask_token_id = 39;
-  c.rope_theta = 10000.0;
-  c.rms_eps = 1e-6;
-  c.window = {0, 5};  // layer 1 slides: exercises layer_types / sliding_window
-  return c;
-}
+std::string temp_dir(const std::string& name) { return dflash::test::scratch_dir(name).string(); }
 
 DrafterExportInfo tiny_info() { return {{1, 4, 6}, 8, 4096}; }
 
@@ -130,7 +97,7 @@ nlohmann::json read_json(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("export: f32 export loads back bit-exact and drafter_forward is bit-identical") {
-  const DrafterConfig cfg = tiny_config();
+  const DrafterConfig cfg = dflash::test::small_drafter_config();
   const DrafterParams<float> w = trained_like(cfg);
   const std::string dir = temp_dir("f32");
   export_drafter(cfg, w, tiny_info(), dir, DType::F32);
@@ -152,7 +119,7 @@ TEST_CASE("export: f32 export loads back bit-exact and drafter_forward is bit-id
 }
 
 TEST_CASE("export: bf16 export rounds to nearest even and drafter_forward stays within bf16 tolerance") {
-  const DrafterConfig cfg = tiny_config();
+  const DrafterConfig cfg = dflash::test::small_drafter_config();
   const DrafterParams<float> w = trained_like(cfg);
   const std::string dir = temp_dir("bf16");
   export_drafter(cfg, w, tiny_info(), dir, DType::BF16);
@@ -191,7 +158,7 @@ TEST_CASE("export: bf16 export rounds to nearest even and drafter_forward stays 
 }
 
 TEST_CASE("export: config.json has every DFlash key with the right values") {
-  const DrafterConfig cfg = tiny_config();
+  const DrafterConfig cfg = dflash::test::small_drafter_config();
   const std::string dir = temp_dir("config");
   export_drafter(cfg, trained_like(cfg), tiny_info(), dir, DType::BF16);
   const nlohmann::json j = read_json(fs::path(dir) / "config.json");
@@ -241,7 +208,7 @@ TEST_CASE("export: config.json has every DFlash key with the right values") {
 }
 
 TEST_CASE("export: bad target facts are refused naming the field") {
-  const DrafterConfig cfg = tiny_config();
+  const DrafterConfig cfg = dflash::test::small_drafter_config();
   const DrafterParams<float> w = trained_like(cfg);
   const std::string dir = temp_dir("bad_info");
   auto err = [&](DrafterExportInfo info) {
@@ -268,7 +235,7 @@ TEST_CASE("export: bad target facts are refused naming the field") {
 }
 
 TEST_CASE("export: from a checkpoint directory, target facts from extra.export or explicit overrides") {
-  const DrafterConfig cfg = tiny_config();
+  const DrafterConfig cfg = dflash::test::small_drafter_config();
   const DrafterParams<float> w = trained_like(cfg);
   const std::string out = temp_dir("from_ckpt");
   AdamWState opt;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/io/safetensors.h"
@@ -21,24 +22,7 @@ using namespace dflash::io;
 
 namespace {
 
-// this process's scratch directory, removed when the test binary exits
-const fs::path& scratch_root() {
-  static const struct Root {
-    fs::path path = fs::temp_directory_path() / ("dflash_test_safetensors_" + std::to_string(::getpid()));
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  } root;
-  return root.path;
-}
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = scratch_root() / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return dflash::test::scratch_dir(name); }
 
 // a file with this exact header text and data section
 std::string write_raw(const fs::path& path, const std::string& header, size_t data_bytes) {

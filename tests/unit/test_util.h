@@ -1,0 +1,48 @@
+#pragma once
+// Helpers shared by the unit tests: scratch folders and the small drafter shape most model tests use.
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "lib/model/drafter_config.h"
+
+namespace dflash::test {
+
+// An empty folder `name` inside this process's scratch root; the root is removed when the test binary exits.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  static const struct Root {
+    fs::path path = fs::temp_directory_path() / ("dflash_tests_" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } root;
+  const fs::path d = root.path / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// 2 layers (layer 1 a sliding-window layer), 4 Q / 2 KV heads of 6 (NH·D = 24 ≠ H = 16, so a transposed
+// projection cannot pass), block 4, 3 taps, vocab 40 with the mask token at 39.
+inline DrafterConfig small_drafter_config() {
+  DrafterConfig c;
+  c.hidden = 16;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 6;
+  c.intermediate = 20;
+  c.block_size = 4;
+  c.n_taps = 3;
+  c.vocab = 40;
+  c.mask_token_id = 39;
+  c.rope_theta = 10000.0;
+  c.rms_eps = 1e-6;
+  c.window = {0, 5};
+  return c;
+}
+
+}  // namespace dflash::test
