@@ -35,7 +35,7 @@ Args::Args(int argc, char** argv, std::vector<std::string> known, std::vector<st
                  join(known) + (flags.empty() ? "" : ", " + join(flags)));
     if (is(flags, key)) {
       DFLASH_CHECK(!has_value, "{}: option --{} takes no value", program_, key);
-      values_[key] = "1";
+      values_.insert_or_assign(key, std::string(1, '1'));  // not = "1": GCC 12 -Wrestrict false positive
       continue;
     }
     if (!has_value) {
