@@ -50,7 +50,8 @@ LogLevel resolve_log_level(const std::string& config_level) {
 }
 
 Logger::Logger(const std::string& out_dir, const LogIdentity& who, LogLevel level, bool console, bool append)
-    : prefix_(fmt::format("[rank {} | {} | {}]", who.rank, who.role, who.index)), level_(level), console_(console) {
+    : prefix_(who.group >= 0 ? fmt::format("[rank {} | {} | group {} tp {}]", who.rank, who.role, who.group, who.index)
+                              : fmt::format("[rank {} | {} | {}]", who.rank, who.role, who.index)), level_(level), console_(console) {
   namespace fs = std::filesystem;
   fs::path dir = fs::path(out_dir) / "logs";
   std::error_code ec;

@@ -24,6 +24,7 @@ struct LogIdentity {
   int rank = 0;                  // world rank
   std::string role = "drafter";  // target | drafter
   int index = 0;                 // TP rank within the target group, or DP rank among drafters
+  int group = -1;                // target group, shown only when >= 0 (jobs with several target groups)
 };
 
 class Logger {

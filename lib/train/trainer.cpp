@@ -141,6 +141,7 @@ int dflash_mpi_main(int argc, char** argv) {
     id.rank = rank;
     id.role = comm::role_name(layout.role);
     id.index = is_target ? layout.tp_rank : layout.dp_rank;
+    if (is_target && cfg.layout.target_groups > 1) id.group = layout.group;
     const bool console = !is_target && layout.dp_rank == 0;
     log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console);
     log->info("{} of {} ranks; config {} (hash {})", who, size, cli.file, config_hash_hex(cfg));

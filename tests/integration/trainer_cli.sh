@@ -65,6 +65,17 @@ case "$case" in
       fail "loss sequences differ: $(tr '\n' ' ' <"$out/losses")"
     echo "PASS (equivalence)"
     ;;
+  two_groups)
+    # 2 target groups of TP 2 feeding 3 drafters (group 0 -> drafters 0 and 2, group 1 -> drafter 1)
+    "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set layout.target_tp=2 \
+      --set layout.target_groups=2 --set layout.drafter_dp=3 --set run.steps=12 --set log.every=4 | tee "$out/log"
+    [[ $(losses "$out/run/metrics.jsonl" | wc -l) -eq 3 ]] || fail "expected 3 metrics records"
+    for r in 0 1 2 3; do
+      grep -q "sent the packets of steps 1..12" "$out/run/logs/rank_0$r.log" || fail "target rank $r did not finish"
+    done
+    grep -q "\[rank 2 | target | group 1 tp 0\]" "$out/run/logs/rank_02.log" || fail "rank 2 log lacks its group"
+    echo "PASS (two_groups)"
+    ;;
   world_mismatch)
     expect_error "the world has 7 ranks" "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}"
     ;;
