@@ -129,6 +129,14 @@ case "$case" in
       --set run.steps=10 --set ckpt.resume=auto
     grep -q "truncated" "$out/log" || fail "the refusal does not say the file is truncated"
     ;;
+  ckpt_mismatch)
+    # a checkpoint of 3 drafter ranks is refused by a run with 1, naming what differs
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4 \
+      --set ckpt.every=2 >"$out/run.log"
+    expect_error "drafter_dp=3, this run has drafter_dp=1" "$mpirun_sh" -np 6 "$bin" \
+      "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4 --set layout.drafter_dp=1 \
+      --set ckpt.resume=auto
+    ;;
   sigterm)
     # SIGTERM to every rank mid-run: the job finishes its step, writes a complete checkpoint, exits 0; resume goes on
     "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=100000 \
