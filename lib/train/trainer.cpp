@@ -79,9 +79,12 @@ int run_export(const std::vector<std::string>& args) {
 // printed by world rank 0; the others give it a moment to do so, then abort too. An error only one rank sees is
 // printed by that rank (after the same moment) with its identity.
 [[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, Logger* log) {
-  if (log) log->error("{}", message);
   if (rank != 0) sleep(2);
-  std::fprintf(stderr, "dflash_mpi%s: error: %s\n", who.empty() ? "" : (" " + who).c_str(), message.c_str());
+  if (log) {
+    log->error("{}", message);  // to the rank's log file and to stderr, with its identity
+  } else {
+    std::fprintf(stderr, "dflash_mpi%s: error: %s\n", who.empty() ? "" : (" " + who).c_str(), message.c_str());
+  }
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
@@ -144,7 +147,7 @@ int dflash_mpi_main(int argc, char** argv) {
     if (is_target && cfg.layout.target_groups > 1) id.group = layout.group;
     const bool console = !is_target && layout.dp_rank == 0;
     log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console);
-    log->info("{} of {} ranks; config {} (hash {})", who, size, cli.file, config_hash_hex(cfg));
+    log->info("{} ranks ({}); config {} (hash {})", size, who, cli.file, config_hash_hex(cfg));
 
     // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
     std::optional<io::LoadedCheckpoint> resumed;

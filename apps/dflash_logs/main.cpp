@@ -1,0 +1,35 @@
+// dflash_logs RUN_DIR [--merge] [--level warn] [--rank R] [--tail N]: reads a run's per-rank logs.
+// Without --merge: one summary line per rank (line, warning and error counts, last line) — the first look after a
+// failed or hanging job. With --merge: the lines of every rank interleaved by time.
+#include <cstdio>
+#include <exception>
+
+#include "lib/core/args.h"
+#include "lib/train/log_reader.h"
+
+int main(int argc, char** argv) {
+  try {
+    dflash::Args args(argc, argv, {"level", "rank", "tail"}, {"merge", "help"});
+    if (args.has("help") || args.positional().size() != 1) {
+      std::fprintf(stderr,
+                   "usage: dflash_logs RUN_DIR [--merge] [--level debug|info|warn|error] [--rank R] [--tail N]\n"
+                   "  RUN_DIR is the run's out_dir (it holds logs/rank_XX.log)\n");
+      return args.has("help") ? 0 : 2;
+    }
+    const auto logs = dflash::read_run_logs(args.positional()[0]);
+    const bool merge = args.has("merge") || args.has("level") || args.has("rank") || args.has("tail");
+    if (!merge) {
+      std::fputs(dflash::summarise_logs(logs).c_str(), stdout);
+      return 0;
+    }
+    const auto level = dflash::parse_log_level(args.str("level", "debug"), "--level");
+    const auto lines = dflash::merge_logs(logs, level, int(args.integer("rank", -1)));
+    const size_t tail = size_t(args.integer("tail", 0));
+    for (size_t i = tail && lines.size() > tail ? lines.size() - tail : 0; i < lines.size(); ++i)
+      std::printf("%s\n", lines[i].text.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dflash_logs: error: %s\n", e.what());
+    return 1;
+  }
+}
