@@ -20,15 +20,15 @@ std::string RankLayout::describe() const {
 }
 
 RankLayout make_rank_layout(int target_tp, int target_groups, int drafter_dp, int world_size, int world_rank) {
-  DFLASH_CHECK(target_tp >= 1 && target_groups >= 1 && drafter_dp >= 1,
+  DFLASH_USER_CHECK(target_tp >= 1 && target_groups >= 1 && drafter_dp >= 1,
                "rank layout: target_tp ({}), target_groups ({}) and drafter_dp ({}) must all be ≥ 1", target_tp,
                target_groups, drafter_dp);
   const int need = target_tp * target_groups + drafter_dp;
-  DFLASH_CHECK(world_size == need,
+  DFLASH_USER_CHECK(world_size == need,
                "rank layout: the world has {} ranks but target_tp {} × target_groups {} + drafter_dp {} = {}; "
                "run with mpirun -np {} or change the layout in the config",
                world_size, target_tp, target_groups, drafter_dp, need, need);
-  DFLASH_CHECK(drafter_dp >= target_groups,
+  DFLASH_USER_CHECK(drafter_dp >= target_groups,
                "rank layout: drafter_dp {} < target_groups {}: some target group would feed no drafter rank",
                drafter_dp, target_groups);
   DFLASH_CHECK(world_rank >= 0 && world_rank < world_size, "rank layout: world rank {} outside [0, {})", world_rank,

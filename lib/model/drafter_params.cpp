@@ -9,7 +9,7 @@ namespace dflash {
 
 void DrafterConfig::validate() const {
   auto positive = [](int v, const char* name) {
-    DFLASH_CHECK(v > 0, "drafter config: {} must be positive, got {}", name, v);
+    DFLASH_USER_CHECK(v > 0, "drafter config: {} must be positive, got {}", name, v);
   };
   positive(hidden, "hidden");
   positive(layers, "layers");
@@ -20,19 +20,19 @@ void DrafterConfig::validate() const {
   positive(block_size, "block_size");
   positive(n_taps, "n_taps");
   positive(vocab, "vocab");
-  DFLASH_CHECK(heads % kv_heads == 0, "drafter config: heads ({}) must be a multiple of kv_heads ({})", heads,
+  DFLASH_USER_CHECK(heads % kv_heads == 0, "drafter config: heads ({}) must be a multiple of kv_heads ({})", heads,
                kv_heads);
-  DFLASH_CHECK(head_dim % 2 == 0, "drafter config: head_dim ({}) must be even for RoPE", head_dim);
-  DFLASH_CHECK(block_size >= 2, "drafter config: block_size ({}) must be >= 2 (anchor + at least one prediction)",
+  DFLASH_USER_CHECK(head_dim % 2 == 0, "drafter config: head_dim ({}) must be even for RoPE", head_dim);
+  DFLASH_USER_CHECK(block_size >= 2, "drafter config: block_size ({}) must be >= 2 (anchor + at least one prediction)",
                block_size);
-  DFLASH_CHECK(mask_token_id >= 0 && mask_token_id < vocab,
+  DFLASH_USER_CHECK(mask_token_id >= 0 && mask_token_id < vocab,
                "drafter config: mask_token_id {} is outside the vocabulary [0, {})", mask_token_id, vocab);
-  DFLASH_CHECK(window.empty() || int(window.size()) == layers,
+  DFLASH_USER_CHECK(window.empty() || int(window.size()) == layers,
                "drafter config: {} sliding-window entries for {} layers (give one per layer, 0 = full)",
                window.size(), layers);
   for (size_t l = 0; l < window.size(); ++l)
-    DFLASH_CHECK(window[l] >= 0, "drafter config: window of layer {} is {} (must be >= 0)", l, window[l]);
-  DFLASH_CHECK(rope_theta > 0 && rms_eps > 0, "drafter config: rope_theta ({}) and rms_eps ({}) must be positive",
+    DFLASH_USER_CHECK(window[l] >= 0, "drafter config: window of layer {} is {} (must be >= 0)", l, window[l]);
+  DFLASH_USER_CHECK(rope_theta > 0 && rms_eps > 0, "drafter config: rope_theta ({}) and rms_eps ({}) must be positive",
                rope_theta, rms_eps);
 }
 

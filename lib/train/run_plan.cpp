@@ -18,7 +18,7 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
   RunPlan p;
   p.target = t;
   const DrafterSection& d = cfg.drafter;
-  DFLASH_CHECK(d.hidden == 0 || d.hidden == t.hidden,
+  DFLASH_USER_CHECK(d.hidden == 0 || d.hidden == t.hidden,
                "drafter.hidden = {} but the target's hidden_size is {}: the drafter reads the target's embedding "
                "and hidden states, so set drafter.hidden to 0 (= the target's) or {}",
                d.hidden, t.hidden, t.hidden);
@@ -32,7 +32,7 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
   c.block_size = d.block_size;
   c.n_taps = cfg.target.n_taps;
   c.vocab = t.vocab;
-  DFLASH_CHECK(d.mask_token_id >= 0 && d.mask_token_id < t.vocab,
+  DFLASH_USER_CHECK(d.mask_token_id >= 0 && d.mask_token_id < t.vocab,
                "drafter.mask_token_id = {} is outside the target vocabulary [0, {}): use a reserved token row "
                "(151669 for Qwen3, 248070 for Qwen3.5/3.6)",
                d.mask_token_id, t.vocab);
@@ -42,7 +42,7 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
   c.window.assign(c.layers, 0);
   for (size_t l = 0; l < d.layer_types.size(); ++l)
     if (d.layer_types[l] == "sliding") {
-      DFLASH_CHECK(d.sliding_window > 0,
+      DFLASH_USER_CHECK(d.sliding_window > 0,
                    "drafter.layer_types[{}] is \"sliding\" but drafter.sliding_window is {}: set a window (e.g. "
                    "2048)",
                    l, d.sliding_window);
@@ -52,14 +52,14 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
 
   p.tap_ids = cfg.target.target_layer_ids.empty() ? default_target_layer_ids(t.layers, cfg.target.n_taps)
                                                   : cfg.target.target_layer_ids;
-  DFLASH_CHECK(int(p.tap_ids.size()) == cfg.target.n_taps,
+  DFLASH_USER_CHECK(int(p.tap_ids.size()) == cfg.target.n_taps,
                "target.target_layer_ids has {} entries but target.n_taps is {}: give one id per tap", p.tap_ids.size(),
                cfg.target.n_taps);
   for (int id : p.tap_ids)
-    DFLASH_CHECK(id >= 0 && id < t.layers,
+    DFLASH_USER_CHECK(id >= 0 && id < t.layers,
                  "target layer id {} (target.target_layer_ids) is outside the target's decoder layers [0, {})", id,
                  t.layers);
-  DFLASH_CHECK(std::set<int>(p.tap_ids.begin(), p.tap_ids.end()).size() == p.tap_ids.size(),
+  DFLASH_USER_CHECK(std::set<int>(p.tap_ids.begin(), p.tap_ids.end()).size() == p.tap_ids.size(),
                "target layer ids repeat a layer; with {} target layers and n_taps = {} give distinct "
                "target.target_layer_ids",
                t.layers, cfg.target.n_taps);
@@ -78,7 +78,7 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
   p.num_sequences = num_sequences;
   const int64_t per_step = int64_t(cfg.layout.drafter_dp) * cfg.optim.micro_batches;
   p.steps_per_epoch = num_sequences / per_step;
-  DFLASH_CHECK(p.steps_per_epoch > 0,
+  DFLASH_USER_CHECK(p.steps_per_epoch > 0,
                "{} holds {} sequences, fewer than one step needs (layout.drafter_dp {} x optim.micro_batches {} = "
                "{}): use more data or fewer micro-batches",
                cfg.data.path, num_sequences, cfg.layout.drafter_dp, cfg.optim.micro_batches, per_step);

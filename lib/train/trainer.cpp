@@ -118,11 +118,11 @@ int dflash_mpi_main(int argc, char** argv) {
     const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
                                                      cfg.layout.drafter_dp, size, rank);
     who = layout.describe();
-    DFLASH_CHECK(cfg.run.device == "cpu",
+    DFLASH_USER_CHECK(cfg.run.device == "cpu",
                  "run.device = {}: this build trains on the CPU only (the CUDA backend is not implemented yet); set "
                  "run.device: cpu",
                  cfg.run.device);
-    DFLASH_CHECK(cfg.layout.transport == "mpi",
+    DFLASH_USER_CHECK(cfg.layout.transport == "mpi",
                  "layout.transport = {}: only the MPI transport is implemented; set layout.transport: mpi",
                  cfg.layout.transport);
     const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
@@ -164,7 +164,7 @@ int dflash_mpi_main(int argc, char** argv) {
       }
     }
     MPI_Bcast(&start_step, 1, MPI_INT64_T, first_drafter, MPI_COMM_WORLD);
-    DFLASH_CHECK(start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
+    DFLASH_USER_CHECK(start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
                  start_step, plan.total_steps);
     if (is_target) {
       run_target_worker(cfg, plan, layout, comms, data, start_step, *log);
