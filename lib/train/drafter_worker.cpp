@@ -1,8 +1,5 @@
-#include <cmath>
 #include <cstdio>
 #include <optional>
-
-#include <nlohmann/json.hpp>
 
 #include "lib/comm/mpi_transport.h"
 #include "lib/core/error.h"
@@ -14,6 +11,7 @@
 #include "lib/train/drafter_step.h"
 #include "lib/train/metrics.h"
 #include "lib/train/packet.h"
+#include "lib/train/progress.h"
 #include "lib/train/signals.h"
 #include "lib/train/step_dump.h"
 #include "lib/train/workers.h"
@@ -21,13 +19,6 @@
 namespace dflash::train {
 
 namespace {
-
-std::string format_duration(double seconds) {
-  const long s = long(std::lround(seconds));
-  if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s / 60) % 60);
-  if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
-  return fmt::format("{}s", s);
-}
 
 // Every drafter rank must hold the same weights after each step; a divergence (non-deterministic reduction, a
 // bad node) is an error rather than a silently forked run.
@@ -125,17 +116,8 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
              removed.empty() ? "" : fmt::format("; removed {} older", removed.size()));
   };
 
-  const int B = plan.drafter.block_size;
   Timer run_timer, interval;
-  double interval_wait = 0, interval_compute = 0;
-  int64_t interval_tokens = 0, interval_steps = 0;
-  StepResult acc;  // sums and counts over the log interval: what the progress line and metrics.jsonl report
-  auto reset_interval = [&] {
-    acc = StepResult{};
-    acc.metrics.correct.assign(B, 0);
-    acc.metrics.scored.assign(B, 0);
-  };
-  reset_interval();
+  ProgressInterval progress(plan.drafter.block_size);
   int64_t next_step = opt.start_step;
   const bool dumping = !opt.dump_dir.empty();
   while (next_step < plan.total_steps) {
@@ -144,13 +126,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     const StepResult r = trainer.run(
         step, [&](int, double* wait) { return receiver.next(wait); }, stop_signal() != 0,
         dumping ? &capture : nullptr);
-    interval_wait += r.wait_seconds;
-    interval_compute += r.compute_seconds;
-    interval_tokens += r.tokens;
-    ++interval_steps;
-    acc.sums.add(r.sums);
-    acc.metrics.add(r.metrics);
-    acc.positions += r.positions;
+    progress.add(r);
     if (r.skipped)
       log.warn("step {}: no scored positions in the global batch (sum of weights 0): weights unchanged", step + 1);
     if (dumping) {
@@ -163,52 +139,11 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     if (next_step % cfg.log.every == 0 || last || stop) {
       check_identical_weights(dp, trainer, next_step);
       const double secs = interval.seconds();
-      const double w = acc.sums.weight > 0 ? acc.sums.weight : 1.0;
-      int64_t correct = 0, scored = 0;
-      std::vector<double> acc_by_pos;
-      for (int k = 1; k < B; ++k) {
-        correct += acc.metrics.correct[k];
-        scored += acc.metrics.scored[k];
-        acc_by_pos.push_back(acc.metrics.scored[k] ? double(acc.metrics.correct[k]) / acc.metrics.scored[k] : 0.0);
-      }
-      const double accuracy = scored ? double(correct) / scored : 0.0;
-      const double tau = acc.metrics.blocks ? double(acc.metrics.accepted_sum) / acc.metrics.blocks : 0.0;
-      const double topk = scored ? double(acc.metrics.topk_hits) / scored : 0.0;
-      const double tok_per_s = interval_tokens / secs;  // global: r.tokens sums every drafter rank
-      const double wait_share = interval_wait / secs;
-      const double eta = secs / interval_steps * double(plan.total_steps - next_step);
-      log.info(
-          "step {}/{} | loss {:.4f} (ce {:.4f} kl {:.4f} cap {:.4f}) | acc {:.3f} top{} {:.3f} | tau {:.2f} | lr "
-          "{:.2e} | gnorm {:.3f} | {:.0f} tok/s | wait {:.0f}% | eta {}",
-          next_step, plan.total_steps, acc.sums.loss / w, acc.sums.ce / w, acc.sums.kl / w, acc.sums.cap / w,
-          accuracy, cfg.loss.top_k, topk, tau, r.lr, r.grad_norm, tok_per_s, 100 * wait_share,
-          format_duration(eta));
-      if (metrics) {
-        nlohmann::ordered_json j;
-        j["step"] = next_step;
-        j["steps_averaged"] = interval_steps;  // loss and metrics below are over these steps (weighted by Σw)
-        j["loss"] = acc.sums.loss / w;
-        j["ce"] = acc.sums.ce / w;
-        j["kl"] = acc.sums.kl / w;
-        j["cap"] = acc.sums.cap / w;
-        j["weight_sum"] = acc.sums.weight;
-        j["acc"] = accuracy;
-        j["acc_by_pos"] = acc_by_pos;
-        j["topk_acc"] = topk;
-        j["tau"] = tau;
-        j["lr"] = r.lr;
-        j["grad_norm"] = r.grad_norm;
-        j["tokens_per_s"] = tok_per_s;
-        j["wait_share"] = wait_share;
-        j["compute_share"] = interval_compute / secs;
-        j["positions"] = acc.positions;
-        j["elapsed_s"] = run_timer.seconds();
-        metrics->write(j);
-      }
+      const double eta = secs / progress.steps() * double(plan.total_steps - next_step);
+      log.info("{}", progress.line(next_step, plan.total_steps, cfg.loss.top_k, secs, eta));
+      if (metrics) metrics->write(progress.record(next_step, secs, run_timer.seconds()));
       interval.reset();
-      interval_wait = interval_compute = 0;
-      interval_tokens = interval_steps = 0;
-      reset_interval();
+      progress.reset();
     }
     const bool periodic = cfg.ckpt.every > 0 && (next_step % cfg.ckpt.every == 0 || last);
     if (periodic || (stop && !dumping)) save(next_step);
@@ -218,7 +153,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     if (stop) break;
   }
   const int dropped = receiver.finish(next_step, sources[0]);
-  log.info("drafter: ran steps {}..{} in {}{}", opt.start_step + 1, next_step, format_duration(run_timer.seconds()),
+  log.info("drafter: ran steps {}..{} in {:.1f} s{}", opt.start_step + 1, next_step, run_timer.seconds(),
            dropped ? fmt::format(" ({} prefetched packets dropped)", dropped) : std::string());
   if (reporter && next_step == plan.total_steps) {
     const std::string path = write_final_weights(cfg.run.out_dir, trainer.params());

@@ -7,6 +7,7 @@
 
 #include "lib/model/adamw.h"
 #include "lib/train/anchors.h"
+#include "lib/train/progress.h"
 
 using namespace dflash;
 
@@ -110,4 +111,47 @@ TEST_CASE("lr schedule: linear warmup, cosine to min_lr_ratio at the last step")
   // 47 of the 95 decay steps done: min + (1 - min) · (1 + cos(π · 47/95)) / 2
   CHECK(lr_at(4 + 47, total, 1.0, 0.04, 0.1) == doctest::Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 47 / 95.0))));
   CHECK(lr_at(0, total, 1.0, 0.0, 0.0) == doctest::Approx(1.0));
+}
+
+TEST_CASE("progress interval: Σw-weighted loss parts, accuracy per position, tau and rates over the steps") {
+  train::ProgressInterval p(/*block_size=*/4);
+  train::StepResult a, b;
+  a.sums = {6.0, 4.0, 1.0, 0.5, 2.0};  // unnormalised: loss, ce, kl, cap, Σw
+  b.sums = {3.0, 2.0, 0.5, 0.5, 1.0};
+  a.metrics.correct = {0, 2, 1, 0};
+  a.metrics.scored = {0, 4, 4, 2};
+  b.metrics.correct = {0, 1, 0, 0};
+  b.metrics.scored = {0, 2, 2, 2};
+  a.metrics.topk_hits = 6;
+  a.metrics.accepted_sum = 7;
+  a.metrics.blocks = 4;
+  b.metrics.accepted_sum = 2;
+  b.metrics.blocks = 2;
+  a.tokens = 300;
+  b.tokens = 100;
+  a.wait_seconds = 0.5;
+  b.wait_seconds = 0.25;
+  b.lr = 1e-3;
+  b.grad_norm = 0.5;
+  p.add(a);
+  p.add(b);
+  const auto j = p.record(20, /*seconds=*/2.0, /*elapsed=*/9.0);
+  CHECK(j["steps_averaged"] == 2);
+  CHECK(j["loss"].get<double>() == doctest::Approx(9.0 / 3.0));
+  CHECK(j["ce"].get<double>() == doctest::Approx(6.0 / 3.0));
+  CHECK(j["kl"].get<double>() == doctest::Approx(1.5 / 3.0));
+  CHECK(j["acc"].get<double>() == doctest::Approx(4.0 / 16.0));
+  CHECK(j["acc_by_pos"][0].get<double>() == doctest::Approx(3.0 / 6.0));
+  CHECK(j["acc_by_pos"][2].get<double>() == 0.0);
+  CHECK(j["topk_acc"].get<double>() == doctest::Approx(6.0 / 16.0));
+  CHECK(j["tau"].get<double>() == doctest::Approx(9.0 / 6.0));
+  CHECK(j["tokens_per_s"].get<double>() == doctest::Approx(200.0));
+  CHECK(j["wait_share"].get<double>() == doctest::Approx(0.375));
+  CHECK(j["lr"].get<double>() == 1e-3);
+  const std::string line = p.line(20, 100, 4, 2.0, 125.0);
+  CHECK(line.find("step 20/100 | loss 3.0000") == 0);
+  CHECK(line.find("tau 1.50") != std::string::npos);
+  CHECK(line.find("200 tok/s | wait 38% | eta 2m05s") != std::string::npos);
+  p.reset();
+  CHECK(p.steps() == 0);
 }
