@@ -28,6 +28,9 @@ struct Error : std::runtime_error {
     if (!(cond)) throw ::dflash::Error(fmt::format(__VA_ARGS__));     \
   } while (0)
 
+// DFLASH_USER_FAIL("fmt {}", args...): the same, unconditionally.
+#define DFLASH_USER_FAIL(...) DFLASH_USER_CHECK(false, __VA_ARGS__)
+
 // DFLASH_FAIL("fmt {}", args...): throws unconditionally.
 #define DFLASH_FAIL(...) DFLASH_CHECK(false, __VA_ARGS__)
 

@@ -103,7 +103,7 @@ DType parse_dtype(const std::string& name) {
   if (name == "F32") return DType::F32;
   if (name == "F16") return DType::F16;
   if (name == "BF16") return DType::BF16;
-  DFLASH_FAIL("unsupported dtype '{}' (supported: BF16, F16, F32)", name);
+  DFLASH_USER_FAIL("unsupported dtype '{}' (supported: BF16, F16, F32)", name);
 }
 
 uint16_t float_to_bf16(float f) {
@@ -164,21 +164,21 @@ std::string TensorInfo::shape_str() const {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY);
-  DFLASH_CHECK(fd >= 0, "safetensors {}: cannot open: {}", path, std::strerror(errno));
+  DFLASH_USER_CHECK(fd >= 0, "safetensors {}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    DFLASH_FAIL("safetensors {}: cannot stat: {}", path, std::strerror(errno));
+    DFLASH_USER_FAIL("safetensors {}: cannot stat: {}", path, std::strerror(errno));
   }
   const uint64_t file_size = uint64_t(st.st_size);
   if (file_size < 8) {
     ::close(fd);
-    DFLASH_FAIL("safetensors {}: file is {} bytes, too short for the 8-byte header length (truncated file?)", path,
+    DFLASH_USER_FAIL("safetensors {}: file is {} bytes, too short for the 8-byte header length (truncated file?)", path,
                 file_size);
   }
   map_ = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  DFLASH_CHECK(map_ != MAP_FAILED, "safetensors {}: mmap failed: {}", path, std::strerror(errno));
+  DFLASH_USER_CHECK(map_ != MAP_FAILED, "safetensors {}: mmap failed: {}", path, std::strerror(errno));
   map_size_ = file_size;
   // The constructor may throw below: release the mapping then (the destructor does not run).
   struct Guard {
@@ -192,10 +192,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const auto* base = static_cast<const uint8_t*>(map_);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];  // little-endian u64
-  DFLASH_CHECK(header_len <= file_size - 8,
+  DFLASH_USER_CHECK(header_len <= file_size - 8,
                "safetensors {}: header length {} runs beyond the end of the file ({} bytes; truncated file?)", path,
                header_len, file_size);
-  DFLASH_CHECK(header_len <= kMaxHeaderBytes, "safetensors {}: header length {} exceeds the 100 MB limit", path,
+  DFLASH_USER_CHECK(header_len <= kMaxHeaderBytes, "safetensors {}: header length {} exceeds the 100 MB limit", path,
                header_len);
   data_ = base + 8 + header_len;
   const uint64_t data_size = file_size - 8 - header_len;
@@ -204,29 +204,29 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   try {
     header = nlohmann::json::parse(base + 8, base + 8 + header_len);
   } catch (const nlohmann::json::exception& e) {
-    DFLASH_FAIL("safetensors {}: header is not valid JSON: {}", path, e.what());
+    DFLASH_USER_FAIL("safetensors {}: header is not valid JSON: {}", path, e.what());
   }
-  DFLASH_CHECK(header.is_object(), "safetensors {}: header JSON is not an object", path);
+  DFLASH_USER_CHECK(header.is_object(), "safetensors {}: header JSON is not an object", path);
 
   std::vector<const TensorInfo*> by_offset;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const auto& v = it.value();
     if (name == "__metadata__") {
-      DFLASH_CHECK(v.is_object(), "safetensors {}: __metadata__ is not an object", path);
+      DFLASH_USER_CHECK(v.is_object(), "safetensors {}: __metadata__ is not an object", path);
       for (auto m = v.begin(); m != v.end(); ++m) {
-        DFLASH_CHECK(m.value().is_string(), "safetensors {}: __metadata__ value of '{}' is not a string", path,
+        DFLASH_USER_CHECK(m.value().is_string(), "safetensors {}: __metadata__ value of '{}' is not a string", path,
                      m.key());
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    DFLASH_CHECK(v.is_object(), "safetensors {}: tensor '{}': entry is not an object", path, name);
-    DFLASH_CHECK(v.contains("dtype") && v["dtype"].is_string(), "safetensors {}: tensor '{}': missing string 'dtype'",
+    DFLASH_USER_CHECK(v.is_object(), "safetensors {}: tensor '{}': entry is not an object", path, name);
+    DFLASH_USER_CHECK(v.contains("dtype") && v["dtype"].is_string(), "safetensors {}: tensor '{}': missing string 'dtype'",
                  path, name);
-    DFLASH_CHECK(v.contains("shape") && v["shape"].is_array(), "safetensors {}: tensor '{}': missing array 'shape'",
+    DFLASH_USER_CHECK(v.contains("shape") && v["shape"].is_array(), "safetensors {}: tensor '{}': missing array 'shape'",
                  path, name);
-    DFLASH_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
+    DFLASH_USER_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
                  "safetensors {}: tensor '{}': 'data_offsets' must be an array [begin, end]", path, name);
     TensorInfo t;
     t.name = name;
@@ -234,31 +234,31 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     try {
       t.dtype = parse_dtype(dtype);
     } catch (const Error&) {
-      DFLASH_FAIL("safetensors {}: tensor '{}': unsupported dtype '{}' (supported: BF16, F16, F32)", path, name,
+      DFLASH_USER_FAIL("safetensors {}: tensor '{}': unsupported dtype '{}' (supported: BF16, F16, F32)", path, name,
                   dtype);
     }
     for (const auto& d : v["shape"]) {
-      DFLASH_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+      DFLASH_USER_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
                    "safetensors {}: tensor '{}': shape {} has an entry that is not a non-negative integer", path,
                    name, v["shape"].dump());
       t.shape.push_back(d.get<int64_t>());
     }
     for (const auto& o : v["data_offsets"]) {
-      DFLASH_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
+      DFLASH_USER_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
                    "safetensors {}: tensor '{}': data_offsets {} are not non-negative integers", path, name,
                    v["data_offsets"].dump());
     }
     const uint64_t b = v["data_offsets"][0].get<uint64_t>(), e = v["data_offsets"][1].get<uint64_t>();
-    DFLASH_CHECK(b <= e, "safetensors {}: tensor '{}': data_offsets [{}, {}] end before they begin", path, name, b,
+    DFLASH_USER_CHECK(b <= e, "safetensors {}: tensor '{}': data_offsets [{}, {}] end before they begin", path, name, b,
                  e);
-    DFLASH_CHECK(e <= data_size,
+    DFLASH_USER_CHECK(e <= data_size,
                  "safetensors {}: tensor '{}': data_offsets [{}, {}] out of range: the data section has {} bytes "
                  "(truncated file?)",
                  path, name, b, e, data_size);
     int64_t numel = 0;
-    DFLASH_CHECK(shape_numel(t.shape, &numel), "safetensors {}: tensor '{}': shape {} overflows", path, name,
+    DFLASH_USER_CHECK(shape_numel(t.shape, &numel), "safetensors {}: tensor '{}': shape {} overflows", path, name,
                  t.shape_str());
-    DFLASH_CHECK(uint64_t(numel) * dtype_size(t.dtype) == e - b,
+    DFLASH_USER_CHECK(uint64_t(numel) * dtype_size(t.dtype) == e - b,
                  "safetensors {}: tensor '{}': shape {} × {} ({} bytes each) = {} bytes but data_offsets span {} "
                  "bytes",
                  path, name, t.shape_str(), dtype, dtype_size(t.dtype), uint64_t(numel) * dtype_size(t.dtype),
@@ -272,7 +272,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const TensorInfo* p = by_offset[i - 1];
     const TensorInfo* c = by_offset[i];
-    DFLASH_CHECK(p->end <= c->begin || p->begin == p->end || c->begin == c->end,
+    DFLASH_USER_CHECK(p->end <= c->begin || p->begin == p->end || c->begin == c->end,
                  "safetensors {}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", path, p->name, p->begin, p->end,
                  c->name, c->begin, c->end);
   }
@@ -285,7 +285,7 @@ SafetensorsFile::~SafetensorsFile() {
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = tensors_.find(name);
-  DFLASH_CHECK(it != tensors_.end(), "safetensors {}: no tensor named '{}'", path_, name);
+  DFLASH_USER_CHECK(it != tensors_.end(), "safetensors {}: no tensor named '{}'", path_, name);
   return it->second;
 }
 
@@ -297,7 +297,7 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 void SafetensorsFile::read_rows(const std::string& name, int64_t row_begin, int64_t row_end, float* out) const {
   const TensorInfo& t = info(name);
-  DFLASH_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= t.rows(),
+  DFLASH_USER_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= t.rows(),
                "safetensors {}: tensor '{}' {}: rows [{}, {}) out of range", path_, name, t.shape_str(), row_begin,
                row_end);
   const size_t len = size_t(t.row_len()), es = dtype_size(t.dtype);
@@ -306,9 +306,9 @@ void SafetensorsFile::read_rows(const std::string& name, int64_t row_begin, int6
 
 void SafetensorsFile::read_cols(const std::string& name, int64_t col_begin, int64_t col_end, float* out) const {
   const TensorInfo& t = info(name);
-  DFLASH_CHECK(t.shape.size() == 2, "safetensors {}: tensor '{}' {}: a column slice needs a 2-D tensor", path_, name,
+  DFLASH_USER_CHECK(t.shape.size() == 2, "safetensors {}: tensor '{}' {}: a column slice needs a 2-D tensor", path_, name,
                t.shape_str());
-  DFLASH_CHECK(0 <= col_begin && col_begin <= col_end && col_end <= t.shape[1],
+  DFLASH_USER_CHECK(0 <= col_begin && col_begin <= col_end && col_end <= t.shape[1],
                "safetensors {}: tensor '{}' {}: columns [{}, {}) out of range", path_, name, t.shape_str(),
                col_begin, col_end);
   const size_t cols = size_t(t.shape[1]), width = size_t(col_end - col_begin), es = dtype_size(t.dtype);
@@ -333,20 +333,20 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index)) {
     std::ifstream in(index);
-    DFLASH_CHECK(in, "checkpoint {}: cannot read {}", dir, index.string());
+    DFLASH_USER_CHECK(in, "checkpoint {}: cannot read {}", dir, index.string());
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(in);
     } catch (const nlohmann::json::exception& e) {
-      DFLASH_FAIL("checkpoint index {}: not valid JSON: {}", index.string(), e.what());
+      DFLASH_USER_FAIL("checkpoint index {}: not valid JSON: {}", index.string(), e.what());
     }
-    DFLASH_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+    DFLASH_USER_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                  "checkpoint index {}: missing object 'weight_map'", index.string());
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      DFLASH_CHECK(it.value().is_string(), "checkpoint index {}: weight_map['{}'] is not a file name",
+      DFLASH_USER_CHECK(it.value().is_string(), "checkpoint index {}: weight_map['{}'] is not a file name",
                    index.string(), it.key());
       const std::string f = it.value().get<std::string>();
-      DFLASH_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(),
+      DFLASH_USER_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(),
                    "checkpoint index {}: weight_map['{}'] = '{}' must be a file name inside the directory",
                    index.string(), it.key(), f);
       file_of_[it.key()] = f;
@@ -356,16 +356,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     for (const auto& n : f->names()) file_of_[n] = "model.safetensors";
     files_["model.safetensors"] = std::move(f);
   } else {
-    DFLASH_FAIL("checkpoint {}: neither model.safetensors nor model.safetensors.index.json found", dir);
+    DFLASH_USER_FAIL("checkpoint {}: neither model.safetensors nor model.safetensors.index.json found", dir);
   }
 }
 
 const SafetensorsFile& Checkpoint::file(const std::string& name) const {
   auto it = file_of_.find(name);
-  DFLASH_CHECK(it != file_of_.end(), "checkpoint {}: no tensor named '{}'", dir_, name);
+  DFLASH_USER_CHECK(it != file_of_.end(), "checkpoint {}: no tensor named '{}'", dir_, name);
   auto& f = files_[it->second];
   if (!f) f = std::make_unique<SafetensorsFile>((std::filesystem::path(dir_) / it->second).string());
-  DFLASH_CHECK(f->has(name), "checkpoint {}: the index puts tensor '{}' in {}, which does not contain it", dir_,
+  DFLASH_USER_CHECK(f->has(name), "checkpoint {}: the index puts tensor '{}' in {}, which does not contain it", dir_,
                name, it->second);
   return *f;
 }
@@ -381,10 +381,10 @@ void Checkpoint::read_cols(const std::string& name, int64_t col_begin, int64_t c
 std::vector<float> Checkpoint::read(const std::string& name) const { return file(name).read(name); }
 
 const TensorInfo& Checkpoint::expect(const std::string& name, const std::vector<int64_t>& shape) const {
-  DFLASH_CHECK(has(name), "checkpoint {}: missing tensor '{}' (expected shape {})", dir_, name,
+  DFLASH_USER_CHECK(has(name), "checkpoint {}: missing tensor '{}' (expected shape {})", dir_, name,
                TensorInfo{"", DType::F32, shape}.shape_str());
   const TensorInfo& t = info(name);
-  DFLASH_CHECK(t.shape == shape, "checkpoint {}: tensor '{}' has shape {}, config.json implies {}", dir_, name,
+  DFLASH_USER_CHECK(t.shape == shape, "checkpoint {}: tensor '{}' has shape {}, config.json implies {}", dir_, name,
                t.shape_str(), TensorInfo{"", DType::F32, shape}.shape_str());
   return t;
 }
@@ -404,9 +404,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    DFLASH_CHECK(!header.contains(t.name), "write_safetensors {}: duplicate tensor '{}'", path, t.name);
+    DFLASH_USER_CHECK(!header.contains(t.name), "write_safetensors {}: duplicate tensor '{}'", path, t.name);
     int64_t numel = 0;
-    DFLASH_CHECK(shape_numel(t.shape, &numel), "write_safetensors {}: tensor '{}' has an invalid shape", path,
+    DFLASH_USER_CHECK(shape_numel(t.shape, &numel), "write_safetensors {}: tensor '{}' has an invalid shape", path,
                  t.name);
     const uint64_t bytes = uint64_t(numel) * dtype_size(t.dtype);
     header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
@@ -416,11 +416,11 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   while (text.size() % 8) text += ' ';
 
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  DFLASH_CHECK(f, "write_safetensors: cannot create {}: {}", path, std::strerror(errno));
+  DFLASH_USER_CHECK(f, "write_safetensors: cannot create {}: {}", path, std::strerror(errno));
   auto put = [&](const void* p, size_t n) {
     if (n && std::fwrite(p, 1, n, f) != n) {
       std::fclose(f);
-      DFLASH_FAIL("write_safetensors {}: write failed: {}", path, std::strerror(errno));
+      DFLASH_USER_FAIL("write_safetensors {}: write failed: {}", path, std::strerror(errno));
     }
   };
   uint8_t len[8];
@@ -438,7 +438,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
     narrow(bytes.data(), values.data(), values.size(), t.dtype);
     put(bytes.data(), bytes.size());
   }
-  DFLASH_CHECK(std::fclose(f) == 0, "write_safetensors {}: close failed: {}", path, std::strerror(errno));
+  DFLASH_USER_CHECK(std::fclose(f) == 0, "write_safetensors {}: close failed: {}", path, std::strerror(errno));
 }
 
 }  // namespace dflash::io

@@ -10,20 +10,20 @@ namespace dflash::model {
 namespace {
 
 int get_int(const nlohmann::json& j, const char* key, const std::string& src) {
-  DFLASH_CHECK(j.contains(key), "{}: missing key '{}'", src, key);
+  DFLASH_USER_CHECK(j.contains(key), "{}: missing key '{}'", src, key);
   const auto& v = j[key];
-  DFLASH_CHECK(v.is_number_integer(), "{}: key '{}' must be an integer, got {}", src, key, v.dump());
+  DFLASH_USER_CHECK(v.is_number_integer(), "{}: key '{}' must be an integer, got {}", src, key, v.dump());
   const int64_t x = v.get<int64_t>();
-  DFLASH_CHECK(x > 0 && x < (int64_t(1) << 31), "{}: key '{}' must be a positive int32, got {}", src, key, x);
+  DFLASH_USER_CHECK(x > 0 && x < (int64_t(1) << 31), "{}: key '{}' must be a positive int32, got {}", src, key, x);
   return int(x);
 }
 
 double get_real(const nlohmann::json& j, const char* key, const std::string& src) {
-  DFLASH_CHECK(j.contains(key), "{}: missing key '{}'", src, key);
+  DFLASH_USER_CHECK(j.contains(key), "{}: missing key '{}'", src, key);
   const auto& v = j[key];
-  DFLASH_CHECK(v.is_number(), "{}: key '{}' must be a number, got {}", src, key, v.dump());
+  DFLASH_USER_CHECK(v.is_number(), "{}: key '{}' must be a number, got {}", src, key, v.dump());
   const double x = v.get<double>();
-  DFLASH_CHECK(x > 0, "{}: key '{}' must be positive, got {}", src, key, x);
+  DFLASH_USER_CHECK(x > 0, "{}: key '{}' must be positive, got {}", src, key, x);
   return x;
 }
 
@@ -34,11 +34,11 @@ bool flag_is_set(const nlohmann::json& j, const char* key) {
 }  // namespace
 
 QwenConfig parse_qwen_config(const nlohmann::json& j, const std::string& src) {
-  DFLASH_CHECK(j.is_object(), "{}: not a JSON object", src);
-  DFLASH_CHECK(j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty(),
+  DFLASH_USER_CHECK(j.is_object(), "{}: not a JSON object", src);
+  DFLASH_USER_CHECK(j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty(),
                "{}: missing key 'architectures' (expected [\"Qwen3ForCausalLM\"])", src);
   const auto arch = j["architectures"][0].is_string() ? j["architectures"][0].get<std::string>() : "";
-  DFLASH_CHECK(arch == "Qwen3ForCausalLM",
+  DFLASH_USER_CHECK(arch == "Qwen3ForCausalLM",
                "{}: unsupported architecture '{}': this target supports Qwen3ForCausalLM (dense Qwen3) only",
                src, arch.empty() ? j["architectures"].dump() : arch);
 
@@ -57,28 +57,28 @@ QwenConfig parse_qwen_config(const nlohmann::json& j, const std::string& src) {
   } else if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     c.rope_theta = get_real(j["rope_parameters"], "rope_theta", src + " rope_parameters");
   } else {
-    DFLASH_FAIL("{}: missing key 'rope_theta'", src);
+    DFLASH_USER_FAIL("{}: missing key 'rope_theta'", src);
   }
   if (j.contains("tie_word_embeddings")) {
-    DFLASH_CHECK(j["tie_word_embeddings"].is_boolean(), "{}: key 'tie_word_embeddings' must be true or false", src);
+    DFLASH_USER_CHECK(j["tie_word_embeddings"].is_boolean(), "{}: key 'tie_word_embeddings' must be true or false", src);
     c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   }
   if (j.contains("max_position_embeddings")) c.max_position_embeddings = get_int(j, "max_position_embeddings", src);
 
   // Features of the Qwen3 family this forward does not implement: refuse rather than compute something else.
-  DFLASH_CHECK(!flag_is_set(j, "attention_bias"), "{}: attention_bias = true is not supported", src);
-  DFLASH_CHECK(!flag_is_set(j, "use_sliding_window"), "{}: use_sliding_window = true is not supported", src);
-  DFLASH_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
+  DFLASH_USER_CHECK(!flag_is_set(j, "attention_bias"), "{}: attention_bias = true is not supported", src);
+  DFLASH_USER_CHECK(!flag_is_set(j, "use_sliding_window"), "{}: use_sliding_window = true is not supported", src);
+  DFLASH_USER_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
                "{}: rope_scaling {} is not supported (plain RoPE only)", src,
                j.contains("rope_scaling") ? j["rope_scaling"].dump() : "");
   if (j.contains("hidden_act")) {
-    DFLASH_CHECK(j["hidden_act"] == "silu", "{}: hidden_act {} is not supported (silu only)", src,
+    DFLASH_USER_CHECK(j["hidden_act"] == "silu", "{}: hidden_act {} is not supported (silu only)", src,
                  j["hidden_act"].dump());
   }
 
-  DFLASH_CHECK(c.heads % c.kv_heads == 0,
+  DFLASH_USER_CHECK(c.heads % c.kv_heads == 0,
                "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", src, c.heads, c.kv_heads);
-  DFLASH_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} must be even for RoPE", src, c.head_dim);
+  DFLASH_USER_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} must be even for RoPE", src, c.head_dim);
   return c;
 }
 
@@ -86,12 +86,12 @@ QwenConfig load_qwen_config(const std::string& path) {
   std::string file = path;
   if (std::filesystem::is_directory(path)) file = (std::filesystem::path(path) / "config.json").string();
   std::ifstream in(file);
-  DFLASH_CHECK(in, "cannot read {} (a Hugging Face model directory needs config.json)", file);
+  DFLASH_USER_CHECK(in, "cannot read {} (a Hugging Face model directory needs config.json)", file);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    DFLASH_FAIL("{}: not valid JSON: {}", file, e.what());
+    DFLASH_USER_FAIL("{}: not valid JSON: {}", file, e.what());
   }
   return parse_qwen_config(j, file);
 }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -79,7 +80,11 @@ int run_export(const std::vector<std::string>& args) {
 // printed by world rank 0; the others give it a moment to do so, then abort too. An error only one rank sees is
 // printed by that rank (after the same moment) with its identity.
 [[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, Logger* log) {
-  if (rank != 0) sleep(2);
+  if (rank != 0) {
+    // mpirun answers rank 0's abort with SIGTERM: let it end this rank quietly instead of the stop handler
+    std::signal(SIGTERM, SIG_DFL);
+    sleep(2);
+  }
   if (log) {
     log->error("{}", message);  // to the rank's log file and to stderr, with its identity
   } else {
