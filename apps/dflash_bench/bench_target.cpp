@@ -1,7 +1,7 @@
 // dflash_bench target: tokens/s of the TP target forward by TP size, and the wall time spent in the row-parallel
 // all-reduces. An MPI program: `mpirun -np K dflash_bench target [--tp 1,2,3,5]` runs each TP size in the list
 // (≤ K) on ranks [0, tp) while the other ranks sleep, and rank 0 prints one markdown table.
-#include "lib/comm/mpi_transport.h"  // first: sets OMPI_SKIP_MPICXX before <mpi.h>
+#include "lib/comm/mpi_transport.h"
 
 #include <unistd.h>
 

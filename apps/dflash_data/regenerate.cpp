@@ -7,7 +7,7 @@
 // Single process: TP = 1 (no MPI at all). Under mpirun (or srun): every rank of MPI_COMM_WORLD is one rank of a
 // single TP group (`mpirun -np 5 dflash_data regenerate ...`), all ranks read IN.h5, rank 0 writes OUT.h5.
 // OUT.h5 is written as OUT.h5.partial and renamed at the end: a failed run leaves no dataset behind.
-#include "lib/comm/mpi_transport.h"  // first: sets OMPI_SKIP_MPICXX before <mpi.h>
+#include "lib/comm/mpi_transport.h"
 
 #include <chrono>
 #include <cstdio>

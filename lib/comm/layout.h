@@ -3,13 +3,6 @@
 // [0, target_tp * target_groups) are target ranks, group g holding ranks [g * target_tp, (g + 1) * target_tp)
 // (tp rank = offset in the group); the remaining drafter_dp ranks are drafter ranks d = 0..drafter_dp-1.
 // Target group g feeds the drafter ranks d with d % target_groups == g.
-// the C API only: Open MPI's deprecated C++ bindings would otherwise need libmpi_cxx at link time
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
 #include <mpi.h>
 
 #include <string>

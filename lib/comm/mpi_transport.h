@@ -1,13 +1,6 @@
 #pragma once
 // Transport over an MPI communicator (not owned: RoleComms or MPI_COMM_WORLD outlive it). Messages and reductions
 // larger than INT_MAX elements are split into pieces, so any size works with MPI's int counts.
-// the C API only: Open MPI's deprecated C++ bindings would otherwise need libmpi_cxx at link time
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
 #include <mpi.h>
 
 #include "lib/comm/transport.h"

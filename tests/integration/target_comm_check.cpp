@@ -4,7 +4,7 @@
 //   mpirun -np 3 target_comm_check --tp 5 --groups 1 --dp 3 --expect-mismatch
 //                                    the layout must refuse the world size on every rank with the expected message
 // Exit 0 when every check holds on every rank; a failed check prints it and exits 1; an exception aborts the world.
-#include "lib/comm/mpi_transport.h"  // first: sets OMPI_SKIP_MPICXX before <mpi.h>
+#include "lib/comm/mpi_transport.h"
 
 #include <cstdio>
 #include <cstring>

@@ -8,7 +8,7 @@
 // on every rank; the check passes when the largest rel over tensors and ranks is ≤ tol. Also checked: every
 // TP rank holds bit-identical outputs, the blocked attention kernel matches its plain reference, and drafter-side
 // vocab loading returns the checkpoint's embedding and head. Exit 0 on pass, 1 on mismatch (max rel printed).
-#include "lib/comm/mpi_transport.h"  // first: sets OMPI_SKIP_MPICXX before <mpi.h>
+#include "lib/comm/mpi_transport.h"
 
 #include <algorithm>
 #include <cmath>
