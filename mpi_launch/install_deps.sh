@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
+  procps                          # pkill, used by the SIGTERM integration test
   openmpi-bin libopenmpi-dev      # MPI launcher + headers (Open MPI)
   libhdf5-dev                     # training datasets
   libyaml-cpp-dev                 # config files
