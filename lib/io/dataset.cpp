@@ -1,6 +1,7 @@
 #include "lib/io/dataset.h"
 
 #include <algorithm>
+#include <functional>
 #include <filesystem>
 #include <numeric>
 #include <type_traits>
@@ -243,17 +244,7 @@ Dataset::Dataset(const std::string& path, int64_t vocab, bool scan_tokens) : pat
                               "matching mask: {}); write one loss_mask value per token", path_, n_mask, n_tokens,
                               first_bad));
     }
-    if (scan_tokens) {
-      std::vector<int32_t> tok;
-      std::vector<uint8_t> mask;
-      for (int64_t at = 0; at < total_tokens(); at += kScanChunk) {
-        int64_t n = std::min(kScanChunk, total_tokens() - at);
-        tok.resize(n), mask.resize(n);
-        read_range(tokens_ds_, H5T_NATIVE_INT32, tok.data(), at, n, path_, "tokens");
-        read_range(mask_ds_, H5T_NATIVE_UINT8, mask.data(), at, n, path_, "loss_mask");
-        check_values(tok.data(), mask.data(), at, n);
-      }
-    }
+    if (scan_tokens) scan([](const int32_t*, const uint8_t*, int64_t) {});
   } catch (...) {
     close_dataset(tokens_ds_), close_dataset(mask_ds_), close_file(file_);
     throw;
@@ -311,20 +302,26 @@ DatasetStats Dataset::stats() const {
     st.max_len = std::max(st.max_len, len);
   }
   st.mean_len = size() > 0 ? double(st.tokens) / double(size()) : 0.0;
-  std::vector<int32_t> tok;
-  std::vector<uint8_t> mask;
-  for (int64_t at = 0; at < total_tokens(); at += kScanChunk) {
-    int64_t n = std::min(kScanChunk, total_tokens() - at);
-    tok.resize(n), mask.resize(n);
-    read_range(tokens_ds_, H5T_NATIVE_INT32, tok.data(), at, n, path_, "tokens");
-    read_range(mask_ds_, H5T_NATIVE_UINT8, mask.data(), at, n, path_, "loss_mask");
-    check_values(tok.data(), mask.data(), at, n);
+  scan([&](const int32_t* tok, const uint8_t* mask, int64_t n) {
     for (int64_t k = 0; k < n; ++k) {
       st.max_token = std::max(st.max_token, tok[k]);
       st.trained_tokens += mask[k];
     }
-  }
+  });
   return st;
+}
+
+void Dataset::scan(const std::function<void(const int32_t*, const uint8_t*, int64_t)>& visit) const {
+  std::vector<int32_t> tok;
+  std::vector<uint8_t> mask;
+  for (int64_t at = 0; at < total_tokens(); at += kScanChunk) {
+    const int64_t n = std::min(kScanChunk, total_tokens() - at);
+    tok.resize(n), mask.resize(n);
+    read_range(tokens_ds_, H5T_NATIVE_INT32, tok.data(), at, n, path_, "tokens");
+    read_range(mask_ds_, H5T_NATIVE_UINT8, mask.data(), at, n, path_, "loss_mask");
+    check_values(tok.data(), mask.data(), at, n);
+    visit(tok.data(), mask.data(), n);
+  }
 }
 
 std::vector<int64_t> Dataset::order(int64_t epoch, uint64_t seed, bool shuffle) const {

@@ -6,6 +6,7 @@
 // The reader validates on open and reads one sequence at a time (hyperslab), never the whole file.
 // Plus the data order of training: an epoch-seeded shuffle and the assignment of sequences to drafter ranks.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,8 @@ class Dataset {
 
  private:
   void check_values(const int32_t* tokens, const uint8_t* mask, int64_t begin, int64_t n) const;
+  // Reads every token and mask value once, in chunks of kScanChunk, checks them, and hands each chunk to visit.
+  void scan(const std::function<void(const int32_t* tokens, const uint8_t* mask, int64_t n)>& visit) const;
 
   std::string path_;
   int64_t vocab_;
