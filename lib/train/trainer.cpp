@@ -32,12 +32,15 @@ const char* kUsage =
     "  --stop-after-steps K  run K steps from the start (or the resumed step), write a checkpoint, exit\n"
     "  --dump-step DIR       run one step and write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors\n"
     "  --export              write a checkpoint as model.safetensors + config.json for serving (docs/export.md)\n"
+    "  --check               (no mpirun) validate the config, target config.json, data and checkpoint to resume;\n"
+    "                        print the plan and memory estimates, run nothing\n"
     "  SIGTERM / SIGUSR1: finish the current step, write a checkpoint, exit 0 (resume with ckpt.resume=auto).\n"
     "  Keys: docs/config.md. Example: mpi_launch/configs/tiny.yaml\n";
 
 struct ProgramOptions {
   int64_t stop_after = 0;
   std::string dump_dir;
+  bool check = false;
 };
 
 // The options after the config file and its --set overrides.
@@ -57,11 +60,57 @@ ProgramOptions parse_program_options(const std::vector<std::string>& rest) {
                                                          "got '{}'", v);
     } else if (a == "--dump-step") {
       o.dump_dir = value();
+    } else if (a == "--check") {
+      o.check = true;
     } else {
       DFLASH_FAIL("dflash_mpi: unknown option '{}'\n{}", a, kUsage);
     }
   }
   return o;
+}
+
+// --check: everything that can be validated without the MPI job, and what the job would need.
+int run_check(const TrainConfig& cfg) {
+  const int world = cfg.layout.target_tp * cfg.layout.target_groups + cfg.layout.drafter_dp;
+  const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
+  const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/true);
+  const RunPlan plan = make_run_plan(cfg, target, data.size());
+  const DrafterParams<float> params(plan.drafter);
+  std::printf("%s\n", format_config_table(cfg).c_str());
+  auto size = [](double bytes) {
+    return bytes >= 1024.0 * 1024 * 1024 ? fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024))
+                                         : fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
+  };
+  const double target_params = double(target.layers) *
+                                   (double(target.hidden) * target.head_dim * (target.heads * 2 + target.kv_heads * 2) +
+                                    3.0 * target.hidden * target.intermediate) +
+                               double(target.vocab) * target.hidden;
+  std::printf("check: OK\n");
+  std::printf("  ranks          mpirun -np %d (%d target TP x %d groups + %d drafter DP)\n", world,
+              cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp);
+  std::printf("  target         %s: %d layers, H %d, %d Q / %d KV heads, vocab %d; taps %s\n", cfg.target.path.c_str(),
+              target.layers, target.hidden, target.heads, target.kv_heads, target.vocab,
+              fmt::format("{}", fmt::join(plan.tap_ids, ",")).c_str());
+  std::printf("  drafter        %d layers, %d Q / %d KV heads x %d, I %d, block %d: %zu parameters\n",
+              plan.drafter.layers, plan.drafter.heads, plan.drafter.kv_heads, plan.drafter.head_dim,
+              plan.drafter.intermediate, plan.drafter.block_size, params.flat.size());
+  std::printf("  data           %s: %lld sequences, %lld tokens; %lld steps per epoch, %lld steps\n",
+              cfg.data.path.c_str(), (long long)data.size(), (long long)data.total_tokens(),
+              (long long)plan.steps_per_epoch, (long long)plan.total_steps);
+  std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "
+              "grads + AdamW %s, loss scratch %s\n",
+              size(target_params * 4 / cfg.layout.target_tp).c_str(),
+              size(double(target.vocab) * target.hidden * 4 * (target.tie_word_embeddings ? 1 : 2)).c_str(),
+              size(double(params.flat.size()) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
+  const std::string resume = resolve_resume_dir(cfg);
+  if (!resume.empty()) {
+    const io::LoadedCheckpoint c = io::load_checkpoint(resume, checkpoint_expectation(cfg, plan));
+    std::printf("  resume         %s (step %lld) verified\n", resume.c_str(), (long long)c.state.step);
+  } else {
+    std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
+                                                                   : "none: would start at step 0");
+  }
+  return 0;
 }
 
 // dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]: no MPI job needed.
@@ -120,6 +169,11 @@ int dflash_mpi_main(int argc, char** argv) {
     const ProgramOptions options = parse_program_options(cli.rest);
     install_stop_signal_handlers();
     const TrainConfig cfg = load_config(cli.file, cli.sets);
+    if (options.check) {
+      const int rc = rank == 0 ? run_check(cfg) : 0;
+      MPI_Finalize();
+      return rc;
+    }
     const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
                                                      cfg.layout.drafter_dp, size, rank);
     who = layout.describe();

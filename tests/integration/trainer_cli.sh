@@ -91,6 +91,17 @@ case "$case" in
     grep -q "\[rank 2 | target | group 1 tp 0\]" "$out/run/logs/rank_02.log" || fail "rank 2 log lacks its group"
     echo "PASS (two_groups)"
     ;;
+  check)
+    # --check (no mpirun): validates config, target, data and prints the plan; a bad value is refused
+    "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --check | tee "$out/log"
+    grep -q "check: OK" "$out/log" || fail "no 'check: OK'"
+    grep -q "mpirun -np 8 (5 target TP x 1 groups + 3 drafter DP)" "$out/log" || fail "no rank count"
+    grep -q "64 sequences, 4980 tokens; 10 steps per epoch, 600 steps" "$out/log" || fail "wrong data plan"
+    grep -q "94656 parameters" "$out/log" || fail "wrong drafter size"
+    [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"
+    expect_error "drafter.mask_token_id = 600 is outside the target vocabulary" "$bin" \
+      "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set drafter.mask_token_id=600 --check
+    ;;
   world_mismatch)
     expect_error "the world has 7 ranks" "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}"
     ;;
