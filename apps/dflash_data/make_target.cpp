@@ -16,25 +16,12 @@ int run_make_target(int argc, char** argv) {
          {"tie"});
   DFLASH_CHECK(a.has("out"), "make-target: --out DIR is required (the model directory to write)");
   model::RandomTargetSpec s;
-  s.hidden = int(a.integer("hidden", s.hidden));
-  s.layers = int(a.integer("layers", s.layers));
-  s.heads = int(a.integer("heads", s.heads));
-  s.kv_heads = int(a.integer("kv-heads", s.kv_heads));
-  s.head_dim = int(a.integer("head-dim", s.head_dim));
-  s.intermediate = int(a.integer("intermediate", s.intermediate));
-  s.vocab = int(a.integer("vocab", s.vocab));
-  s.seed = uint64_t(a.integer("seed", 1));
-  s.files = int(a.integer("files", 1));
-  s.rope_theta = a.real("rope-theta", s.rope_theta);
-  s.tie = a.has("tie");
-  const std::string dtype = a.str("dtype", "f32");
-  DFLASH_CHECK(dtype == "f32" || dtype == "bf16", "make-target: --dtype must be f32 or bf16, got '{}'", dtype);
-  s.dtype = dtype == "bf16" ? io::DType::BF16 : io::DType::F32;
+  model::apply_target_options(a, s);
   const std::string out = a.str("out", "");
   model::write_random_target(out, s);
   std::printf("wrote random Qwen3 target to %s: H %d, %d layers, %d/%d heads × %d, intermediate %d, vocab %d, %s%s\n",
               out.c_str(), s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab,
-              dtype.c_str(), s.tie ? ", tied" : "");
+              s.dtype == io::DType::BF16 ? "bf16" : "f32", s.tie ? ", tied" : "");
   return 0;
 }
 

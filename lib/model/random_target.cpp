@@ -100,4 +100,23 @@ void write_random_target(const std::string& dir, const RandomTargetSpec& spec) {
   DFLASH_CHECK(cfg.good(), "random target: cannot write {}/config.json", dir);
 }
 
+void apply_target_options(const Args& a, RandomTargetSpec& s) {
+  s.hidden = int(a.integer("hidden", s.hidden));
+  s.layers = int(a.integer("layers", s.layers));
+  s.heads = int(a.integer("heads", s.heads));
+  s.kv_heads = int(a.integer("kv-heads", s.kv_heads));
+  s.head_dim = int(a.integer("head-dim", s.head_dim));
+  s.intermediate = int(a.integer("intermediate", s.intermediate));
+  s.vocab = int(a.integer("vocab", s.vocab));
+  s.seed = uint64_t(a.integer("seed", int64_t(s.seed)));
+  s.files = int(a.integer("files", s.files));
+  s.rope_theta = a.real("rope-theta", s.rope_theta);
+  if (a.has("tie")) s.tie = true;
+  if (a.has("dtype")) {
+    const std::string dtype = a.str("dtype", "");
+    DFLASH_USER_CHECK(dtype == "f32" || dtype == "bf16", "--dtype must be f32 or bf16, got '{}'", dtype);
+    s.dtype = dtype == "bf16" ? io::DType::BF16 : io::DType::F32;
+  }
+}
+
 }  // namespace dflash::model

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lib/core/args.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/qwen_config.h"
 
@@ -31,5 +32,10 @@ struct RandomTargetSpec {
 // index): linear weights N(0, 1/in), embedding and lm_head N(0, 1), norm weights 1 + N(0, 0.1²) (so that a wrong
 // norm weight shows). Throws on an invalid shape (via the config checks) or an unwritable directory.
 void write_random_target(const std::string& dir, const RandomTargetSpec& spec);
+
+// Fills `spec` from the size options that are given (--hidden --layers --heads --kv-heads --head-dim
+// --intermediate --vocab --seed --files --rope-theta --dtype f32|bf16 --tie); absent ones keep spec's values.
+// Shared by `dflash_data make-target` and the tests that make targets.
+void apply_target_options(const Args& args, RandomTargetSpec& spec);
 
 }  // namespace dflash::model

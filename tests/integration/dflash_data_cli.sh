@@ -3,26 +3,9 @@
 # Each case writes its own input, runs the program and checks the exit code and the message (a bad input must
 # exit non-zero and say what is wrong and where; a crash or a silent failure fails the test).
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh"
 bin="$1" work="$2/$3" case="$3"
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
-
-# expect RC PATTERN cmd...: run cmd, require exit code RC (or "nonzero") and PATTERN (grep -E) in its output.
-expect() {
-  local want="$1" pattern="$2"
-  shift 2
-  local out rc
-  out="$("$@" 2>&1)"
-  rc=$?
-  echo "\$ $*"
-  echo "$out"
-  echo "[exit $rc]"
-  if [[ "$want" == nonzero ]]; then
-    if [[ $rc -eq 0 || $rc -ge 128 ]]; then echo "FAIL: expected a non-zero exit (not a crash), got $rc"; exit 1; fi
-  elif [[ $rc -ne $want ]]; then
-    echo "FAIL: expected exit $want, got $rc"; exit 1
-  fi
-  if ! grep -Eq -- "$pattern" <<<"$out"; then echo "FAIL: output does not match /$pattern/"; exit 1; fi
-}
 
 good_jsonl() {
   printf '%s\n' '{"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}' '' \

@@ -5,27 +5,10 @@
 #         every sequence must be identical
 #   bad:  user errors exit non-zero naming the file / sequence / option, and leave no OUT.h5 behind
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh"
 bin="$1" mpirun="$2" work="$3/$4" case="$4"
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1  # tiny GEMMs; keeps a loaded machine from thrashing
-
-# expect RC PATTERN cmd...: run cmd, require exit code RC (or "nonzero") and PATTERN (grep -E) in its output.
-expect() {
-  local want="$1" pattern="$2"
-  shift 2
-  local out rc
-  out="$("$@" 2>&1)"
-  rc=$?
-  echo "\$ $*"
-  echo "$out"
-  echo "[exit $rc]"
-  if [[ "$want" == nonzero ]]; then
-    if [[ $rc -eq 0 || $rc -ge 128 ]]; then echo "FAIL: expected a non-zero exit (not a crash), got $rc"; exit 1; fi
-  elif [[ $rc -ne $want ]]; then
-    echo "FAIL: expected exit $want, got $rc"; exit 1
-  fi
-  if ! grep -Eq -- "$pattern" <<<"$out"; then echo "FAIL: output does not match /$pattern/"; exit 1; fi
-}
 
 # 16 Q / 8 KV heads: TP 5 splits the KV groups [2,2,2,1,1]
 make_target() {

@@ -5,6 +5,7 @@
 //                                    the layout must refuse the world size on every rank with the expected message
 // Exit 0 when every check holds on every rank; a failed check prints it and exits 1; an exception aborts the world.
 #include "lib/comm/mpi_transport.h"
+#include "tests/integration/mpi_test_main.h"
 
 #include <cstdio>
 #include <cstring>
@@ -129,18 +130,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 1;
-  try {
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::fprintf(stderr, "[rank %d] target_comm_check: error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return dflash::test::mpi_test_main("target_comm_check", argc, argv, run); }

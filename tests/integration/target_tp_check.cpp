@@ -9,6 +9,7 @@
 // TP rank holds bit-identical outputs, the blocked attention kernel matches its plain reference, and drafter-side
 // vocab loading returns the checkpoint's embedding and head. Exit 0 on pass, 1 on mismatch (max rel printed).
 #include "lib/comm/mpi_transport.h"
+#include "tests/integration/mpi_test_main.h"
 
 #include <algorithm>
 #include <cmath>
@@ -83,17 +84,8 @@ int run(int argc, char** argv) {
     dir = a.str("make", "");
     if (rank == 0) {
       model::RandomTargetSpec s;
-      s.hidden = int(a.integer("hidden", s.hidden));
-      s.layers = int(a.integer("layers", s.layers));
-      s.heads = int(a.integer("heads", s.heads));
-      s.kv_heads = int(a.integer("kv-heads", s.kv_heads));
-      s.head_dim = int(a.integer("head-dim", s.head_dim));
-      s.intermediate = int(a.integer("intermediate", s.intermediate));
-      s.vocab = int(a.integer("vocab", s.vocab));
-      s.seed = uint64_t(a.integer("seed", 7));
-      s.files = int(a.integer("files", 1));
-      s.tie = a.has("tie");
-      s.dtype = a.str("dtype", "f32") == "bf16" ? io::DType::BF16 : io::DType::F32;
+      s.seed = 7;
+      model::apply_target_options(a, s);
       model::write_random_target(dir, s);
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -166,18 +158,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 1;
-  try {
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::fprintf(stderr, "[rank %d] target_tp_check: error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return dflash::test::mpi_test_main("target_tp_check", argc, argv, run); }
