@@ -144,7 +144,7 @@ int run_loss(int argc, char** argv) {
   const size_t peak = peak_resident_bytes();
   const double added = double(peak > base ? peak - base : 0);
   const size_t scratch = loss.scratch_bytes();
-  const size_t context = ctx.rows.capacity() * sizeof(VocabLossRow);
+  const size_t context = ctx.rows.bytes();
 
   // The bound: the same GEMMs alone, at the chunk shapes this run used (full chunks + the remainder chunk).
   const int per_chunk_logits = (mode == "recompute" ? 2 : 1) * (target ? 2 : 1);

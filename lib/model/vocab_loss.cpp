@@ -1,6 +1,3 @@
-// The row loops (vocab_loss_row.h) must vectorise: GCC will not if-convert the selects inside loss_exp while FP
-// operations may trap (its default), so this translation unit says they do not. No code here relies on FP traps.
-#pragma GCC optimize("no-trapping-math")
 #include "lib/model/vocab_loss.h"
 
 #include <algorithm>
@@ -8,9 +5,7 @@
 #include <limits>
 #include <unordered_set>
 
-#include "kernels/cpu/gemm.h"
 #include "lib/core/error.h"
-#include "lib/model/vocab_loss_row.h"
 
 namespace dflash {
 
@@ -84,8 +79,9 @@ struct BlockRuns {
 }  // namespace
 
 template <typename T>
-VocabLoss<T>::VocabLoss(const VocabLossSettings& settings, const T* head, int vocab, int hidden)
-    : settings_(settings), head_(head), vocab_(vocab), hidden_(hidden) {
+VocabLoss<T>::VocabLoss(const VocabLossSettings& settings, kernels::Backend<T>& backend, ExecContext& ctx,
+                        const T* head, int vocab, int hidden)
+    : settings_(settings), be_(backend), ec_(ctx), head_(head), vocab_(vocab), hidden_(hidden) {
   DFLASH_CHECK(vocab >= 1 && hidden >= 1, "vocab loss: vocab ({}) and hidden ({}) must be positive", vocab, hidden);
   DFLASH_CHECK(head != nullptr, "vocab loss: lm_head weight is null");
   DFLASH_CHECK(settings.chunk_size >= 1, "vocab loss: chunk_size must be ≥ 1 (got {})", settings.chunk_size);
@@ -100,14 +96,28 @@ VocabLoss<T>::VocabLoss(const VocabLossSettings& settings, const T* head, int vo
 }
 
 template <typename T>
+VocabLoss<T>::VocabLoss(const VocabLossSettings& settings, const T* head, int vocab, int hidden)
+    : VocabLoss(settings, kernels::cpu_backend<T>(), kernels::host_exec_context(), head, vocab, hidden) {}
+
+template <typename T>
 size_t VocabLoss<T>::scratch_bytes() const {
-  return (z_.capacity() + u_.capacity()) * sizeof(T) + (ce_.capacity() + kl_.capacity() + cap_.capacity()) * 8 +
-         correct_.capacity() + topk_.capacity();
+  return z_.bytes() + u_.bytes() + labels_.bytes() + weights_.bytes() + values_.bytes() +
+         values_host_.capacity() * sizeof(kernels::VocabLossRowValues);
 }
 
 template <typename T>
-bool VocabLoss<T>::use_target(const VocabLossBatch<T>& batch) const {
-  return batch.target_hidden != nullptr;
+void VocabLoss<T>::reserve(int n, bool with_target) {
+  const MemoryKind kind = be_.memory();
+  if (n > capacity_rows_) {
+    z_ = Buffer(kind, size_t(n) * vocab_ * sizeof(T));
+    labels_ = Buffer(kind, size_t(n) * sizeof(int32_t));
+    weights_ = Buffer(kind, size_t(n) * sizeof(A));
+    values_ = Buffer(kind, size_t(n) * sizeof(kernels::VocabLossRowValues));
+    values_host_.resize(size_t(n));
+    if (u_.bytes()) u_ = Buffer(kind, size_t(n) * vocab_ * sizeof(T));
+    capacity_rows_ = n;
+  }
+  if (with_target && !u_.bytes()) u_ = Buffer(kind, size_t(capacity_rows_) * vocab_ * sizeof(T));
 }
 
 template <typename T>
@@ -134,34 +144,26 @@ void VocabLoss<T>::check_batch(const VocabLossBatch<T>& b) const {
 
 template <typename T>
 void VocabLoss<T>::chunk_logits(const VocabLossBatch<T>& b, int r0, int n, bool with_target) {
-  const size_t need = size_t(n) * vocab_;
-  if (z_.size() < need) z_.resize(need);
-  cpu::gemm<T>(false, true, n, vocab_, hidden_, T(1), b.hidden + size_t(r0) * hidden_, hidden_, head_, hidden_, T(0),
-               z_.data(), vocab_);
-  if (with_target) {
-    if (u_.size() < need) u_.resize(need);
-    cpu::gemm<T>(false, true, n, vocab_, hidden_, T(1), b.target_hidden + size_t(r0) * hidden_, hidden_, head_,
-                 hidden_, T(0), u_.data(), vocab_);
-  }
+  be_.upload(ec_, labels_.data(), b.labels + r0, sizeof(int32_t) * n);
+  be_.upload(ec_, weights_.data(), b.weights + r0, sizeof(A) * n);
+  be_.gemm(ec_, false, true, n, vocab_, hidden_, 1.0, b.hidden + size_t(r0) * hidden_, hidden_, head_, hidden_, 0.0,
+           z_.as<T>(), vocab_);
+  if (with_target)
+    be_.gemm(ec_, false, true, n, vocab_, hidden_, 1.0, b.target_hidden + size_t(r0) * hidden_, hidden_, head_,
+             hidden_, 0.0, u_.as<T>(), vocab_);
 }
 
 template <typename T>
 void VocabLoss<T>::chunk_grad(const VocabLossBatch<T>& b, const VocabLossContext& ctx, int r0, int n,
                               double grad_scale, T* dX) {
-  const bool kl = settings_.kl_weight != 0;
-  const int V = vocab_;
-  const RowGradCoeffs coeffs{settings_.ce_weight, settings_.kl_weight, settings_.cap_weight,
-                             settings_.kl_temperature};
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < n; ++i) {
-    const int r = r0 + i;
-    T* z = z_.data() + size_t(i) * V;
-    const T* u = kl ? u_.data() + size_t(i) * V : nullptr;
-    row_grad<T>(z, u, V, b.labels[r], ctx.rows[r], grad_scale * double(b.weights[r]), coeffs);
-  }
+  const kernels::VocabLossCoeffs coeffs{settings_.ce_weight, settings_.kl_weight, settings_.cap_weight,
+                                        settings_.kl_temperature};
+  const T* u = settings_.kl_weight != 0 ? u_.as<T>() : nullptr;
+  be_.vocab_loss_row_grad(ec_, z_.as<T>(), u, n, vocab_, labels_.as<int32_t>(), weights_.as<A>(),
+                          ctx.rows.as<VocabLossRow>() + r0, grad_scale, coeffs);
   // dX rows (=) dz W: [n, V] · [V, H]
-  cpu::gemm<T>(false, false, n, hidden_, V, T(1), z_.data(), V, head_, hidden_, T(0), dX + size_t(r0) * hidden_,
-               hidden_);
+  be_.gemm(ec_, false, false, n, hidden_, vocab_, 1.0, z_.as<T>(), vocab_, head_, hidden_, 0.0,
+           dX + size_t(r0) * hidden_, hidden_);
 }
 
 template <typename T>
@@ -170,11 +172,12 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
   const bool fused = settings_.mode == VocabLossMode::fused;
   DFLASH_CHECK(!fused || b.rows == 0 || dX, "vocab loss: fused mode needs dX in forward (got null)");
   DFLASH_CHECK(std::isfinite(grad_scale), "vocab loss: grad_scale must be finite (got {})", grad_scale);
-  const int V = vocab_, H = hidden_, B = settings_.block_size;
-  const bool target = use_target(b);
-  const double tau = settings_.kl_temperature;
+  const int H = hidden_, B = settings_.block_size;
+  const bool target = b.target_hidden != nullptr;
 
-  ctx.rows.assign(size_t(b.rows), VocabLossRow{});
+  const size_t rows_bytes = size_t(b.rows) * sizeof(VocabLossRow);
+  if (ctx.rows.bytes() < rows_bytes || ctx.rows.kind() != be_.memory()) ctx.rows = Buffer(be_.memory(), rows_bytes);
+  ctx.n_rows = b.rows;
   ctx.mode = settings_.mode;
   ctx.fused_grad_scale = grad_scale;
   ctx.has_forward = true;
@@ -185,49 +188,30 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
   BlockRuns runs;
 
   const int C = std::min(settings_.chunk_size, std::max(b.rows, 1));
-  ce_.resize(size_t(C));
-  kl_.resize(size_t(C));
-  cap_.resize(size_t(C));
-  correct_.resize(size_t(C));
-  topk_.resize(size_t(C));
-
+  reserve(C, target);
   for (int r0 = 0; r0 < b.rows; r0 += C) {
     const int n = std::min(C, b.rows - r0);
     bool any_weight = false;
     for (int i = 0; i < n; ++i) any_weight = any_weight || b.weights[r0 + i] > 0;
-    std::fill(ce_.begin(), ce_.begin() + n, 0.0);
-    std::fill(kl_.begin(), kl_.begin() + n, 0.0);
-    std::fill(cap_.begin(), cap_.begin() + n, 0.0);
-    std::fill(correct_.begin(), correct_.begin() + n, 0);
-    std::fill(topk_.begin(), topk_.begin() + n, 0);
+    std::fill(values_host_.begin(), values_host_.begin() + n, kernels::VocabLossRowValues{});
     if (any_weight) {  // a fully masked chunk costs nothing and contributes exactly 0
       chunk_logits(b, r0, n, target);
-      std::vector<uint8_t> finite(size_t(n), 1);
-#pragma omp parallel for schedule(static)
-      for (int i = 0; i < n; ++i) {
-        const int r = r0 + i;
-        if (!(b.weights[r] > 0)) continue;
-        RowValues v;
-        row_stats<T>(z_.data() + size_t(i) * V, target ? u_.data() + size_t(i) * V : nullptr, V, b.labels[r], tau,
-                     settings_.top_k, ctx.rows[r], v);
-        ce_[i] = v.ce;
-        kl_[i] = v.kl;
-        cap_[i] = v.cap;
-        correct_[i] = v.correct;
-        topk_[i] = v.topk;
-        finite[i] = v.finite;
-      }
+      be_.vocab_loss_row_stats(ec_, z_.as<T>(), target ? u_.as<T>() : nullptr, n, vocab_, labels_.as<int32_t>(),
+                               weights_.as<A>(), settings_.kl_temperature, settings_.top_k,
+                               ctx.rows.as<VocabLossRow>() + r0, values_.as<kernels::VocabLossRowValues>());
+      be_.download(ec_, values_host_.data(), values_.data(), sizeof(kernels::VocabLossRowValues) * n);
+      be_.synchronize(ec_);
       for (int i = 0; i < n; ++i)
-        DFLASH_CHECK(finite[i], "vocab loss: row {} has non-finite logits (NaN or Inf in the hidden state or lm_head)",
-                     r0 + i);
+        DFLASH_CHECK(values_host_[i].finite,
+                     "vocab loss: row {} has non-finite logits (NaN or Inf in the hidden state or lm_head)", r0 + i);
       if (fused) {
         if (grad_scale != 0)
           chunk_grad(b, ctx, r0, n, grad_scale, dX);
         else
-          std::fill(dX + size_t(r0) * H, dX + size_t(r0 + n) * H, T(0));
+          be_.zero(ec_, dX + size_t(r0) * H, sizeof(T) * size_t(n) * H);
       }
     } else if (fused) {
-      std::fill(dX + size_t(r0) * H, dX + size_t(r0 + n) * H, T(0));
+      be_.zero(ec_, dX + size_t(r0) * H, sizeof(T) * size_t(n) * H);
     }
     // Sums and metrics in row order: deterministic whatever the thread count or chunk size.
     for (int i = 0; i < n; ++i) {
@@ -235,18 +219,18 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
       const double w = double(b.weights[r]);
       const bool scored = w > 0;
       const int k = b.block_pos[r];
+      const kernels::VocabLossRowValues& v = values_host_[i];
       if (scored) {
         out.sums.weight += w;
-        out.sums.ce += w * ce_[i];
-        out.sums.kl += w * kl_[i];
-        out.sums.cap += w * cap_[i];
-        out.sums.loss += w * (settings_.ce_weight * ce_[i] + settings_.kl_weight * kl_[i] +
-                              settings_.cap_weight * cap_[i]);
+        out.sums.ce += w * v.ce;
+        out.sums.kl += w * v.kl;
+        out.sums.cap += w * v.cap;
+        out.sums.loss += w * (settings_.ce_weight * v.ce + settings_.kl_weight * v.kl + settings_.cap_weight * v.cap);
         out.metrics.scored[size_t(k)] += 1;
-        out.metrics.correct[size_t(k)] += correct_[i];
-        out.metrics.topk_hits += topk_[i];
+        out.metrics.correct[size_t(k)] += v.correct;
+        out.metrics.topk_hits += v.topk;
       }
-      runs.add_row(r, b.block_id[r], k, scored, correct_[i], out.metrics);
+      runs.add_row(r, b.block_id[r], k, scored, v.correct, out.metrics);
     }
   }
   runs.finish(out.metrics);
@@ -255,9 +239,9 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
 
 template <typename T>
 void VocabLoss<T>::backward(const VocabLossBatch<T>& b, const VocabLossContext& ctx, double grad_scale, T* dX) {
-  DFLASH_CHECK(ctx.has_forward && ctx.rows.size() == size_t(b.rows),
+  DFLASH_CHECK(ctx.has_forward && ctx.n_rows == b.rows,
                "vocab loss: backward needs the context of a forward over the same {} rows (context has {})", b.rows,
-               ctx.rows.size());
+               ctx.n_rows);
   DFLASH_CHECK(ctx.mode == settings_.mode, "vocab loss: the context was made in another mode");
   DFLASH_CHECK(std::isfinite(grad_scale), "vocab loss: grad_scale must be finite (got {})", grad_scale);
   if (b.rows == 0) return;
@@ -267,26 +251,26 @@ void VocabLoss<T>::backward(const VocabLossBatch<T>& b, const VocabLossContext& 
     // The upstream gradient of the scalar was known in forward; only a changed scale remains to apply.
     if (grad_scale == ctx.fused_grad_scale) return;
     if (grad_scale == 0) {
-      std::fill(dX, dX + n_all, T(0));
+      be_.zero(ec_, dX, sizeof(T) * n_all);
       return;
     }
     DFLASH_CHECK(ctx.fused_grad_scale != 0,
                  "vocab loss: fused forward ran with grad_scale 0, so backward cannot rescale dX to {}; pass the "
                  "final grad_scale to forward",
                  grad_scale);
-    const T ratio = T(grad_scale / ctx.fused_grad_scale);
-    for (size_t i = 0; i < n_all; ++i) dX[i] *= ratio;
+    be_.scale(ec_, dX, grad_scale / ctx.fused_grad_scale, n_all);
     return;
   }
   DFLASH_CHECK(settings_.kl_weight == 0 || b.target_hidden,
                "vocab loss: kl_weight = {} needs the target final hidden in backward too", settings_.kl_weight);
   const int C = std::min(settings_.chunk_size, b.rows);
+  reserve(C, settings_.kl_weight != 0);
   for (int r0 = 0; r0 < b.rows; r0 += C) {
     const int n = std::min(C, b.rows - r0);
     bool any_weight = false;
     for (int i = 0; i < n; ++i) any_weight = any_weight || b.weights[r0 + i] > 0;
     if (!any_weight || grad_scale == 0) {
-      std::fill(dX + size_t(r0) * hidden_, dX + size_t(r0 + n) * hidden_, T(0));
+      be_.zero(ec_, dX + size_t(r0) * hidden_, sizeof(T) * size_t(n) * hidden_);
       continue;
     }
     chunk_logits(b, r0, n, settings_.kl_weight != 0);

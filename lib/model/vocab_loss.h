@@ -7,8 +7,11 @@
 //   forward returns UNNORMALISED sums Σ w (λ_ce CE + λ_kl KL + λ_cap CAP); the caller divides by the global Σw
 //   through `grad_scale` (= 1 / global Σw, or 0 when it is 0).
 //
-// Use (same code for both modes):
-//   VocabLoss<float> loss(settings, W, V, H);          // owns the O(chunk × V) scratch, reused across calls
+// The chunk passes (logits GEMMs, the row statistics, d(logits), dX GEMM) run on a kernels::Backend; this file
+// only orchestrates them and reduces the per-row values in row order on the host.
+//
+// Use (same code for both modes and every backend):
+//   VocabLoss<float> loss(settings, backend, W, V, H); // owns the O(chunk × V) scratch, reused across calls
 //   VocabLossContext ctx;                              // per-row scalars kept from forward to backward
 //   auto out = loss.forward(batch, ctx, grad_scale, dX);  // fused: dX (=) written here
 //   loss.backward(batch, ctx, grad_scale, dX);            // recompute: dX (=) written here; fused: only rescales
@@ -16,7 +19,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/backend.h"
+#include "lib/core/buffer.h"
+
 namespace dflash {
+
+using kernels::VocabLossRow;
 
 enum class VocabLossMode {
   recompute,  // forward keeps per-row scalars; backward recomputes the chunk logits and writes dX (3F + 2F target)
@@ -35,13 +43,14 @@ struct VocabLossSettings {
 };
 
 // One micro-batch of scored rows. Rows of one block are contiguous, with k increasing (the trainer's layout).
+// hidden and target_hidden live in the backend's memory; the per-row bookkeeping arrays are host arrays.
 template <typename T>
 struct VocabLossBatch {
   int rows = 0;
-  const T* hidden = nullptr;         // [rows, H] drafter final hidden X
+  const T* hidden = nullptr;         // [rows, H] drafter final hidden X (backend memory)
   const T* target_hidden = nullptr;  // [rows, H] target final hidden at anchor+k-1 (Y); null when KL is unused
   const int32_t* labels = nullptr;   // [rows] the data token at anchor+k, in [0, V)
-  const T* weights = nullptr;        // [rows] w ≥ 0 (decay × loss mask × in-sequence); 0 = not scored
+  const kernels::acc_t<T>* weights = nullptr;  // [rows] w ≥ 0 (decay × loss mask × in-sequence); 0 = not scored
   const int32_t* block_pos = nullptr;  // [rows] k in 1..B-1
   const int32_t* block_id = nullptr;   // [rows] block index (any ids; a block's rows must be contiguous)
 };
@@ -71,23 +80,10 @@ struct VocabLossResult {
   VocabLossMetrics metrics;
 };
 
-// What forward keeps for backward, per row: the softmax statistics of z, z/τ and u/τ, the argmax, and 1 − p_y.
-// Maxima and log-sums are kept apart (not as one lse) so that z − lse loses no digits when |z| is large.
-struct VocabLossRow {
-  double z_max = 0;        // max_v z_v
-  double z_logsum = 0;     // log Σ_v exp(z_v − z_max)   (= log1p(Σ_{v≠m} …), formed without cancellation)
-  double excl_max = 0;     // max_{v≠m} z_v, or z_max when the shortcut below was exact enough
-  double excl_logsum = 0;  // log Σ_{v≠m} exp(z_v − excl_max)
-  double zt_logsum = 0;    // log Σ_v exp((z_v − z_max)/τ)
-  double u_max = 0;        // max_v u_v
-  double ut_logsum = 0;    // log Σ_v exp((u_v − u_max)/τ)
-  double one_minus_py = 0;  // 1 − p_y without cancellation (the CE gradient at the label is −this)
-  int32_t argmax = 0;       // m (lowest index on ties)
-  bool cap_active = false;  // m ≠ y and w > 0
-};
-
+// What forward keeps for backward: the per-row statistics (kernels/vocab_loss_rows.h), in the backend's memory.
 struct VocabLossContext {
-  std::vector<VocabLossRow> rows;  // [rows] written by forward (=)
+  Buffer rows;                     // [n_rows] VocabLossRow, written by forward (=)
+  int n_rows = 0;
   VocabLossMode mode = VocabLossMode::recompute;
   double fused_grad_scale = 0;  // the grad_scale dX was formed with (fused)
   bool has_forward = false;
@@ -96,7 +92,11 @@ struct VocabLossContext {
 template <typename T>
 class VocabLoss {
  public:
-  // head: the frozen lm_head W [vocab, hidden] row-major (PyTorch layout); must outlive this object.
+  // head: the frozen lm_head W [vocab, hidden] row-major (PyTorch layout), in the backend's memory; the head and
+  // the backend must outlive this object. ctx: where the chunk passes run.
+  VocabLoss(const VocabLossSettings& settings, kernels::Backend<T>& backend, ExecContext& ctx, const T* head,
+            int vocab, int hidden);
+  // The same on the host CPU backend (tests, benchmarks, tools).
   VocabLoss(const VocabLossSettings& settings, const T* head, int vocab, int hidden);
 
   // Returns the unnormalised sums and metrics; fills ctx. Fused mode: dX [rows, H] (=) grad_scale · ∂(Σ w ℓ)/∂X.
@@ -112,25 +112,31 @@ class VocabLoss {
   size_t scratch_bytes() const;
 
  private:
+  using A = kernels::acc_t<T>;
   void check_batch(const VocabLossBatch<T>& batch) const;
-  // Logits of rows [r0, r0+n): z_ (=) X Wᵀ and, when used, u_ (=) Y Wᵀ.
+  // Sizes the scratch for chunks of n rows (grows once, to min(chunk_size, rows of the largest batch)).
+  void reserve(int n, bool with_target);
+  // Uploads the chunk's labels and weights; logits z_ (=) X Wᵀ and, when used, u_ (=) Y Wᵀ.
   void chunk_logits(const VocabLossBatch<T>& batch, int r0, int n, bool with_target);
   // dz (=) grad_scale · w · ∂ℓ/∂z for each row of the chunk, in place over z_, then dX rows (=) dz W.
   void chunk_grad(const VocabLossBatch<T>& batch, const VocabLossContext& ctx, int r0, int n, double grad_scale,
                   T* dX);
-  bool use_target(const VocabLossBatch<T>& batch) const;
 
   VocabLossSettings settings_;
+  kernels::Backend<T>& be_;
+  ExecContext& ec_;
   const T* head_;  // [V, H]
   int vocab_, hidden_;
-  std::vector<T> z_;  // [chunk, V] drafter logits, then d(logits) of the same chunk
-  std::vector<T> u_;  // [chunk, V] target logits (only when KL is computed)
-  // Per-row values of the current chunk, summed in row order afterwards (deterministic).
-  std::vector<double> ce_, kl_, cap_;  // [chunk]
-  std::vector<uint8_t> correct_, topk_;  // [chunk]
+  int capacity_rows_ = 0;  // rows the scratch below holds
+  Buffer z_;           // [chunk, V] drafter logits, then d(logits) of the same chunk (backend memory)
+  Buffer u_;           // [chunk, V] target logits (only when KL is computed)
+  Buffer labels_;      // [chunk] int32 labels of the current chunk (backend memory)
+  Buffer weights_;     // [chunk] A weights of the current chunk
+  Buffer values_;      // [chunk] VocabLossRowValues of the current chunk (backend memory)
+  std::vector<kernels::VocabLossRowValues> values_host_;  // [chunk] the same, summed in row order on the host
 };
 
-// Plain reference: materialises all [rows, V] logits in long double, no chunking, no care for speed.
+// Plain reference: materialises all [rows, V] logits in long double, no chunking, no care for speed, host memory.
 // Same contract as forward + backward with grad_scale (dX (=), may be null). For tests only.
 VocabLossResult vocab_loss_reference(const VocabLossSettings& settings, const VocabLossBatch<double>& batch,
                                      const double* head, int vocab, int hidden, double grad_scale, double* dX);

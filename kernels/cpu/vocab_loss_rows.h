@@ -1,34 +1,27 @@
 #pragma once
-// One row of the vocab loss, on logits already in memory: softmax statistics + CE/KL/CAP + metrics (row_stats),
-// and d(logits) (row_grad). Internal to vocab_loss.cpp; the math is in docs/loss.md.
+// One row of the vocab loss on the CPU, on logits already in memory: softmax statistics + CE/KL/CAP + metrics
+// (row_stats), and d(logits) (row_grad). The math is in docs/loss.md; the row structs in kernels/vocab_loss_rows.h.
 // Exponentials run in T (float on the fp32 path); every sum over the vocabulary accumulates in double.
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "kernels/cpu/loss_exp.h"
-#include "lib/model/vocab_loss.h"
+#include "kernels/vocab_loss_rows.h"
 
-namespace dflash {
+namespace dflash::cpu {
 
-struct RowValues {
-  double ce = 0, kl = 0, cap = 0;
-  uint8_t correct = 0, topk = 0, finite = 1;
-};
+using kernels::kExclShortcutGap;
+using kernels::VocabLossCoeffs;
+using kernels::VocabLossRow;
+using kernels::VocabLossRowValues;
 
-struct RowGradCoeffs {
-  double ce, kl, cap, tau;  // λ_ce, λ_kl, λ_cap, τ
-};
-
-// Beyond this gap between the largest and second-largest logit, Σ_{v≠m} exp(z_v − z_max) may have lost its
-// leading terms to underflow, so lse_{v≠m} gets its own pass around the second maximum.
-constexpr double kExclShortcutGap = 40.0;
 
 template <typename T>
 inline double sum_exp(const T* z, int begin, int end, T shift, T scale) {
   double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int v = begin; v < end; ++v) s += double(cpu::loss_exp((z[v] - shift) * scale));
+  for (int v = begin; v < end; ++v) s += double(loss_exp((z[v] - shift) * scale));
   return s;
 }
 
@@ -42,7 +35,7 @@ inline T max_of(const T* z, int begin, int end) {
 
 // z [V] drafter logits, u [V] target logits or null; y the label. Writes the row's statistics (=) and values (=).
 template <typename T>
-void row_stats(const T* z, const T* u, int V, int y, double tau, int top_k, VocabLossRow& s, RowValues& out) {
+void row_stats(const T* z, const T* u, int V, int y, double tau, int top_k, VocabLossRow& s, VocabLossRowValues& out) {
   const T zmax = max_of(z, 0, V);
   if (!std::isfinite(double(zmax))) {
     out.finite = 0;
@@ -108,7 +101,7 @@ void row_stats(const T* z, const T* u, int V, int y, double tau, int top_k, Voca
     double su = 0, acc = 0;
 #pragma omp simd reduction(+ : su, acc)
     for (int v = 0; v < V; ++v) {
-      const double e = double(cpu::loss_exp((u[v] - umax) * inv_tau));
+      const double e = double(loss_exp((u[v] - umax) * inv_tau));
       su += e;
       acc += e * double((u[v] - umax) - (z[v] - zmax));
     }
@@ -132,16 +125,16 @@ struct GradLoop {
 #pragma omp simd
     for (int v = 0; v < V; ++v) {
       const T zv = z[v];
-      T d = a_p * cpu::loss_exp((zv - zmax) - logsum);
+      T d = a_p * loss_exp((zv - zmax) - logsum);
       if constexpr (KL) {
         if constexpr (TAU1) {
-          d += a_q * cpu::loss_exp((u[v] - umax) - ut_logsum);
+          d += a_q * loss_exp((u[v] - umax) - ut_logsum);
         } else {
-          d += a_pt * cpu::loss_exp((zv - zmax) * inv_tau - zt_logsum);
-          d += a_q * cpu::loss_exp((u[v] - umax) * inv_tau - ut_logsum);
+          d += a_pt * loss_exp((zv - zmax) * inv_tau - zt_logsum);
+          d += a_q * loss_exp((u[v] - umax) * inv_tau - ut_logsum);
         }
       }
-      if constexpr (CAP) d += a_cap * cpu::loss_exp((zv - excl_max) - excl_logsum);
+      if constexpr (CAP) d += a_cap * loss_exp((zv - excl_max) - excl_logsum);
       z[v] = d;
     }
   }
@@ -152,7 +145,7 @@ struct GradLoop {
 //   KL:  τ (p_τ − q_τ)
 //   CAP: at m: p_m; elsewhere −p_m p_v / (1 − p_m) = −p_m exp(z_v − lse_{v≠m})
 template <typename T>
-void row_grad(T* z, const T* u, int V, int y, const VocabLossRow& s, double c, const RowGradCoeffs& k) {
+void row_grad(T* z, const T* u, int V, int y, const VocabLossRow& s, double c, const VocabLossCoeffs& k) {
   if (c == 0) {
     for (int v = 0; v < V; ++v) z[v] = T(0);
     return;
@@ -201,4 +194,4 @@ void row_grad(T* z, const T* u, int V, int y, const VocabLossRow& s, double c, c
   z[m] = T(at_m);
 }
 
-}  // namespace dflash
+}  // namespace dflash::cpu

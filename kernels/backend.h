@@ -1,0 +1,150 @@
+#pragma once
+// The kernel contracts of dflash_mpi: every model (drafter forward/backward, vocab loss, AdamW) is written once
+// over this interface; kernels/cpu (BLAS + OpenMP) and kernels/cuda (cuBLASLt + CUDA) implement it.
+//
+// Rules every implementation keeps:
+//   * Pointers are in the backend's memory (memory()): host for the CPU, device for CUDA. Small host-side
+//     arguments (shapes, scalars, the attention shape) are passed by value.
+//   * Outputs marked (=) are overwritten, (+=) accumulated; callers zero accumulators once per step.
+//   * Kernels never throw and never validate user input: the orchestration in lib/model validates first.
+//   * Calls are ordered on the context's stream; results are visible to the host only after synchronize().
+//   * T is the activation and weight type (float, double on the CPU; float, bf16 on CUDA). Statistics
+//     (RMSNorm rstd, attention lse) and weight gradients use A = acc_t<T> (float for float/bf16, double for double).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/attention_shape.h"
+#include "kernels/vocab_loss_rows.h"
+#include "lib/core/exec_context.h"
+
+namespace dflash::kernels {
+
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename Acc<T>::type;
+
+// AdamW's constants for one update (bias corrections folded in by the caller).
+struct AdamWCoeffs {
+  float beta1 = 0.9f, beta2 = 0.95f;
+  float step_size = 0;     // lr / (1 − β1^t)
+  float inv_sqrt_bc2 = 1;  // 1 / sqrt(1 − β2^t)
+  float eps = 1e-8f;
+  float decay = 0;         // lr · weight_decay (decoupled), applied where decay_mask is 1
+};
+
+template <typename T>
+class Backend {
+ public:
+  using A = acc_t<T>;
+  virtual ~Backend() = default;
+
+  virtual const char* name() const = 0;  // "cpu" or "cuda"
+  virtual MemoryKind memory() const = 0;
+
+  // ---- data movement ----
+  virtual void upload(ExecContext& ctx, void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(ExecContext& ctx, void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy(ExecContext& ctx, void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(ExecContext& ctx, void* dst, size_t bytes) = 0;
+  virtual void synchronize(ExecContext& ctx) = 0;
+  // out[i, :] (=) in[rows[i], :] for i < n; rows in backend memory.
+  virtual void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
+  // out[rows[i], :] (=) in[i, :] for i < n; rows distinct; other rows of out untouched.
+  virtual void scatter_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
+
+  // ---- dense ----
+  // C[M, N] = alpha · op(A) op(B) + beta · C, row-major, op(X) = Xᵀ when trans_x; ld* are row strides.
+  virtual void gemm(ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, double alpha, const T* a,
+                    int lda, const T* b, int ldb, double beta, T* c, int ldc) = 0;
+  // y[N, out] (=) x[N, in] · Wᵀ, W [out, in] (PyTorch layout).
+  virtual void linear_forward(ExecContext& ctx, T* y, const T* x, const T* W, int N, int in, int out) = 0;
+  // dx[N, in] (+=) dy · W (skipped when dx is null); dW[out, in] (+=) dyᵀ · x (skipped when null: frozen).
+  virtual void linear_backward(ExecContext& ctx, T* dx, A* dW, const T* dy, const T* x, const T* W, int N, int in,
+                               int out) = 0;
+
+  // ---- normalisation, rotary, MLP, residual, embedding ----
+  // y[rows, dim] (=) x · rsqrt(mean(x²) + eps) · w; rstd[rows] (=). y may alias x.
+  virtual void rmsnorm_forward(ExecContext& ctx, T* y, A* rstd, const T* x, const T* w, int rows, int dim,
+                               double eps) = 0;
+  // dx (+=), dw (+=, skipped when null). x is the forward input.
+  virtual void rmsnorm_backward(ExecContext& ctx, T* dx, A* dw, const T* dy, const T* x, const T* w, const A* rstd,
+                                int rows, int dim) = 0;
+  // y[rows, heads, head_dim] (=) rope(x) at positions pos[rows] (rotate-half layout); y may alias x.
+  virtual void rope_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads,
+                            int head_dim, double theta) = 0;
+  // dx (+=) Rᵀ dy.
+  virtual void rope_backward(ExecContext& ctx, T* dx, const T* dy, const int32_t* pos, int rows, int heads,
+                             int head_dim, double theta) = 0;
+  // h (=) silu(gate) · up
+  virtual void swiglu_forward(ExecContext& ctx, T* h, const T* gate, const T* up, size_t n) = 0;
+  // dgate (+=), dup (+=)
+  virtual void swiglu_backward(ExecContext& ctx, T* dgate, T* dup, const T* dh, const T* gate, const T* up,
+                               size_t n) = 0;
+  // out (=) a + b; out may alias a or b.
+  virtual void residual_forward(ExecContext& ctx, T* out, const T* a, const T* b, size_t n) = 0;
+  // y (+=) x
+  virtual void accumulate(ExecContext& ctx, T* y, const T* x, size_t n) = 0;
+  // x (=) x · s
+  virtual void scale(ExecContext& ctx, T* x, double s, size_t n) = 0;
+  // out[rows, dim] (=) table[ids[r], :], table [vocab, dim]; ids validated by the caller (in [0, vocab)).
+  virtual void embedding_forward(ExecContext& ctx, T* out, const T* table, const int32_t* ids, int rows, int dim,
+                                 int vocab) = 0;
+
+  // ---- attention ----
+  // DFlash drafter attention (kernels/attention_shape.h): out (=), lse (=).
+  virtual void dflash_attention_forward(ExecContext& ctx, T* out, A* lse, const T* q, const T* k_ctx,
+                                        const T* v_ctx, const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                        const DFlashAttentionShape& shape) = 0;
+  // dq, dk_ctx, dv_ctx, dk_blk, dv_blk (+=).
+  virtual void dflash_attention_backward(ExecContext& ctx, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk,
+                                         const T* dout, const T* out, const A* lse, const T* q, const T* k_ctx,
+                                         const T* v_ctx, const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                         const DFlashAttentionShape& shape) = 0;
+  // Causal GQA attention of the target (prefill): out[S, NH, D] (=).
+  virtual void attention_causal_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int S,
+                                        int q_heads, int kv_heads, int head_dim) = 0;
+
+  // ---- vocab loss row passes (one chunk of n rows over logits already in memory) ----
+  // z [n, V] drafter logits, u [n, V] target logits or null (no KL). For each row with weights[r] > 0:
+  // rows[r] (=) its statistics and values[r] (=) CE/KL/CAP/correct/top-k/finite; rows with w = 0: values zeroed.
+  virtual void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,
+                                    const A* weights, double tau, int top_k, VocabLossRow* rows,
+                                    VocabLossRowValues* values) = 0;
+  // z [n, V] (= in place) grad_scale · w_r · ∂ℓ_r/∂z_r from the forward statistics; u as above.
+  virtual void vocab_loss_row_grad(ExecContext& ctx, T* z, const T* u, int n, int V, const int32_t* labels,
+                                   const A* weights, const VocabLossRow* rows, double grad_scale,
+                                   const VocabLossCoeffs& coeffs) = 0;
+
+  // ---- optimizer (fp32 master weights and state, whatever T is) ----
+  // params, m, v (=) one AdamW update from grads; decay_mask [n] of 0/1.
+  virtual void adamw_step(ExecContext& ctx, float* params, const float* grads, float* m, float* v,
+                          const uint8_t* decay_mask, size_t n, const AdamWCoeffs& coeffs) = 0;
+  // Σ x² accumulated in double, in a fixed order (deterministic from run to run).
+  virtual double sum_squares(ExecContext& ctx, const float* x, size_t n) = 0;
+  // x (=) x · s on fp32 master gradients
+  virtual void scale_master(ExecContext& ctx, float* x, double s, size_t n) = 0;
+};
+
+// The CPU backend (kernels/cpu); always available.
+template <typename T>
+std::unique_ptr<Backend<T>> make_cpu_backend();
+// One shared CPU backend per type and a host execution context (no state): for tests, tools and benchmarks.
+template <typename T>
+Backend<T>& cpu_backend();
+ExecContext& host_exec_context();
+
+// The CUDA backend (kernels/cuda); throws dflash::Error in a build without CUDA or on a machine without a GPU.
+template <typename T>
+std::unique_ptr<Backend<T>> make_cuda_backend();
+// True when this build has the CUDA backend and a CUDA device is visible.
+bool cuda_available();
+
+}  // namespace dflash::kernels

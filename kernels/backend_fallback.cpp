@@ -1,0 +1,19 @@
+// make_cuda_backend / cuda_available in a build without the CUDA backend (DFLASH_CUDA=OFF or no toolkit):
+// asking for CUDA is a clear error that says how to get it. With CUDA, kernels/cuda/backend_cuda.cu defines them.
+#if !DFLASH_WITH_CUDA
+#include "kernels/backend.h"
+#include "lib/core/error.h"
+
+namespace dflash::kernels {
+
+template <typename T>
+std::unique_ptr<Backend<T>> make_cuda_backend() {
+  DFLASH_USER_FAIL("run.device: cuda, but this dflash_mpi was built without the CUDA backend; rebuild with the CUDA "
+                   "toolkit installed (cmake -DDFLASH_CUDA=ON) or set run.device: cpu");
+}
+template std::unique_ptr<Backend<float>> make_cuda_backend<float>();
+
+bool cuda_available() { return false; }
+
+}  // namespace dflash::kernels
+#endif

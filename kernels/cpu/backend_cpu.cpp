@@ -1,0 +1,180 @@
+// The CPU backend: the kernel contracts of kernels/backend.h over the BLAS + OpenMP kernels of kernels/cpu.
+// Host memory throughout; calls complete before they return, so synchronize() has nothing to wait for.
+// The vocab-loss row loops must vectorise: GCC will not if-convert the selects inside loss_exp while FP operations
+// may trap (its default), so this translation unit says they do not. No code here relies on FP traps.
+#pragma GCC optimize("no-trapping-math")
+#include <cmath>
+#include <cstring>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/attention_causal.h"
+#include "kernels/cpu/attention_dflash.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/vocab_loss_rows.h"
+
+namespace dflash::kernels {
+
+namespace {
+
+template <typename T>
+class CpuBackend final : public Backend<T> {
+ public:
+  using A = acc_t<T>;
+  static_assert(std::is_same_v<A, T>, "the CPU backend computes statistics and gradients in T");
+
+  const char* name() const override { return "cpu"; }
+  MemoryKind memory() const override { return MemoryKind::host; }
+
+  void upload(ExecContext&, void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void download(ExecContext&, void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void copy(ExecContext&, void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void zero(ExecContext&, void* dst, size_t bytes) override {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
+  void synchronize(ExecContext&) override {}
+  void gather_rows(ExecContext&, T* out, const T* in, const int32_t* rows, int n, int dim) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) std::memcpy(out + size_t(i) * dim, in + size_t(rows[i]) * dim, sizeof(T) * dim);
+  }
+  void scatter_rows(ExecContext&, T* out, const T* in, const int32_t* rows, int n, int dim) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) std::memcpy(out + size_t(rows[i]) * dim, in + size_t(i) * dim, sizeof(T) * dim);
+  }
+
+  void gemm(ExecContext&, bool ta, bool tb, int M, int N, int K, double alpha, const T* a, int lda, const T* b,
+            int ldb, double beta, T* c, int ldc) override {
+    cpu::gemm<T>(ta, tb, M, N, K, T(alpha), a, lda, b, ldb, T(beta), c, ldc);
+  }
+  void linear_forward(ExecContext&, T* y, const T* x, const T* W, int N, int in, int out) override {
+    cpu::linear_forward(y, x, W, N, in, out);
+  }
+  void linear_backward(ExecContext&, T* dx, A* dW, const T* dy, const T* x, const T* W, int N, int in,
+                       int out) override {
+    cpu::linear_backward(dx, dW, dy, x, W, N, in, out);
+  }
+
+  void rmsnorm_forward(ExecContext&, T* y, A* rstd, const T* x, const T* w, int rows, int dim, double eps) override {
+    cpu::rmsnorm_forward(y, rstd, x, w, rows, dim, T(eps));
+  }
+  void rmsnorm_backward(ExecContext&, T* dx, A* dw, const T* dy, const T* x, const T* w, const A* rstd, int rows,
+                        int dim) override {
+    cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd, rows, dim);
+  }
+  void rope_forward(ExecContext&, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
+                    double theta) override {
+    cpu::rope_forward(y, x, pos, rows, heads, head_dim, theta);
+  }
+  void rope_backward(ExecContext&, T* dx, const T* dy, const int32_t* pos, int rows, int heads, int head_dim,
+                     double theta) override {
+    cpu::rope_backward(dx, dy, pos, rows, heads, head_dim, theta);
+  }
+  void swiglu_forward(ExecContext&, T* h, const T* gate, const T* up, size_t n) override {
+    cpu::swiglu_forward(h, gate, up, n);
+  }
+  void swiglu_backward(ExecContext&, T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n) override {
+    cpu::swiglu_backward(dgate, dup, dh, gate, up, n);
+  }
+  void residual_forward(ExecContext&, T* out, const T* a, const T* b, size_t n) override {
+    cpu::residual_forward(out, a, b, n);
+  }
+  void accumulate(ExecContext&, T* y, const T* x, size_t n) override { cpu::accumulate(y, x, n); }
+  void scale(ExecContext&, T* x, double s, size_t n) override {
+    const T f = T(s);
+    for (size_t i = 0; i < n; ++i) x[i] *= f;
+  }
+  void embedding_forward(ExecContext&, T* out, const T* table, const int32_t* ids, int rows, int dim,
+                         int vocab) override {
+    cpu::embedding_forward(out, table, ids, rows, dim, vocab);
+  }
+
+  void dflash_attention_forward(ExecContext&, T* out, A* lse, const T* q, const T* k_ctx, const T* v_ctx,
+                                const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                const DFlashAttentionShape& shape) override {
+    cpu::dflash_attention_forward(out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, shape);
+  }
+  void dflash_attention_backward(ExecContext&, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk, const T* dout,
+                                 const T* out, const A* lse, const T* q, const T* k_ctx, const T* v_ctx,
+                                 const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                 const DFlashAttentionShape& shape) override {
+    cpu::dflash_attention_backward(dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx, k_blk, v_blk,
+                                   anchors, shape);
+  }
+  void attention_causal_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, int S, int q_heads,
+                                int kv_heads, int head_dim) override {
+    cpu::attention_causal_forward(out, q, k, v, S, q_heads, kv_heads, head_dim);
+  }
+
+  void vocab_loss_row_stats(ExecContext&, const T* z, const T* u, int n, int V, const int32_t* labels,
+                            const A* weights, double tau, int top_k, VocabLossRow* rows,
+                            VocabLossRowValues* values) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) {
+      VocabLossRowValues v;
+      if (weights[i] > 0) {
+        cpu::row_stats<T>(z + size_t(i) * V, u ? u + size_t(i) * V : nullptr, V, labels[i], tau, top_k, rows[i], v);
+        v.scored = 1;
+      }
+      values[i] = v;
+    }
+  }
+  void vocab_loss_row_grad(ExecContext&, T* z, const T* u, int n, int V, const int32_t* labels, const A* weights,
+                           const VocabLossRow* rows, double grad_scale, const VocabLossCoeffs& coeffs) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i)
+      cpu::row_grad<T>(z + size_t(i) * V, u ? u + size_t(i) * V : nullptr, V, labels[i], rows[i],
+                       grad_scale * double(weights[i]), coeffs);
+  }
+
+  void adamw_step(ExecContext&, float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
+                  size_t n, const AdamWCoeffs& k) override {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      const float g = grads[i];
+      m[i] = k.beta1 * m[i] + (1.0f - k.beta1) * g;
+      v[i] = k.beta2 * v[i] + (1.0f - k.beta2) * g * g;
+      if (k.decay != 0.0f && decay_mask[i]) params[i] -= k.decay * params[i];
+      params[i] -= k.step_size * m[i] / (std::sqrt(v[i]) * k.inv_sqrt_bc2 + k.eps);
+    }
+  }
+  double sum_squares(ExecContext&, const float* x, size_t n) override {
+    double s = 0;
+    for (size_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
+    return s;
+  }
+  void scale_master(ExecContext&, float* x, double s, size_t n) override {
+    const float f = float(s);
+    for (size_t i = 0; i < n; ++i) x[i] *= f;
+  }
+
+ private:
+  static void copy_bytes(void* dst, const void* src, size_t bytes) {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+};
+
+}  // namespace
+
+template <typename T>
+std::unique_ptr<Backend<T>> make_cpu_backend() {
+  return std::make_unique<CpuBackend<T>>();
+}
+template std::unique_ptr<Backend<float>> make_cpu_backend<float>();
+template std::unique_ptr<Backend<double>> make_cpu_backend<double>();
+
+template <typename T>
+Backend<T>& cpu_backend() {
+  static CpuBackend<T> backend;
+  return backend;
+}
+template Backend<float>& cpu_backend<float>();
+template Backend<double>& cpu_backend<double>();
+
+ExecContext& host_exec_context() {
+  static thread_local ExecContext ctx;  // nothing in it changes; thread_local so no thread shares a mutable object
+  return ctx;
+}
+
+}  // namespace dflash::kernels

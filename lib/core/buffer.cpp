@@ -1,0 +1,60 @@
+#include "lib/core/buffer.h"
+
+#include <cstdlib>
+
+#include "lib/core/error.h"
+
+#if DFLASH_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace dflash {
+
+const char* memory_kind_name(MemoryKind kind) { return kind == MemoryKind::host ? "host" : "device"; }
+
+Buffer::Buffer(MemoryKind kind, size_t bytes) : bytes_(bytes), kind_(kind) {
+  if (bytes == 0) return;
+  if (kind == MemoryKind::host) {
+    data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    DFLASH_USER_CHECK(data_ != nullptr, "out of host memory: cannot allocate {:.3f} GiB", double(bytes) / (1 << 30));
+    return;
+  }
+#if DFLASH_WITH_CUDA
+  const cudaError_t rc = cudaMalloc(&data_, bytes);
+  if (rc != cudaSuccess) {
+    data_ = nullptr;
+    DFLASH_USER_FAIL("out of GPU memory: cannot allocate {:.3f} GiB on the device ({}); lower loss.chunk_size, "
+                     "loss.anchors_per_seq or data.max_seq_len",
+                     double(bytes) / (1 << 30), cudaGetErrorString(rc));
+  }
+#else
+  DFLASH_USER_FAIL("device memory requested, but this build has no CUDA backend (configure with -DDFLASH_CUDA=ON)");
+#endif
+}
+
+Buffer::~Buffer() {
+  if (!data_) return;
+  if (kind_ == MemoryKind::host) {
+    std::free(data_);
+    return;
+  }
+#if DFLASH_WITH_CUDA
+  cudaFree(data_);
+#endif
+}
+
+Arena::Arena(MemoryKind kind, size_t bytes, std::string name) : buffer_(kind, bytes), name_(std::move(name)) {}
+
+void* Arena::alloc_bytes(size_t bytes) {
+  const size_t need = footprint(bytes);
+  DFLASH_CHECK(used_ + need <= buffer_.bytes(),
+               "{} arena ({} memory) exhausted: {} bytes in use, {} more requested, capacity {}; the run plan's "
+               "sizing formula is short",
+               name_, memory_kind_name(kind()), used_, need, buffer_.bytes());
+  void* p = static_cast<char*>(buffer_.data()) + used_;
+  used_ += need;
+  if (used_ > peak_) peak_ = used_;
+  return p;
+}
+
+}  // namespace dflash
