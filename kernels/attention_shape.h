@@ -47,4 +47,16 @@ DFLASH_HD inline void dflash_ctx_range(const DFlashAttentionShape& s, int anchor
 // Number of visible block keys of query row j.
 DFLASH_HD inline int dflash_blk_count(const DFlashAttentionShape& s, int j) { return s.window > 0 ? j + 1 : s.block; }
 
+// Number of (query, key, head) score pairs the mask admits: the attention FLOPs are 4·D per pair forward.
+inline long long dflash_attention_pairs(const int* anchors, const DFlashAttentionShape& s) {
+  long long pairs = 0;
+  for (int b = 0; b < s.n_blocks; ++b)
+    for (int j = 0; j < s.block; ++j) {
+      int lo, hi;
+      dflash_ctx_range(s, anchors[b], j, lo, hi);
+      pairs += (hi - lo) + dflash_blk_count(s, j);
+    }
+  return pairs * s.heads;
+}
+
 }  // namespace dflash::kernels

@@ -160,22 +160,6 @@ void dflash_attention_backward(T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk
   }
 }
 
-namespace {
-// Visible keys of one query row, for counting: context [ctx_lo, ctx_hi) and blk_n block rows.
-inline long long visible_count(const DFlashAttentionShape& s, const int* anchors, int b, int j) {
-  int lo, hi;
-  dflash_ctx_range(s, anchors[b], j, lo, hi);
-  return (hi - lo) + dflash_blk_count(s, j);
-}
-}  // namespace
-
-long long dflash_attention_pairs(const int* anchors, const DFlashAttentionShape& s) {
-  long long pairs = 0;
-  for (int b = 0; b < s.n_blocks; ++b)
-    for (int j = 0; j < s.block; ++j) pairs += visible_count(s, anchors, b, j);
-  return pairs * s.heads;
-}
-
 template void dflash_attention_forward<float>(float*, float*, const float*, const float*, const float*,
                                               const float*, const float*, const int*, const DFlashAttentionShape&);
 template void dflash_attention_forward<double>(double*, double*, const double*, const double*, const double*,

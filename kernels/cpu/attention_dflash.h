@@ -9,6 +9,7 @@ namespace dflash::cpu {
 
 using kernels::DFlashAttentionShape;
 using kernels::dflash_blk_count;
+using kernels::dflash_attention_pairs;
 using kernels::dflash_ctx_range;
 
 // out (=), lse (=).
@@ -21,8 +22,5 @@ template <typename T>
 void dflash_attention_backward(T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk, const T* dout, const T* out,
                                const T* lse, const T* q, const T* k_ctx, const T* v_ctx, const T* k_blk,
                                const T* v_blk, const int* anchors, const DFlashAttentionShape& shape);
-
-// Number of (query, key, head) score pairs the mask admits: the attention FLOPs are 4·D per pair forward.
-long long dflash_attention_pairs(const int* anchors, const DFlashAttentionShape& shape);
 
 }  // namespace dflash::cpu

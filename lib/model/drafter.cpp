@@ -2,17 +2,11 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/rmsnorm.h"
-#include "kernels/cpu/rope.h"
 #include "lib/core/error.h"
 
 namespace dflash {
 
-using namespace cpu;
-
-cpu::DFlashAttentionShape drafter_attention_shape(const DrafterConfig& c, int layer, int seq_len, int n_blocks) {
+DFlashAttentionShape drafter_attention_shape(const DrafterConfig& c, int layer, int seq_len, int n_blocks) {
   DFlashAttentionShape s;
   s.n_blocks = n_blocks;
   s.block = c.block_size;
@@ -24,174 +18,278 @@ cpu::DFlashAttentionShape drafter_attention_shape(const DrafterConfig& c, int la
   return s;
 }
 
+namespace {
+
+// The arrays of one forward + backward, in allocation order. drafter_arena_bytes adds up the same list, so the
+// arena's capacity is exactly the peak (a unit test checks arena.peak() against it).
+struct DrafterSizes {
+  size_t S, NB, H, Q, KV, I, NH, KVH, elem, acc;
+  DrafterSizes(const DrafterConfig& c, int seq_len, int n_anchors, size_t elem_bytes, size_t acc_bytes)
+      : S(size_t(seq_len)), NB(size_t(n_anchors) * c.block_size), H(size_t(c.hidden)),
+        Q(size_t(c.heads) * c.head_dim), KV(size_t(c.kv_heads) * c.head_dim), I(size_t(c.intermediate)),
+        NH(size_t(c.heads)), KVH(size_t(c.kv_heads)), elem(elem_bytes), acc(acc_bytes) {}
+  static size_t f(size_t bytes) { return Arena::footprint(bytes); }
+  size_t e(size_t n) const { return f(n * elem); }
+  size_t a(size_t n) const { return f(n * acc); }
+  size_t ints(size_t n) const { return f(n * sizeof(int32_t)); }
+
+  size_t forward_fixed(size_t N) const {
+    return ints(N) + ints(S) + ints(NB) + ints(NB) + e(S * H) + a(S) + e(S * H) + e(NB * H) + e(NB * H);
+  }
+  size_t forward_layer() const {
+    return a(NB) + e(NB * H) + e(NB * Q) + a(NB * NH) + e(NB * Q) + e(NB * KV) + a(NB * KVH) + e(NB * KV) +
+           e(NB * KV) + e(S * KV) + a(S * KVH) + e(S * KV) + e(S * KV) + e(NB * Q) + a(NB * NH) + e(NB * H) +
+           a(NB) + e(NB * H) + 3 * e(NB * I) + e(NB * H);
+  }
+  size_t forward_final() const { return a(NB) + e(NB * H); }
+  // backward: d_x, d_mid, d_ctx persist across layers; then the larger of one layer's scratch and d_fc_out.
+  size_t backward_fixed() const { return 2 * e(NB * H) + e(S * H); }
+  // d_h, d_gate, d_up; d_xn2; d_attn; d_q, d_kb, d_vb, d_kc, d_vc; d_qn, d_kbn, d_kcn; d_xn
+  size_t backward_layer() const {
+    return 3 * e(NB * I) + e(NB * H) + e(NB * Q) + e(NB * Q) + 2 * e(NB * KV) + 2 * e(S * KV) + e(NB * Q) +
+           e(NB * KV) + e(S * KV) + e(NB * H);
+  }
+};
+
+}  // namespace
+
+size_t drafter_arena_bytes(const DrafterConfig& c, int seq_len, int n_anchors, size_t elem_bytes, size_t acc_bytes) {
+  const DrafterSizes z(c, seq_len, n_anchors, elem_bytes, acc_bytes);
+  const size_t fwd = z.forward_fixed(size_t(n_anchors)) + size_t(c.layers) * z.forward_layer() + z.forward_final();
+  return fwd + z.backward_fixed() + std::max(z.backward_layer(), z.e(z.S * z.H));
+}
+
 template <typename T>
-void drafter_forward(const DrafterConfig& c, const DrafterParams<T>& w, const DrafterInputs<T>& in,
-                     DrafterActivations<T>& a) {
+void DrafterActivations<T>::reserve(MemoryKind kind, const DrafterConfig& cfg, int max_seq_len, int n_anchors) {
+  const size_t need = drafter_arena_bytes(cfg, max_seq_len, n_anchors, sizeof(T), sizeof(A));
+  if (arena.capacity() < need || arena.kind() != kind) arena = Arena(kind, need, "drafter activations");
+}
+
+template <typename T>
+void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const DrafterInputs<T>& in,
+                     DrafterActivations<T>& a, const DrafterRuntime<T>& rt) {
+  using A = kernels::acc_t<T>;
+  kernels::Backend<T>& be = rt.backend;
+  ExecContext& ec = rt.exec;
   const int S = in.seq_len, N = in.n_anchors, B = c.block_size, H = c.hidden, D = c.head_dim;
   const int NB = N * B, NH = c.heads, KVH = c.kv_heads, I = c.intermediate;
-  const T eps = T(c.rms_eps);
+  const double eps = c.rms_eps;
   DFLASH_CHECK(S > 0 && N > 0, "drafter forward: needs a sequence (S = {}) and anchors (N = {})", S, N);
+
+  // host bookkeeping, validated here: kernels never check their input
   a.seq_len = S;
   a.n_blocks = N;
   a.anchors.assign(in.anchors, in.anchors + N);
-  a.ctx_pos.resize(S);
-  for (int i = 0; i < S; ++i) a.ctx_pos[i] = i;
-  a.blk_pos.resize(NB);
+  std::vector<int32_t> blk_pos(NB), ctx_pos(S);
   a.blk_tokens.resize(NB);
+  for (int i = 0; i < S; ++i) ctx_pos[i] = i;
   for (int b = 0; b < N; ++b) {
     DFLASH_CHECK(in.anchors[b] >= 0 && in.anchors[b] < S, "drafter forward: anchor {} = {} is outside [0, {})", b,
                  in.anchors[b], S);
     for (int j = 0; j < B; ++j) {
-      a.blk_pos[b * B + j] = in.anchors[b] + j;
+      blk_pos[b * B + j] = in.anchors[b] + j;
       a.blk_tokens[b * B + j] = j == 0 ? in.tokens[in.anchors[b]] : c.mask_token_id;
     }
   }
+  for (int r = 0; r < NB; ++r)
+    DFLASH_CHECK(a.blk_tokens[r] >= 0 && a.blk_tokens[r] < c.vocab,
+                 "embedding: token id {} at row {} is outside the vocabulary [0, {})", a.blk_tokens[r], r, c.vocab);
+
+  // every array of this forward and its backward lives in the arena
+  const size_t need = drafter_arena_bytes(c, S, N, sizeof(T), sizeof(A));
+  if (a.arena.capacity() < need || a.arena.kind() != be.memory())
+    a.arena = Arena(be.memory(), need, "drafter activations");
+  Arena& ar = a.arena;
+  ar.reset();
+  auto t = [&](size_t n) { return ar.alloc<T>(n); };
+  auto acc = [&](size_t n) { return ar.alloc<A>(n); };
+  a.anchors_dev = ar.alloc<int32_t>(N);
+  a.ctx_pos = ar.alloc<int32_t>(S);
+  a.blk_pos = ar.alloc<int32_t>(NB);
+  a.blk_tokens_dev = ar.alloc<int32_t>(NB);
+  be.upload(ec, a.anchors_dev, a.anchors.data(), sizeof(int32_t) * N);
+  be.upload(ec, a.ctx_pos, ctx_pos.data(), sizeof(int32_t) * S);
+  be.upload(ec, a.blk_pos, blk_pos.data(), sizeof(int32_t) * NB);
+  be.upload(ec, a.blk_tokens_dev, a.blk_tokens.data(), sizeof(int32_t) * NB);
 
   // context: ctx = hidden_norm(fc(taps))
-  a.fc_out.resize(size_t(S) * H);
-  a.ctx_rstd.resize(S);
-  a.ctx.resize(size_t(S) * H);
-  linear_forward(a.fc_out.data(), in.taps, w.fc, S, c.n_taps * H, H);
-  rmsnorm_forward(a.ctx.data(), a.ctx_rstd.data(), a.fc_out.data(), w.hidden_norm, S, H, eps);
+  a.fc_out = t(size_t(S) * H);
+  a.ctx_rstd = acc(S);
+  a.ctx = t(size_t(S) * H);
+  be.linear_forward(ec, a.fc_out, in.taps, w.fc, S, c.n_taps * H, H);
+  be.rmsnorm_forward(ec, a.ctx, a.ctx_rstd, a.fc_out, w.hidden_norm, S, H, eps);
 
-  std::vector<T> x(size_t(NB) * H);  // the residual stream
-  embedding_forward(x.data(), in.embed, a.blk_tokens.data(), NB, H, c.vocab);
-  std::vector<T> tmp(size_t(NB) * H);  // o_proj / down_proj outputs before the residual add
+  a.x_embed = t(size_t(NB) * H);
+  be.embedding_forward(ec, a.x_embed, in.embed, a.blk_tokens_dev, NB, H, c.vocab);
+  a.proj_out = t(size_t(NB) * H);  // o_proj / down_proj outputs before the residual add
 
-  a.layer.resize(c.layers);
+  a.layer.assign(c.layers, DrafterLayerActs<T>{});
+  const T* x = a.x_embed;  // the residual stream entering layer l
   for (int l = 0; l < c.layers; ++l) {
     const DrafterLayerWeights<T>& lw = w.layers[l];
     DrafterLayerActs<T>& s = a.layer[l];
     s.x_in = x;
-    s.rstd_in.resize(NB);
-    s.xn.resize(size_t(NB) * H);
-    rmsnorm_forward(s.xn.data(), s.rstd_in.data(), s.x_in.data(), lw.input_norm, NB, H, eps);
+    s.rstd_in = acc(NB);
+    s.xn = t(size_t(NB) * H);
+    be.rmsnorm_forward(ec, s.xn, s.rstd_in, s.x_in, lw.input_norm, NB, H, eps);
 
-    // projections: Q and block K/V from the block, context K/V from ctx with the same k/v weights
-    s.q_raw.resize(size_t(NB) * NH * D);
-    s.kb_raw.resize(size_t(NB) * KVH * D);
-    s.vb.resize(size_t(NB) * KVH * D);
-    s.kc_raw.resize(size_t(S) * KVH * D);
-    s.vc.resize(size_t(S) * KVH * D);
-    linear_forward(s.q_raw.data(), s.xn.data(), lw.q_proj, NB, H, NH * D);
-    linear_forward(s.kb_raw.data(), s.xn.data(), lw.k_proj, NB, H, KVH * D);
-    linear_forward(s.vb.data(), s.xn.data(), lw.v_proj, NB, H, KVH * D);
-    linear_forward(s.kc_raw.data(), a.ctx.data(), lw.k_proj, S, H, KVH * D);
-    linear_forward(s.vc.data(), a.ctx.data(), lw.v_proj, S, H, KVH * D);
-
+    // projections: Q and block K/V from the block, context K/V from ctx with the same k/v weights;
     // q_norm / k_norm per head, then RoPE (block rows at anchor_b + j, context rows at their own positions)
-    s.q_rstd.resize(size_t(NB) * NH);
-    s.kb_rstd.resize(size_t(NB) * KVH);
-    s.kc_rstd.resize(size_t(S) * KVH);
-    s.q.resize(s.q_raw.size());
-    s.kb.resize(s.kb_raw.size());
-    s.kc.resize(s.kc_raw.size());
-    rmsnorm_forward(s.q.data(), s.q_rstd.data(), s.q_raw.data(), lw.q_norm, NB * NH, D, eps);
-    rmsnorm_forward(s.kb.data(), s.kb_rstd.data(), s.kb_raw.data(), lw.k_norm, NB * KVH, D, eps);
-    rmsnorm_forward(s.kc.data(), s.kc_rstd.data(), s.kc_raw.data(), lw.k_norm, S * KVH, D, eps);
-    rope_forward(s.q.data(), s.q.data(), a.blk_pos.data(), NB, NH, D, c.rope_theta);
-    rope_forward(s.kb.data(), s.kb.data(), a.blk_pos.data(), NB, KVH, D, c.rope_theta);
-    rope_forward(s.kc.data(), s.kc.data(), a.ctx_pos.data(), S, KVH, D, c.rope_theta);
+    s.q_raw = t(size_t(NB) * NH * D);
+    s.q_rstd = acc(size_t(NB) * NH);
+    s.q = t(size_t(NB) * NH * D);
+    s.kb_raw = t(size_t(NB) * KVH * D);
+    s.kb_rstd = acc(size_t(NB) * KVH);
+    s.kb = t(size_t(NB) * KVH * D);
+    s.vb = t(size_t(NB) * KVH * D);
+    s.kc_raw = t(size_t(S) * KVH * D);
+    s.kc_rstd = acc(size_t(S) * KVH);
+    s.kc = t(size_t(S) * KVH * D);
+    s.vc = t(size_t(S) * KVH * D);
+    be.linear_forward(ec, s.q_raw, s.xn, lw.q_proj, NB, H, NH * D);
+    be.linear_forward(ec, s.kb_raw, s.xn, lw.k_proj, NB, H, KVH * D);
+    be.linear_forward(ec, s.vb, s.xn, lw.v_proj, NB, H, KVH * D);
+    be.linear_forward(ec, s.kc_raw, a.ctx, lw.k_proj, S, H, KVH * D);
+    be.linear_forward(ec, s.vc, a.ctx, lw.v_proj, S, H, KVH * D);
+    be.rmsnorm_forward(ec, s.q, s.q_rstd, s.q_raw, lw.q_norm, NB * NH, D, eps);
+    be.rmsnorm_forward(ec, s.kb, s.kb_rstd, s.kb_raw, lw.k_norm, NB * KVH, D, eps);
+    be.rmsnorm_forward(ec, s.kc, s.kc_rstd, s.kc_raw, lw.k_norm, S * KVH, D, eps);
+    be.rope_forward(ec, s.q, s.q, a.blk_pos, NB, NH, D, c.rope_theta);
+    be.rope_forward(ec, s.kb, s.kb, a.blk_pos, NB, KVH, D, c.rope_theta);
+    be.rope_forward(ec, s.kc, s.kc, a.ctx_pos, S, KVH, D, c.rope_theta);
 
-    s.attn.resize(size_t(NB) * NH * D);
-    s.lse.resize(size_t(NB) * NH);
-    const auto shape = drafter_attention_shape(c, l, S, N);
-    dflash_attention_forward(s.attn.data(), s.lse.data(), s.q.data(), s.kc.data(), s.vc.data(), s.kb.data(),
-                             s.vb.data(), a.anchors.data(), shape);
+    s.attn = t(size_t(NB) * NH * D);
+    s.lse = acc(size_t(NB) * NH);
+    be.dflash_attention_forward(ec, s.attn, s.lse, s.q, s.kc, s.vc, s.kb, s.vb, a.anchors_dev,
+                                drafter_attention_shape(c, l, S, N));
 
-    s.x_mid.resize(size_t(NB) * H);
-    linear_forward(tmp.data(), s.attn.data(), lw.o_proj, NB, NH * D, H);
-    residual_forward(s.x_mid.data(), s.x_in.data(), tmp.data(), s.x_mid.size());
+    s.x_mid = t(size_t(NB) * H);
+    be.linear_forward(ec, a.proj_out, s.attn, lw.o_proj, NB, NH * D, H);
+    be.residual_forward(ec, s.x_mid, s.x_in, a.proj_out, size_t(NB) * H);
 
-    s.rstd_post.resize(NB);
-    s.xn2.resize(size_t(NB) * H);
-    rmsnorm_forward(s.xn2.data(), s.rstd_post.data(), s.x_mid.data(), lw.post_norm, NB, H, eps);
-    s.gate.resize(size_t(NB) * I);
-    s.up.resize(size_t(NB) * I);
-    s.h.resize(size_t(NB) * I);
-    linear_forward(s.gate.data(), s.xn2.data(), lw.gate_proj, NB, H, I);
-    linear_forward(s.up.data(), s.xn2.data(), lw.up_proj, NB, H, I);
-    swiglu_forward(s.h.data(), s.gate.data(), s.up.data(), s.h.size());
-    linear_forward(tmp.data(), s.h.data(), lw.down_proj, NB, I, H);
-    residual_forward(x.data(), s.x_mid.data(), tmp.data(), x.size());
+    s.rstd_post = acc(NB);
+    s.xn2 = t(size_t(NB) * H);
+    be.rmsnorm_forward(ec, s.xn2, s.rstd_post, s.x_mid, lw.post_norm, NB, H, eps);
+    s.gate = t(size_t(NB) * I);
+    s.up = t(size_t(NB) * I);
+    s.h = t(size_t(NB) * I);
+    be.linear_forward(ec, s.gate, s.xn2, lw.gate_proj, NB, H, I);
+    be.linear_forward(ec, s.up, s.xn2, lw.up_proj, NB, H, I);
+    be.swiglu_forward(ec, s.h, s.gate, s.up, size_t(NB) * I);
+    s.x_out = t(size_t(NB) * H);
+    be.linear_forward(ec, a.proj_out, s.h, lw.down_proj, NB, I, H);
+    be.residual_forward(ec, s.x_out, s.x_mid, a.proj_out, size_t(NB) * H);
+    x = s.x_out;
   }
 
-  a.x_last = x;
-  a.rstd_final.resize(NB);
-  a.out.resize(size_t(NB) * H);
-  rmsnorm_forward(a.out.data(), a.rstd_final.data(), a.x_last.data(), w.norm, NB, H, eps);
+  a.rstd_final = acc(NB);
+  a.out = t(size_t(NB) * H);
+  be.rmsnorm_forward(ec, a.out, a.rstd_final, x, w.norm, NB, H, eps);
 }
 
 template <typename T>
-void drafter_backward(const DrafterConfig& c, const DrafterParams<T>& w, const DrafterInputs<T>& in,
-                      const DrafterActivations<T>& a, const T* d_out, DrafterParams<T>& g) {
+void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const DrafterInputs<T>& in,
+                      DrafterActivations<T>& a, const T* d_out, DrafterWeights<kernels::acc_t<T>>& g,
+                      const DrafterRuntime<T>& rt) {
+  kernels::Backend<T>& be = rt.backend;
+  ExecContext& ec = rt.exec;
   const int S = a.seq_len, N = a.n_blocks, B = c.block_size, H = c.hidden, D = c.head_dim;
   const int NB = N * B, NH = c.heads, KVH = c.kv_heads, I = c.intermediate;
-  auto zeros = [](size_t n) { return std::vector<T>(n, T(0)); };
+  Arena& ar = a.arena;
+  ArenaScope backward_scratch(ar);  // everything below is freed when backward returns; the activations stay
+  auto zeros = [&](size_t n) {
+    T* p = ar.alloc<T>(n);
+    be.zero(ec, p, n * sizeof(T));
+    return p;
+  };
 
-  // final norm: d_x = d(x_last)
-  std::vector<T> d_x = zeros(size_t(NB) * H);
-  rmsnorm_backward(d_x.data(), g.norm, d_out, a.x_last.data(), w.norm, a.rstd_final.data(), NB, H);
+  // final norm: d_x = d(x_L)
+  const T* x_last = c.layers > 0 ? a.layer.back().x_out : a.x_embed;
+  T* d_x = zeros(size_t(NB) * H);
+  T* d_mid = ar.alloc<T>(size_t(NB) * H);
+  T* d_ctx = zeros(size_t(S) * H);  // every layer's context K/V add into it
+  be.rmsnorm_backward(ec, d_x, g.norm, d_out, x_last, w.norm, a.rstd_final, NB, H);
 
-  std::vector<T> d_ctx = zeros(size_t(S) * H);  // every layer's context K/V add into it
   for (int l = c.layers - 1; l >= 0; --l) {
+    ArenaScope layer_scratch(ar);
     const DrafterLayerWeights<T>& lw = w.layers[l];
-    DrafterLayerWeights<T>& lg = g.layers[l];
+    DrafterLayerWeights<kernels::acc_t<T>>& lg = g.layers[l];
     const DrafterLayerActs<T>& s = a.layer[l];
 
     // MLP: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)); d_x is d(x_out)
-    std::vector<T> d_h = zeros(size_t(NB) * I), d_gate = zeros(size_t(NB) * I), d_up = zeros(size_t(NB) * I);
-    std::vector<T> d_xn2 = zeros(size_t(NB) * H);
-    linear_backward(d_h.data(), lg.down_proj, d_x.data(), s.h.data(), lw.down_proj, NB, I, H);
-    swiglu_backward(d_gate.data(), d_up.data(), d_h.data(), s.gate.data(), s.up.data(), d_h.size());
-    linear_backward(d_xn2.data(), lg.gate_proj, d_gate.data(), s.xn2.data(), lw.gate_proj, NB, H, I);
-    linear_backward(d_xn2.data(), lg.up_proj, d_up.data(), s.xn2.data(), lw.up_proj, NB, H, I);
-    std::vector<T> d_mid = d_x;  // residual path
-    rmsnorm_backward(d_mid.data(), lg.post_norm, d_xn2.data(), s.x_mid.data(), lw.post_norm, s.rstd_post.data(),
-                     NB, H);
+    T* d_h = zeros(size_t(NB) * I);
+    T* d_gate = zeros(size_t(NB) * I);
+    T* d_up = zeros(size_t(NB) * I);
+    T* d_xn2 = zeros(size_t(NB) * H);
+    be.linear_backward(ec, d_h, lg.down_proj, d_x, s.h, lw.down_proj, NB, I, H);
+    be.swiglu_backward(ec, d_gate, d_up, d_h, s.gate, s.up, size_t(NB) * I);
+    be.linear_backward(ec, d_xn2, lg.gate_proj, d_gate, s.xn2, lw.gate_proj, NB, H, I);
+    be.linear_backward(ec, d_xn2, lg.up_proj, d_up, s.xn2, lw.up_proj, NB, H, I);
+    be.copy(ec, d_mid, d_x, sizeof(T) * size_t(NB) * H);  // residual path
+    be.rmsnorm_backward(ec, d_mid, lg.post_norm, d_xn2, s.x_mid, lw.post_norm, s.rstd_post, NB, H);
 
     // attention: x_mid = x_in + o_proj(attn)
-    std::vector<T> d_attn = zeros(s.attn.size());
-    linear_backward(d_attn.data(), lg.o_proj, d_mid.data(), s.attn.data(), lw.o_proj, NB, NH * D, H);
-    std::vector<T> d_q = zeros(s.q.size()), d_kb = zeros(s.kb.size()), d_vb = zeros(s.vb.size());
-    std::vector<T> d_kc = zeros(s.kc.size()), d_vc = zeros(s.vc.size());
-    const auto shape = drafter_attention_shape(c, l, S, N);
-    dflash_attention_backward(d_q.data(), d_kc.data(), d_vc.data(), d_kb.data(), d_vb.data(), d_attn.data(),
-                              s.attn.data(), s.lse.data(), s.q.data(), s.kc.data(), s.vc.data(), s.kb.data(),
-                              s.vb.data(), a.anchors.data(), shape);
+    T* d_attn = zeros(size_t(NB) * NH * D);
+    be.linear_backward(ec, d_attn, lg.o_proj, d_mid, s.attn, lw.o_proj, NB, NH * D, H);
+    T* d_q = zeros(size_t(NB) * NH * D);
+    T* d_kb = zeros(size_t(NB) * KVH * D);
+    T* d_vb = zeros(size_t(NB) * KVH * D);
+    T* d_kc = zeros(size_t(S) * KVH * D);
+    T* d_vc = zeros(size_t(S) * KVH * D);
+    be.dflash_attention_backward(ec, d_q, d_kc, d_vc, d_kb, d_vb, d_attn, s.attn, s.lse, s.q, s.kc, s.vc, s.kb,
+                                 s.vb, a.anchors_dev, drafter_attention_shape(c, l, S, N));
 
     // RoPE, then q_norm / k_norm, back to the raw projections
-    std::vector<T> d_qn = zeros(s.q.size()), d_kbn = zeros(s.kb.size()), d_kcn = zeros(s.kc.size());
-    rope_backward(d_qn.data(), d_q.data(), a.blk_pos.data(), NB, NH, D, c.rope_theta);
-    rope_backward(d_kbn.data(), d_kb.data(), a.blk_pos.data(), NB, KVH, D, c.rope_theta);
-    rope_backward(d_kcn.data(), d_kc.data(), a.ctx_pos.data(), S, KVH, D, c.rope_theta);
-    std::vector<T> d_qraw = zeros(s.q.size()), d_kbraw = zeros(s.kb.size()), d_kcraw = zeros(s.kc.size());
-    rmsnorm_backward(d_qraw.data(), lg.q_norm, d_qn.data(), s.q_raw.data(), lw.q_norm, s.q_rstd.data(), NB * NH, D);
-    rmsnorm_backward(d_kbraw.data(), lg.k_norm, d_kbn.data(), s.kb_raw.data(), lw.k_norm, s.kb_rstd.data(),
-                     NB * KVH, D);
-    rmsnorm_backward(d_kcraw.data(), lg.k_norm, d_kcn.data(), s.kc_raw.data(), lw.k_norm, s.kc_rstd.data(),
-                     S * KVH, D);
+    T* d_qn = zeros(size_t(NB) * NH * D);
+    T* d_kbn = zeros(size_t(NB) * KVH * D);
+    T* d_kcn = zeros(size_t(S) * KVH * D);
+    be.rope_backward(ec, d_qn, d_q, a.blk_pos, NB, NH, D, c.rope_theta);
+    be.rope_backward(ec, d_kbn, d_kb, a.blk_pos, NB, KVH, D, c.rope_theta);
+    be.rope_backward(ec, d_kcn, d_kc, a.ctx_pos, S, KVH, D, c.rope_theta);
+    // the raw-projection gradients reuse d_q, d_kb, d_kc: their contents were consumed by RoPE's backward
+    T* d_qraw = d_q;
+    T* d_kbraw = d_kb;
+    T* d_kcraw = d_kc;
+    be.zero(ec, d_qraw, sizeof(T) * size_t(NB) * NH * D);
+    be.zero(ec, d_kbraw, sizeof(T) * size_t(NB) * KVH * D);
+    be.zero(ec, d_kcraw, sizeof(T) * size_t(S) * KVH * D);
+    be.rmsnorm_backward(ec, d_qraw, lg.q_norm, d_qn, s.q_raw, lw.q_norm, s.q_rstd, NB * NH, D);
+    be.rmsnorm_backward(ec, d_kbraw, lg.k_norm, d_kbn, s.kb_raw, lw.k_norm, s.kb_rstd, NB * KVH, D);
+    be.rmsnorm_backward(ec, d_kcraw, lg.k_norm, d_kcn, s.kc_raw, lw.k_norm, s.kc_rstd, S * KVH, D);
 
     // projections: block side into d_xn, context side into d_ctx (shared k/v weights get both)
-    std::vector<T> d_xn = zeros(size_t(NB) * H);
-    linear_backward(d_xn.data(), lg.q_proj, d_qraw.data(), s.xn.data(), lw.q_proj, NB, H, NH * D);
-    linear_backward(d_xn.data(), lg.k_proj, d_kbraw.data(), s.xn.data(), lw.k_proj, NB, H, KVH * D);
-    linear_backward(d_xn.data(), lg.v_proj, d_vb.data(), s.xn.data(), lw.v_proj, NB, H, KVH * D);
-    linear_backward(d_ctx.data(), lg.k_proj, d_kcraw.data(), a.ctx.data(), lw.k_proj, S, H, KVH * D);
-    linear_backward(d_ctx.data(), lg.v_proj, d_vc.data(), a.ctx.data(), lw.v_proj, S, H, KVH * D);
+    T* d_xn = zeros(size_t(NB) * H);
+    be.linear_backward(ec, d_xn, lg.q_proj, d_qraw, s.xn, lw.q_proj, NB, H, NH * D);
+    be.linear_backward(ec, d_xn, lg.k_proj, d_kbraw, s.xn, lw.k_proj, NB, H, KVH * D);
+    be.linear_backward(ec, d_xn, lg.v_proj, d_vb, s.xn, lw.v_proj, NB, H, KVH * D);
+    be.linear_backward(ec, d_ctx, lg.k_proj, d_kcraw, a.ctx, lw.k_proj, S, H, KVH * D);
+    be.linear_backward(ec, d_ctx, lg.v_proj, d_vc, a.ctx, lw.v_proj, S, H, KVH * D);
 
     // input_layernorm + residual: d(x_in) = d_mid + norm backward
-    rmsnorm_backward(d_mid.data(), lg.input_norm, d_xn.data(), s.x_in.data(), lw.input_norm, s.rstd_in.data(), NB,
-                     H);
-    d_x.swap(d_mid);
+    be.rmsnorm_backward(ec, d_mid, lg.input_norm, d_xn, s.x_in, lw.input_norm, s.rstd_in, NB, H);
+    std::swap(d_x, d_mid);
   }
   // d_x now holds d(embedding rows): the embedding is frozen, so it stops here.
 
   // context: ctx = hidden_norm(fc(taps)); the taps come from the frozen target, so no d(taps)
-  std::vector<T> d_fc_out = zeros(size_t(S) * H);
-  rmsnorm_backward(d_fc_out.data(), g.hidden_norm, d_ctx.data(), a.fc_out.data(), w.hidden_norm,
-                   a.ctx_rstd.data(), S, H);
-  linear_backward((T*)nullptr, g.fc, d_fc_out.data(), in.taps, w.fc, S, c.n_taps * H, H);
+  T* d_fc_out = zeros(size_t(S) * H);
+  be.rmsnorm_backward(ec, d_fc_out, g.hidden_norm, d_ctx, a.fc_out, w.hidden_norm, a.ctx_rstd, S, H);
+  be.linear_backward(ec, nullptr, g.fc, d_fc_out, in.taps, w.fc, S, c.n_taps * H, H);
+}
+
+template <typename T>
+void drafter_forward(const DrafterConfig& c, const DrafterParams<T>& w, const DrafterInputs<T>& in,
+                     DrafterActivations<T>& acts) {
+  drafter_forward<T>(c, static_cast<const DrafterWeights<T>&>(w), in, acts,
+                     DrafterRuntime<T>{kernels::cpu_backend<T>(), kernels::host_exec_context()});
+}
+
+template <typename T>
+void drafter_backward(const DrafterConfig& c, const DrafterParams<T>& w, const DrafterInputs<T>& in,
+                      DrafterActivations<T>& acts, const T* d_out, DrafterParams<T>& grads) {
+  drafter_backward<T>(c, static_cast<const DrafterWeights<T>&>(w), in, acts, d_out,
+                      static_cast<DrafterWeights<T>&>(grads),
+                      DrafterRuntime<T>{kernels::cpu_backend<T>(), kernels::host_exec_context()});
 }
 
 DrafterFlops drafter_flops(const DrafterConfig& c, int S, const std::vector<int>& anchors) {
@@ -202,7 +300,7 @@ DrafterFlops drafter_flops(const DrafterConfig& c, int S, const std::vector<int>
   const double fc_gemm = 2.0 * S * c.n_taps * H * H;
   double attn_pairs = 0;
   for (int l = 0; l < c.layers; ++l)
-    attn_pairs += double(cpu::dflash_attention_pairs(anchors.data(), drafter_attention_shape(c, l, S, anchors.size())));
+    attn_pairs += double(kernels::dflash_attention_pairs(anchors.data(), drafter_attention_shape(c, l, S, anchors.size())));
   DrafterFlops f;
   f.forward = c.layers * layer_gemm + fc_gemm + 4 * c.head_dim * attn_pairs;
   // backward: two GEMMs (d input, d weight) per forward GEMM, but fc needs no d(taps); attention recomputes the
@@ -211,14 +309,18 @@ DrafterFlops drafter_flops(const DrafterConfig& c, int S, const std::vector<int>
   return f;
 }
 
-template void drafter_forward<float>(const DrafterConfig&, const DrafterParams<float>&, const DrafterInputs<float>&,
-                                     DrafterActivations<float>&);
-template void drafter_forward<double>(const DrafterConfig&, const DrafterParams<double>&,
-                                      const DrafterInputs<double>&, DrafterActivations<double>&);
-template void drafter_backward<float>(const DrafterConfig&, const DrafterParams<float>&, const DrafterInputs<float>&,
-                                      const DrafterActivations<float>&, const float*, DrafterParams<float>&);
-template void drafter_backward<double>(const DrafterConfig&, const DrafterParams<double>&,
-                                       const DrafterInputs<double>&, const DrafterActivations<double>&,
-                                       const double*, DrafterParams<double>&);
+#define DFLASH_INSTANTIATE_DRAFTER(T)                                                                              \
+  template struct DrafterActivations<T>;                                                                         \
+  template void drafter_forward<T>(const DrafterConfig&, const DrafterWeights<T>&, const DrafterInputs<T>&,     \
+                                   DrafterActivations<T>&, const DrafterRuntime<T>&);                           \
+  template void drafter_backward<T>(const DrafterConfig&, const DrafterWeights<T>&, const DrafterInputs<T>&,    \
+                                    DrafterActivations<T>&, const T*, DrafterWeights<kernels::acc_t<T>>&,       \
+                                    const DrafterRuntime<T>&);                                                   \
+  template void drafter_forward<T>(const DrafterConfig&, const DrafterParams<T>&, const DrafterInputs<T>&,      \
+                                   DrafterActivations<T>&);                                                      \
+  template void drafter_backward<T>(const DrafterConfig&, const DrafterParams<T>&, const DrafterInputs<T>&,     \
+                                    DrafterActivations<T>&, const T*, DrafterParams<T>&);
+DFLASH_INSTANTIATE_DRAFTER(float)
+DFLASH_INSTANTIATE_DRAFTER(double)
 
 }  // namespace dflash

@@ -88,27 +88,35 @@ DrafterParams<T>& DrafterParams<T>::operator=(const DrafterParams& o) {
 }
 
 template <typename T>
-void DrafterParams<T>::bind() {
+DrafterWeights<T> DrafterWeights<T>::bind(const DrafterConfig& cfg, T* flat) {
   // The layout's order is fixed (see drafter_param_layout): 11 tensors per layer, then fc, hidden_norm, norm.
+  const std::vector<ParamInfo> layout = drafter_param_layout(cfg);
   size_t i = 0;
-  auto next = [&] { return flat.data() + layout[i++].offset; };
-  layers.resize(cfg_.layers);
-  for (auto& w : layers) {
-    w.input_norm = next();
-    w.q_proj = next();
-    w.k_proj = next();
-    w.v_proj = next();
-    w.o_proj = next();
-    w.q_norm = next();
-    w.k_norm = next();
-    w.post_norm = next();
-    w.gate_proj = next();
-    w.up_proj = next();
-    w.down_proj = next();
+  auto next = [&] { return flat + layout[i++].offset; };
+  DrafterWeights<T> w;
+  w.layers.resize(cfg.layers);
+  for (auto& l : w.layers) {
+    l.input_norm = next();
+    l.q_proj = next();
+    l.k_proj = next();
+    l.v_proj = next();
+    l.o_proj = next();
+    l.q_norm = next();
+    l.k_norm = next();
+    l.post_norm = next();
+    l.gate_proj = next();
+    l.up_proj = next();
+    l.down_proj = next();
   }
-  fc = next();
-  hidden_norm = next();
-  norm = next();
+  w.fc = next();
+  w.hidden_norm = next();
+  w.norm = next();
+  return w;
+}
+
+template <typename T>
+void DrafterParams<T>::bind() {
+  static_cast<DrafterWeights<T>&>(*this) = DrafterWeights<T>::bind(cfg_, flat.data());
 }
 
 template <typename T>
@@ -126,6 +134,8 @@ void DrafterParams<T>::zero() {
   std::fill(flat.begin(), flat.end(), T(0));
 }
 
+template struct DrafterWeights<float>;
+template struct DrafterWeights<double>;
 template class DrafterParams<float>;
 template class DrafterParams<double>;
 

@@ -36,18 +36,27 @@ struct DrafterLayerWeights {
   T* down_proj;   // [H, I]
 };
 
+// Named views of every drafter tensor over one flat buffer in the layout of drafter_param_layout (host or device
+// memory: the views never dereference). Forward and backward take weights and gradients as views.
 template <typename T>
-class DrafterParams {
+struct DrafterWeights {
+  std::vector<DrafterLayerWeights<T>> layers;  // [L]
+  T* fc = nullptr;           // [H, n_taps*H]  projects the concatenated taps
+  T* hidden_norm = nullptr;  // [H]            RMSNorm of the context after fc
+  T* norm = nullptr;         // [H]            final RMSNorm
+
+  static DrafterWeights bind(const DrafterConfig& cfg, T* flat);
+};
+
+// Host parameters (fp32 master weights, or double in tests): the flat buffer and its views.
+template <typename T>
+class DrafterParams : public DrafterWeights<T> {
  public:
   explicit DrafterParams(const DrafterConfig& cfg);  // zero-filled
   DrafterParams(const DrafterParams& other);
   DrafterParams& operator=(const DrafterParams& other);
 
-  std::vector<T> flat;                         // every parameter, contiguous (all-reduce and AdamW see one buffer)
-  std::vector<DrafterLayerWeights<T>> layers;  // [L] views into flat
-  T* fc;           // [H, n_taps*H]  projects the concatenated taps
-  T* hidden_norm;  // [H]            RMSNorm of the context after fc
-  T* norm;         // [H]            final RMSNorm
+  std::vector<T> flat;  // every parameter, contiguous (all-reduce and AdamW see one buffer)
   std::vector<ParamInfo> layout;
 
   // Linear weights ~ N(0, init_std²), norm weights = 1; deterministic in seed.

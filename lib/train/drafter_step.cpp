@@ -69,7 +69,7 @@ void DrafterStep::micro_batch(int64_t step, int micro, const FeaturePacket& pk, 
   r.metrics.add(res.metrics);
   for (float w : rows.weight) r.positions += w > 0;
 
-  d_out_.assign(acts_.out.size(), 0.0f);  // unscored rows (the anchors' own) get no gradient
+  d_out_.assign(size_t(anchors.size()) * B * H, 0.0f);  // unscored rows (the anchors' own) get no gradient
   for (int i = 0; i < T; ++i)
     std::memcpy(&d_out_[size_t(rows.out_row[i]) * H], &dx_rows_[size_t(i) * H], sizeof(float) * H);
   drafter_backward(c, params_, in, acts_, d_out_.data(), grads_);

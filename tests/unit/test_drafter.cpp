@@ -55,7 +55,7 @@ struct World {
   std::vector<T> forward(const std::vector<int>& anchors = kAnchors) const {
     DrafterActivations<T> acts;
     drafter_forward(cfg, w, inputs(anchors), acts);
-    return acts.out;
+    return std::vector<T>(acts.out, acts.out + size_t(acts.n_blocks) * cfg.block_size * cfg.hidden);
   }
 };
 
@@ -162,4 +162,26 @@ TEST_CASE("drafter: bad anchors and configs are clear errors") {
   c = small_drafter_config();
   c.window = {0};
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("1 sliding-window entries for 2 layers"), dflash::Error);
+}
+
+TEST_CASE("drafter: the activation arena's size formula is its exact peak, and a reserved arena is reused") {
+  World<float> world;
+  const DrafterConfig& c = world.cfg;
+  DrafterActivations<float> acts;
+  const size_t need = drafter_arena_bytes(c, kSeqLen, int(kAnchors.size()), sizeof(float), sizeof(float));
+  drafter_forward(c, world.w, world.inputs(kAnchors), acts);
+  CHECK(acts.arena.capacity() == need);
+  std::vector<float> d_out(kAnchors.size() * c.block_size * c.hidden, 0.5f);
+  DrafterParams<float> grads(c);
+  drafter_backward(c, world.w, world.inputs(kAnchors), acts, d_out.data(), grads);
+  CHECK(acts.arena.peak() == need);  // forward + backward use every byte of the formula, and not one more
+  CHECK(acts.arena.used() < need);   // backward's scratch is released; the activations stay
+
+  // the trainer reserves for its largest sequence once: shorter sequences run in the same arena
+  DrafterActivations<float> reserved;
+  reserved.reserve(MemoryKind::host, c, 40, 6);
+  const size_t cap = reserved.arena.capacity();
+  CHECK(cap == drafter_arena_bytes(c, 40, 6, sizeof(float), sizeof(float)));
+  drafter_forward(c, world.w, world.inputs(kAnchors), reserved);
+  CHECK(reserved.arena.capacity() == cap);
 }

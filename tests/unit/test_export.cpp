@@ -55,7 +55,7 @@ struct Inputs {
     in.embed = embed.data();
     DrafterActivations<float> acts;
     drafter_forward(cfg, w, in, acts);
-    return acts.out;
+    return std::vector<float>(acts.out, acts.out + size_t(acts.n_blocks) * cfg.block_size * cfg.hidden);
   }
 };
 
