@@ -48,6 +48,8 @@ class Backend {
 
   virtual const char* name() const = 0;  // "cpu" or "cuda"
   virtual MemoryKind memory() const = 0;
+  // The backend's own execution context (CUDA: its stream, cuBLASLt handle and workspace); the CPU's has no state.
+  virtual ExecContext& context();
 
   // ---- data movement ----
   virtual void upload(ExecContext& ctx, void* dst, const void* host_src, size_t bytes) = 0;
@@ -134,12 +136,17 @@ class Backend {
 };
 
 // The CPU backend (kernels/cpu); always available.
+ExecContext& host_exec_context();
+template <typename T>
+ExecContext& Backend<T>::context() {
+  return host_exec_context();
+}
+
 template <typename T>
 std::unique_ptr<Backend<T>> make_cpu_backend();
 // One shared CPU backend per type and a host execution context (no state): for tests, tools and benchmarks.
 template <typename T>
 Backend<T>& cpu_backend();
-ExecContext& host_exec_context();
 
 // The CUDA backend (kernels/cuda); throws dflash::Error in a build without CUDA or on a machine without a GPU.
 template <typename T>

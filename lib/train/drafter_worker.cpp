@@ -22,7 +22,7 @@ namespace {
 
 // Every drafter rank must hold the same weights after each step; a divergence (non-deterministic reduction, a
 // bad node) is an error rather than a silently forked run.
-void check_identical_weights(comm::Transport& dp, const DrafterStep& trainer, int64_t step) {
+void check_identical_weights(comm::Transport& dp, DrafterStep& trainer, int64_t step) {
   uint64_t mine = trainer.weights_hash(), root = mine;
   dp.broadcast(&root, 1, 0);
   double differs = root != mine ? 1.0 : 0.0;
@@ -52,6 +52,7 @@ void restore(comm::Transport& dp, DrafterStep& trainer, const io::LoadedCheckpoi
     dp.broadcast(adam.m.data(), adam.m.size(), 0);
     dp.broadcast(adam.v.data(), adam.v.size(), 0);
   }
+  trainer.upload_state();  // the backend's copies follow the restored host state
 }
 
 }  // namespace
