@@ -30,10 +30,12 @@ constexpr double kFloatTol = 5e-5;
 // Double path: the only differences are the order of double sums (~1e-15) and the fixture's hi+lo storage
 // (2^-48 ≈ 4e-15); 1e-10 is tight and still far above that floor.
 constexpr double kDoubleTol = 1e-10;
-// AdamW: a weight moves by lr·m̂/(√v̂ + eps), whose size does not depend on the gradient's (only on its sign and
-// on the ratio of the two steps' clipped gradients), so post-step weights are compared in units of the step's lr:
-// |w_cpp − w_ref| ≤ kAdamTol · lr + float rounding of w.
-constexpr double kAdamTol = 1e-3;
+// AdamW: a weight moves by lr·m̂/(√v̂ + eps), about ±lr whatever the gradient's size, so post-step weights are
+// compared in units of the step's lr. The update's sensitivity to a gradient error δ is ~lr·δ/(√v̂ + eps): large
+// only for the few elements whose gradient is itself near float noise (measured worst 1.5e-3 lr at |g| = 5e-8),
+// so the tensor's RMS difference gets the tight bound and the single worst element a loose one.
+constexpr double kAdamRmsTol = 1e-3;
+constexpr double kAdamMaxTol = 5e-2;
 
 const std::string kFixture = std::string(DFLASH_GOLDEN_DIR) + "/drafter_step_golden.safetensors";
 
@@ -126,6 +128,9 @@ void check_sums(const VocabLossSums& s, const Golden& g, const std::string& tag,
   const double L = s.loss / s.weight;
   MESSAGE(tag << " loss " << L << " (ref " << g.num(tag + "loss") << ", rel err " << rel(L, g.num(tag + "loss"))
               << ")");
+  MESSAGE(tag << " rel err of Σwℓ " << rel(s.loss, g.num(tag + "sum_loss")) << ", Σw·CE "
+              << rel(s.ce, g.num(tag + "sum_ce")) << ", Σw·KL " << rel(s.kl, g.num(tag + "sum_kl")) << ", Σw·CAP "
+              << rel(s.cap, g.num(tag + "sum_cap")) << ", Σw " << rel(s.weight, g.num(tag + "sum_weight")));
   CHECK(rel(L, g.num(tag + "loss")) <= tol);
   CHECK(rel(s.loss, g.num(tag + "sum_loss")) <= tol);
   CHECK(rel(s.ce, g.num(tag + "sum_ce")) <= tol);
@@ -158,19 +163,28 @@ void check_grads(const DrafterParams<T>& layout_of, const T* grads, const Golden
   MESSAGE("worst gradient error " << worst << " (tolerance " << tol << ")");
 }
 
+// Post-AdamW weights, per tensor, in units of the step's lr: the RMS difference (a systematic optimizer error —
+// bias correction, eps placement, decay on a norm, the clip factor — moves every element of a tensor) and the
+// largest one (a single element gone wrong). Float rounding of the weight itself is taken off first.
 void check_weights_after(const DrafterParams<float>& w, const Golden& g, const std::string& tag, double lr) {
-  double worst = 0;
+  double worst_rms = 0, worst_max = 0;
   for (const ParamInfo& p : w.layout) {
     const std::vector<float> ref = g.f32(tag + "weight_after." + p.name);
-    double err = 0;  // in units of lr, after taking off float rounding of the weight itself
+    double sq = 0, mx = 0;
     for (size_t i = 0; i < p.numel; ++i) {
       const double d = std::abs(double(w.flat[p.offset + i]) - double(ref[i]));
-      err = std::max(err, std::max(0.0, d - 4e-7 * std::abs(double(ref[i]))) / lr);
+      const double e = std::max(0.0, d - 2.4e-7 * std::abs(double(ref[i]))) / lr;  // 2 float ulps of w
+      sq += e * e;
+      mx = std::max(mx, e);
     }
-    CHECK_MESSAGE(err <= kAdamTol, tag << " weight " << p.name << " after AdamW differs by " << err << " lr");
-    worst = std::max(worst, err);
+    const double rms = std::sqrt(sq / double(p.numel));
+    CHECK_MESSAGE(rms <= kAdamRmsTol, tag << " weight " << p.name << " after AdamW: RMS difference " << rms << " lr");
+    CHECK_MESSAGE(mx <= kAdamMaxTol, tag << " weight " << p.name << " after AdamW: max difference " << mx << " lr");
+    worst_rms = std::max(worst_rms, rms);
+    worst_max = std::max(worst_max, mx);
   }
-  MESSAGE(tag << " weights after AdamW: worst difference " << worst << " lr (tolerance " << kAdamTol << " lr)");
+  MESSAGE(tag << " weights after AdamW: worst tensor RMS difference " << worst_rms << " lr (tolerance "
+              << kAdamRmsTol << "), worst element " << worst_max << " lr (tolerance " << kAdamMaxTol << ")");
 }
 
 void run_trainer_steps(VocabLossMode mode) {
