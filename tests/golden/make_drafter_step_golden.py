@@ -7,7 +7,8 @@ definition, the gradients come from torch.autograd, the optimizer is torch.optim
 torch.nn.utils.clip_grad_norm_. tests/unit/test_golden_step.cpp runs the same steps through the trainer
 (dflash::train::DrafterStep) and compares. See tests/golden/README.md.
 
-Usage: python make_drafter_step_golden.py [--out drafter_step_golden.safetensors]
+Usage: python make_drafter_step_golden.py [--out FILE]   writes the fixture (default: next to this script)
+       python make_drafter_step_golden.py --check        recomputes it and compares with the committed file
 """
 import argparse
 import json
@@ -16,7 +17,8 @@ import os
 
 import numpy as np
 import torch
-from safetensors.numpy import save_file
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 F64 = torch.float64
 
@@ -243,6 +245,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "drafter_step_golden.safetensors"))
+    ap.add_argument("--check", action="store_true",
+                    help="recompute and compare with --out (tensors bit for bit, metadata equal) instead of writing")
     args = ap.parse_args()
     torch.set_default_dtype(F64)
     m = MODEL
@@ -331,7 +335,20 @@ def main():
     meta["seed"] = repr(SEED)
     meta["sequences"] = repr(len(MASKS))
     meta["generator"] = "tests/golden/make_drafter_step_golden.py (torch " + torch.__version__ + ", float64)"
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, args.out, metadata=meta)
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    if args.check:
+        # the header's key order is not stable (safetensors keeps metadata in a hash map): compare the contents
+        old = load_file(args.out)
+        with safe_open(args.out, "np") as f:
+            old_meta = f.metadata()
+        bad = sorted(k for k in set(old) | set(tensors)
+                     if k not in old or k not in tensors or not np.array_equal(old[k], tensors[k]))
+        bad += sorted(k for k in set(old_meta) | set(meta) if k != "generator" and old_meta.get(k) != meta.get(k))
+        if bad:
+            raise SystemExit(f"{args.out} differs from a fresh computation in {len(bad)} entries: {bad[:10]}")
+        print(f"{args.out}: {len(tensors)} tensors and the metadata reproduce exactly")
+        return
+    save_file(tensors, args.out, metadata=meta)
     print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes, {len(tensors)} tensors)")
 
 
