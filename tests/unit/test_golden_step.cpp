@@ -315,7 +315,7 @@ TEST_CASE("golden: drafter forward, vocab loss and backward in double match the 
     VocabLossContext ctx;
     sums.add(loss.forward(batch, ctx, 1.0 / weight_sum, dx.data()).sums);
     loss.backward(batch, ctx, 1.0 / weight_sum, dx.data());
-    std::vector<double> d_out(acts.out.size(), 0.0);
+    std::vector<double> d_out(size_t(acts.n_blocks) * c.block_size * H, 0.0);
     for (int i = 0; i < T; ++i)
       std::memcpy(&d_out[size_t(rows.out_row[size_t(i)]) * H], &dx[size_t(i) * H], sizeof(double) * H);
     drafter_backward(c, w, in, acts, d_out.data(), grads);
