@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/io/safetensors.h"
@@ -35,15 +36,6 @@ constexpr const char* kExpAvgSq = "exp_avg_sq.";  // AdamW second moment
 std::string hex64(uint64_t v) { return fmt::format("0x{:016x}", v); }
 
 // ---- durable file operations -------------------------------------------------------------------------------
-
-void fsync_path(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  DFLASH_USER_CHECK(fd >= 0, "checkpoint: cannot open {} to fsync: {}", p.string(), std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  DFLASH_USER_CHECK(rc == 0, "checkpoint: fsync of {} failed: {} (is the disk full?)", p.string(), std::strerror(err));
-}
 
 void write_text_file(const fs::path& p, const std::string& text) {
   int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -166,16 +158,6 @@ std::vector<StepDir> list_step_dirs(const std::string& out_dir) {
 
 // ---- state.json --------------------------------------------------------------------------------------------
 
-nlohmann::ordered_json drafter_json(const DrafterConfig& c) {
-  return {{"hidden", c.hidden},         {"layers", c.layers},
-          {"heads", c.heads},           {"kv_heads", c.kv_heads},
-          {"head_dim", c.head_dim},     {"intermediate", c.intermediate},
-          {"block_size", c.block_size}, {"n_taps", c.n_taps},
-          {"vocab", c.vocab},           {"mask_token_id", c.mask_token_id},
-          {"rope_theta", c.rope_theta}, {"rms_eps", c.rms_eps},
-          {"window", c.window}};
-}
-
 // Reads key `key` of object `j` as T, naming the file and key when it is missing or of the wrong type.
 template <typename T>
 T get(const nlohmann::json& j, const char* key, const std::string& file) {
@@ -186,30 +168,6 @@ T get(const nlohmann::json& j, const char* key, const std::string& file) {
     DFLASH_USER_CHECK(false, "checkpoint {}: key '{}' has the wrong type ({})", file, key, e.what());
   }
   return T{};
-}
-
-DrafterConfig parse_drafter(const nlohmann::json& j, const std::string& file) {
-  DFLASH_USER_CHECK(j.is_object(), "checkpoint {}: 'drafter' must be an object", file);
-  DrafterConfig c;
-  c.hidden = get<int>(j, "hidden", file);
-  c.layers = get<int>(j, "layers", file);
-  c.heads = get<int>(j, "heads", file);
-  c.kv_heads = get<int>(j, "kv_heads", file);
-  c.head_dim = get<int>(j, "head_dim", file);
-  c.intermediate = get<int>(j, "intermediate", file);
-  c.block_size = get<int>(j, "block_size", file);
-  c.n_taps = get<int>(j, "n_taps", file);
-  c.vocab = get<int>(j, "vocab", file);
-  c.mask_token_id = get<int>(j, "mask_token_id", file);
-  c.rope_theta = get<double>(j, "rope_theta", file);
-  c.rms_eps = get<double>(j, "rms_eps", file);
-  c.window = get<std::vector<int>>(j, "window", file);
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    DFLASH_USER_CHECK(false, "checkpoint {}: {}", file, e.what());
-  }
-  return c;
 }
 
 std::string state_json_text(const DrafterConfig& drafter, const AdamWState& opt, const TrainingState& s) {
@@ -223,7 +181,7 @@ std::string state_json_text(const DrafterConfig& drafter, const AdamWState& opt,
                  {"target_groups", s.layout.target_groups},
                  {"drafter_dp", s.layout.drafter_dp},
                  {"micro_batches", s.layout.micro_batches}};
-  j["drafter"] = drafter_json(drafter);
+  j["drafter"] = drafter_config_to_json(drafter);
   j["config_hash"] = s.config_hash;
   nlohmann::ordered_json rngs = nlohmann::ordered_json::array();
   for (const auto& r : s.rng)
@@ -263,7 +221,7 @@ TrainingState parse_state(const std::string& text, const std::string& file, Draf
   s.layout.drafter_dp = get<int>(l, "drafter_dp", file);
   s.layout.micro_batches = get<int>(l, "micro_batches", file);
   DFLASH_USER_CHECK(j.contains("drafter"), "checkpoint {}: missing key 'drafter'", file);
-  DrafterConfig c = parse_drafter(j.at("drafter"), file);
+  DrafterConfig c = drafter_config_from_json(j.at("drafter"), "checkpoint " + file);
   if (drafter) *drafter = c;
   s.config_hash = get<std::string>(j, "config_hash", file);
   DFLASH_USER_CHECK(j.contains("rng") && j.at("rng").is_array(), "checkpoint {}: 'rng' must be a list", file);
@@ -370,21 +328,8 @@ void compare(const std::string& dir, const TrainingState& s, const DrafterConfig
   expect_same(dir, "layout", "target_groups", num(s.layout.target_groups), num(x.layout.target_groups));
   expect_same(dir, "layout", "drafter_dp", num(s.layout.drafter_dp), num(x.layout.drafter_dp));
   expect_same(dir, "layout", "micro_batches", num(s.layout.micro_batches), num(x.layout.micro_batches));
-  const DrafterConfig& e = x.drafter;
-  expect_same(dir, "drafter", "hidden", num(d.hidden), num(e.hidden));
-  expect_same(dir, "drafter", "layers", num(d.layers), num(e.layers));
-  expect_same(dir, "drafter", "heads", num(d.heads), num(e.heads));
-  expect_same(dir, "drafter", "kv_heads", num(d.kv_heads), num(e.kv_heads));
-  expect_same(dir, "drafter", "head_dim", num(d.head_dim), num(e.head_dim));
-  expect_same(dir, "drafter", "intermediate", num(d.intermediate), num(e.intermediate));
-  expect_same(dir, "drafter", "block_size", num(d.block_size), num(e.block_size));
-  expect_same(dir, "drafter", "n_taps", num(d.n_taps), num(e.n_taps));
-  expect_same(dir, "drafter", "vocab", num(d.vocab), num(e.vocab));
-  expect_same(dir, "drafter", "mask_token_id", num(d.mask_token_id), num(e.mask_token_id));
-  expect_same(dir, "drafter", "rope_theta", num(d.rope_theta), num(e.rope_theta));
-  expect_same(dir, "drafter", "rms_eps", num(d.rms_eps), num(e.rms_eps));
-  expect_same(dir, "drafter", "window", fmt::format("[{}]", fmt::join(d.window, ", ")),
-              fmt::format("[{}]", fmt::join(e.window, ", ")));
+  const DrafterConfigDifference diff = first_difference(d, x.drafter);
+  if (!diff.field.empty()) expect_same(dir, "drafter", diff.field.c_str(), diff.a, diff.b);
   DFLASH_USER_CHECK(s.config_hash == x.config_hash,
              "checkpoint {}: checkpoint config_hash={}, this run has config_hash={} (a key that changes the training "
              "math differs: compare config.resolved.yaml of both runs; see docs/config.md)",

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/io/checkpoint.h"
 
@@ -28,20 +29,6 @@ T get(const nlohmann::json& j, const char* key, const std::string& file) {
     DFLASH_USER_CHECK(false, "{}: key '{}' has the wrong type ({})", file, key, e.what());
   }
   return T{};
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  DFLASH_USER_CHECK(f, "export: cannot create {}", p.string());
-  f << text;
-  f.close();
-  DFLASH_USER_CHECK(f, "export: write to {} failed (is the disk full?)", p.string());
-}
-
-void rename_into_place(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  fs::rename(from, to, ec);
-  DFLASH_USER_CHECK(!ec, "export: cannot rename {} to {}: {}", from.string(), to.string(), ec.message());
 }
 
 }  // namespace
@@ -134,10 +121,11 @@ void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params
   DFLASH_USER_CHECK(!ec, "export: cannot create {}: {}", out_dir, ec.message());
   std::vector<TensorToWrite> tensors;
   for (const auto& p : layout) tensors.push_back(tensor_from(p.name, dtype, p.shape, params.flat.data() + p.offset));
-  write_safetensors((dir / "model.safetensors.tmp").string(), tensors, {{"format", "pt"}});
-  write_text(dir / "config.json.tmp", config.dump(2) + "\n");
-  rename_into_place(dir / "model.safetensors.tmp", dir / "model.safetensors");
-  rename_into_place(dir / "config.json.tmp", dir / "config.json");
+  // weights first, config.json last: a directory with a config.json always has its complete weights
+  AtomicOutput model((dir / "model.safetensors").string());
+  write_safetensors(model.partial(), tensors, {{"format", "pt"}});
+  model.commit();
+  write_file_atomic((dir / "config.json").string(), config.dump(2) + "\n");
 }
 
 void export_drafter(const std::string& step_dir, const std::string& out_dir, DType dtype,

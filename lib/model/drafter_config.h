@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace dflash {
 
 struct DrafterConfig {
@@ -23,5 +25,35 @@ struct DrafterConfig {
   // Throws dflash::Error naming the first inconsistent field.
   void validate() const;
 };
+
+// Every field once: f(name, member) with the name checkpoints (state.json) use. The one list every serialisation
+// and comparison of a DrafterConfig goes through (the exported config.json maps these names, lib/io/export.cpp).
+template <class Config, class F>
+void for_each_drafter_field(Config& c, F&& f) {
+  f("hidden", c.hidden);
+  f("layers", c.layers);
+  f("heads", c.heads);
+  f("kv_heads", c.kv_heads);
+  f("head_dim", c.head_dim);
+  f("intermediate", c.intermediate);
+  f("block_size", c.block_size);
+  f("n_taps", c.n_taps);
+  f("vocab", c.vocab);
+  f("mask_token_id", c.mask_token_id);
+  f("rope_theta", c.rope_theta);
+  f("rms_eps", c.rms_eps);
+  f("window", c.window);
+}
+
+// {"hidden": …, …} in the order above.
+nlohmann::ordered_json drafter_config_to_json(const DrafterConfig& c);
+// Reads and validates; `source` names the file in errors ("checkpoint X/state.json: missing key 'heads'").
+DrafterConfig drafter_config_from_json(const nlohmann::json& j, const std::string& source);
+
+struct DrafterConfigDifference {
+  std::string field, a, b;  // the first differing field and both values, printed
+};
+// The first field where a and b differ, or an empty field name when they are equal.
+DrafterConfigDifference first_difference(const DrafterConfig& a, const DrafterConfig& b);
 
 }  // namespace dflash

@@ -1,6 +1,10 @@
 #include "lib/model/drafter_params.h"
 
 #include <algorithm>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/ranges.h>
 
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
@@ -34,6 +38,55 @@ void DrafterConfig::validate() const {
     DFLASH_USER_CHECK(window[l] >= 0, "drafter config: window of layer {} is {} (must be >= 0)", l, window[l]);
   DFLASH_USER_CHECK(rope_theta > 0 && rms_eps > 0, "drafter config: rope_theta ({}) and rms_eps ({}) must be positive",
                rope_theta, rms_eps);
+}
+
+nlohmann::ordered_json drafter_config_to_json(const DrafterConfig& c) {
+  nlohmann::ordered_json j;
+  for_each_drafter_field(c, [&](const char* name, const auto& v) { j[name] = v; });
+  return j;
+}
+
+DrafterConfig drafter_config_from_json(const nlohmann::json& j, const std::string& source) {
+  DFLASH_USER_CHECK(j.is_object(), "{}: 'drafter' must be an object", source);
+  DrafterConfig c;
+  for_each_drafter_field(c, [&](const char* name, auto& v) {
+    DFLASH_USER_CHECK(j.contains(name), "{}: missing key '{}'", source, name);
+    try {
+      j.at(name).get_to(v);
+    } catch (const nlohmann::json::exception& e) {
+      DFLASH_USER_FAIL("{}: key '{}' has the wrong type ({})", source, name, e.what());
+    }
+  });
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DFLASH_USER_FAIL("{}: {}", source, e.what());
+  }
+  return c;
+}
+
+namespace {
+
+// (name, printed value) of every field: "window" prints as [0, 5], numbers as fmt prints them.
+std::vector<std::pair<std::string, std::string>> printed_fields(const DrafterConfig& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto print = [](const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::vector<int>>)
+      return fmt::format("[{}]", fmt::join(v, ", "));
+    else
+      return fmt::format("{}", v);
+  };
+  for_each_drafter_field(c, [&](const char* name, const auto& v) { out.emplace_back(name, print(v)); });
+  return out;
+}
+
+}  // namespace
+
+DrafterConfigDifference first_difference(const DrafterConfig& a, const DrafterConfig& b) {
+  const auto pa = printed_fields(a), pb = printed_fields(b);
+  for (size_t i = 0; i < pa.size(); ++i)
+    if (pa[i].second != pb[i].second) return {pa[i].first, pa[i].second, pb[i].second};
+  return {};
 }
 
 std::vector<ParamInfo> drafter_param_layout(const DrafterConfig& c) {
