@@ -1,0 +1,96 @@
+#include "lib/train/memory_plan.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "lib/comm/shard.h"
+#include "lib/model/drafter.h"
+#include "lib/model/drafter_params.h"
+#include "lib/model/target_shard.h"
+
+namespace dflash::train {
+
+double RankMemory::total() const {
+  double t = 0;
+  for (const MemoryItem& i : items) t += i.bytes;
+  return t;
+}
+
+int64_t dense_target_rank_params(const model::QwenConfig& c, int tp) {
+  int64_t best = 0;
+  for (int r = 0; r < tp; ++r) {
+    const model::TargetShard s = model::plan_target_shard(c, tp, r, 128);
+    const int64_t H = c.hidden, D = c.head_dim;
+    const int64_t attn = H * D * (2 * int64_t(s.q_count) + 2 * int64_t(s.kv_count)) + 2 * D;  // q, o, k, v + norms
+    const int64_t mlp = 3 * H * (s.mlp_end - s.mlp_begin);
+    const int64_t per_layer = attn + mlp + 2 * H;
+    const int64_t head = int64_t(c.vocab) * H * (c.tie_word_embeddings ? 1 : 2) + H;
+    best = std::max(best, int64_t(c.layers) * per_layer + head);
+  }
+  return best;
+}
+
+GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
+  const double act = in.bf16 ? 2 : 4;  // bytes of an activation / compute weight
+  const double S = in.max_seq_len, H = in.drafter.hidden, V = in.drafter.vocab;
+  const DrafterConfig& d = in.drafter;
+  GpuMemoryPlan p;
+
+  // target rank: bf16 weights; forward activations of one sequence (flash attention: nothing S × S); the taps and
+  // final hidden it sends, double buffered
+  const model::QwenConfig& t = in.target;
+  const double th = t.hidden, q_local = double(t.heads) / in.target_tp + 1, kv_local = double(t.kv_heads);
+  const double mlp_local = double(t.intermediate) / in.target_tp + 128;
+  p.target.role = "target TP rank (largest shard)";
+  p.target.items = {
+      {"weights (bf16)", double(in.target_rank_params) * 2},
+      {"residual stream (fp32) + normed input", S * th * (4 + 2)},
+      {"q, k, v, attention output (bf16)", S * t.head_dim * (2 * q_local + 2 * kv_local) * 2},
+      {"MLP gate, up (bf16)", S * mlp_local * 2 * 2},
+      {"taps + final hidden, x packets_in_flight (bf16)",
+       S * th * (d.n_taps + 1) * 2 * std::max(1, in.packets_in_flight)},
+      {"cuBLASLt workspace", 32.0 * (1 << 20)},
+  };
+
+  // drafter rank
+  const double P = double(drafter_param_layout(d).back().offset + drafter_param_layout(d).back().numel);
+  const double N = in.anchors_per_seq, T = N * (d.block_size - 1), C = in.chunk_size;
+  p.drafter.role = "drafter DP rank";
+  p.drafter.items = {
+      {"target embedding + lm_head (frozen, bf16)", 2 * V * H * 2},
+      {"weights: compute copy + fp32 master", P * (in.bf16 ? 2 : 0) + P * 4},
+      {"gradients (fp32)", P * 4},
+      {"AdamW moments (fp32)", P * 8},
+      {"activations (arena: forward + backward peak)",
+       double(drafter_arena_bytes(d, in.max_seq_len, in.anchors_per_seq, size_t(act), in.bf16 ? 4 : 4))},
+      {"vocab loss: logits scratch (C x V, fp32) x (KL ? 2 : 1)", C * V * 4 * (in.kl ? 2 : 1)},
+      {"vocab loss: scored rows X, Y, dX and d_out", T * H * act * (in.kl ? 3 : 2) + N * d.block_size * H * act},
+      {"packet: taps + final hidden", S * H * (d.n_taps + 1) * act},
+      {"cuBLASLt workspace", 32.0 * (1 << 20)},
+  };
+  return p;
+}
+
+std::string format_gpu_memory_plan(const GpuMemoryPlan& plan,
+                                   const std::vector<std::pair<std::string, double>>& gpus) {
+  auto gb = [](double b) { return fmt::format("{:7.2f} GB", b / 1e9); };
+  std::string out;
+  for (const RankMemory* r : {&plan.target, &plan.drafter}) {
+    out += fmt::format("  {}\n", r->role);
+    for (const MemoryItem& i : r->items) out += fmt::format("    {:<56} {}\n", i.what, gb(i.bytes));
+    out += fmt::format("    {:<56} {}\n", "total", gb(r->total()));
+  }
+  const double worst = std::max(plan.target.total(), plan.drafter.total());
+  for (const auto& [name, bytes] : gpus)
+    out += fmt::format("  {} on {} ({:.0f} GB): the fuller GPU holds {:.1f} GB, {:.0f} % free\n",
+                       worst <= bytes ? "fits" : "DOES NOT FIT", name, bytes / 1e9, worst / 1e9,
+                       100.0 * (bytes - worst) / bytes);
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> default_gpus() {
+  return {{"RTX PRO 6000 Blackwell", 95e9}, {"H200", 141e9}};
+}
+
+}  // namespace dflash::train

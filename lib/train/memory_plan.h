@@ -1,0 +1,57 @@
+#pragma once
+// What one GPU of a run.device: cuda job holds, item by item, computed from the run plan before anything is
+// allocated: `dflash_mpi --check` prints it next to the cards users have, so a configuration that cannot fit is
+// refused in seconds instead of failing with an out-of-memory error an hour into the job.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/model/drafter_config.h"
+#include "lib/model/qwen_config.h"
+
+namespace dflash::train {
+
+struct MemoryItem {
+  std::string what;  // "drafter activations (arena)"
+  double bytes = 0;
+};
+
+struct RankMemory {
+  std::string role;  // "target TP rank 0 (largest shard)"
+  std::vector<MemoryItem> items;
+  double total() const;
+};
+
+// The inputs of the plan: the shapes and the few config values memory depends on.
+struct MemoryPlanInputs {
+  model::QwenConfig target;
+  int64_t target_rank_params = 0;  // parameters of the largest target TP shard (weights held on that GPU)
+  int target_tp = 1;
+  DrafterConfig drafter;
+  int max_seq_len = 0;             // S: the longest sequence a packet carries
+  int anchors_per_seq = 0;         // N: blocks per sequence
+  int chunk_size = 0;              // C: vocab-loss rows per chunk
+  bool kl = false;                 // the KL term needs the target logits too
+  bool bf16 = true;                // run.precision: bf16 activations (fp32 master weights either way) or fp32
+  int packets_in_flight = 2;
+};
+
+struct GpuMemoryPlan {
+  RankMemory target, drafter;
+};
+
+GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in);
+
+// Parameters of the largest dense Qwen3 target TP shard (attention by KV groups, MLP by 128-channel tiles,
+// embedding and lm_head whole on every rank: each TP rank embeds and computes the final hidden state).
+int64_t dense_target_rank_params(const model::QwenConfig& c, int tp);
+
+// The plan as a table, then one line per GPU model: "fits on an H200 (141 GB): 62.1 of 141.0 GB, 56 % free".
+// gpus: (name, bytes) of the cards to compare with.
+std::string format_gpu_memory_plan(const GpuMemoryPlan& plan,
+                                   const std::vector<std::pair<std::string, double>>& gpus);
+
+// The cards the seed's run is planned for: RTX PRO 6000 Blackwell (95 GB usable of 96) and H200 (141 GB).
+std::vector<std::pair<std::string, double>> default_gpus();
+
+}  // namespace dflash::train

@@ -1,0 +1,73 @@
+// The per-GPU memory plan of a cuda run: the seed's configuration (a 27B-class target on 5 GPUs, the drafter with
+// 1024 anchors × block 32, H 5120, V 248320, chunk 2048) must fit on 95 GB and 141 GB cards in bf16.
+#include <doctest/doctest.h>
+
+#include "lib/model/drafter.h"
+#include "lib/train/memory_plan.h"
+
+using namespace dflash;
+using namespace dflash::train;
+
+namespace {
+
+MemoryPlanInputs seed_inputs(bool bf16) {
+  MemoryPlanInputs in;
+  // Qwen3-32B as the stand-in for the 27B hybrid target's size (it is the larger of the two)
+  in.target.hidden = 5120;
+  in.target.layers = 64;
+  in.target.heads = 64;
+  in.target.kv_heads = 8;
+  in.target.head_dim = 128;
+  in.target.intermediate = 25600;
+  in.target.vocab = 248320;
+  in.target_tp = 5;
+  in.target_rank_params = dense_target_rank_params(in.target, 5);
+  DrafterConfig& d = in.drafter;
+  d.hidden = 5120;
+  d.layers = 5;
+  d.heads = 32;
+  d.kv_heads = 8;
+  d.head_dim = 128;
+  d.intermediate = 17408;
+  d.block_size = 32;
+  d.n_taps = 5;
+  d.vocab = 248320;
+  d.mask_token_id = 248070;
+  d.window = {2048, 2048, 2048, 2048, 0};
+  in.max_seq_len = 8192;
+  in.anchors_per_seq = 1024;
+  in.chunk_size = 2048;
+  in.kl = false;
+  in.bf16 = bf16;
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("memory plan: the seed's configuration fits on 95 GB and 141 GB GPUs in bf16") {
+  const GpuMemoryPlan plan = gpu_memory_plan(seed_inputs(true));
+  const std::string table = format_gpu_memory_plan(plan, default_gpus());
+  MESSAGE(table);
+  // the largest shard of a 64-layer 5120-wide target over 5 ranks: about a fifth of the layers' weights
+  CHECK(plan.target.total() > 10e9);
+  CHECK(plan.target.total() < 40e9);
+  CHECK(plan.drafter.total() > 40e9);  // activations of 32768 positions and 1.7 B parameters with AdamW
+  CHECK(plan.drafter.total() < 95e9);
+  CHECK(table.find("fits on RTX PRO 6000 Blackwell") != std::string::npos);
+  CHECK(table.find("fits on H200") != std::string::npos);
+  CHECK(table.find("DOES NOT FIT") == std::string::npos);
+}
+
+TEST_CASE("memory plan: the activation item is the drafter's arena formula, and fp32 activations do not fit 95 GB") {
+  const MemoryPlanInputs in = seed_inputs(false);
+  const GpuMemoryPlan plan = gpu_memory_plan(in);
+  bool found = false;
+  for (const MemoryItem& i : plan.drafter.items)
+    if (i.what.rfind("activations", 0) == 0) {
+      found = true;
+      CHECK(i.bytes == double(drafter_arena_bytes(in.drafter, 8192, 1024, 4, 4)));
+    }
+  CHECK(found);
+  CHECK(plan.drafter.total() > 95e9);
+  CHECK(format_gpu_memory_plan(plan, default_gpus()).find("DOES NOT FIT on RTX PRO 6000") != std::string::npos);
+}
