@@ -11,7 +11,8 @@
 #include "apps/dflash_data/commands.h"
 #include "lib/core/args.h"
 #include "lib/core/error.h"
-#include "lib/io/export.h"
+#include "lib/train/checkpoint.h"
+#include "lib/model/drafter_export.h"
 
 namespace dflash::data {
 
@@ -54,13 +55,13 @@ int run_export(int argc, char** argv) {
               args.positional().size(), kUsage);
   const std::string dtype = args.str("dtype", "bf16");
   DFLASH_USER_CHECK(dtype == "bf16" || dtype == "f32", "--dtype must be bf16 or f32, got '{}'", dtype);
-  io::DrafterExportInfo over;
+  model::DrafterExportInfo over;
   if (args.has("target-layer-ids")) over.target_layer_ids = parse_ids(args.str("target-layer-ids", ""));
   over.num_target_layers = int(args.integer("num-target-layers", 0));
   over.max_position_embeddings = int(args.integer("max-position-embeddings", 0));
   const std::string step_dir = args.positional()[0], out_dir = args.positional()[1];
-  io::export_drafter(step_dir, out_dir, dtype == "bf16" ? io::DType::BF16 : io::DType::F32, over);
-  io::ExportedDrafter back = io::load_exported_drafter(out_dir);  // proves the files load
+  train::export_checkpoint(step_dir, out_dir, dtype == "bf16" ? io::DType::BF16 : io::DType::F32, over);
+  model::ExportedDrafter back = model::load_exported_drafter(out_dir);  // proves the files load
   std::printf("exported %s to %s: %zu parameters, %s, %d layers, H %d, block %d, target layers [%s] of %d\n",
               step_dir.c_str(), out_dir.c_str(), back.params.flat.size(), dtype.c_str(), back.config.layers,
               back.config.hidden, back.config.block_size,

@@ -1,22 +1,22 @@
 #pragma once
-// The trainer's side of checkpoints (the format and its guarantees are lib/io/checkpoint.h, docs/checkpoints.md):
+// The trainer's side of checkpoints (the format and its guarantees are lib/train/checkpoint.h, docs/checkpoints.md):
 // what a run expects of a checkpoint, what it records, and which one ckpt.resume names.
 #include <cstdint>
 #include <string>
 
-#include "lib/io/checkpoint.h"
+#include "lib/train/checkpoint.h"
 #include "lib/train/run_plan.h"
 
 namespace dflash::train {
 
 // Layout, drafter shape and config hash: a checkpoint that differs in any of them is refused.
-io::CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPlan& plan);
+CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPlan& plan);
 
 // The training state after `next_step` steps: data cursor, layout, config hash, every drafter rank's RNG key and
 // the export facts (tap layer ids, target layers) so that a checkpoint can be exported on its own.
 // Randomness is counter-based (lib/core/rng.h): rank r's anchors at step s come from (seed, step s, slot), so its
 // recorded state is {seed, stream = r, counter = next_step}.
-io::TrainingState training_state(const TrainConfig& cfg, const RunPlan& plan, int64_t next_step);
+TrainingState training_state(const TrainConfig& cfg, const RunPlan& plan, int64_t next_step);
 
 // ckpt.resume: "none" → "", "auto" → the newest complete checkpoint in run.out_dir ("" when none), else the path.
 std::string resolve_resume_dir(const TrainConfig& cfg);

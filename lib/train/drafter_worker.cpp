@@ -4,7 +4,7 @@
 #include "lib/comm/mpi_transport.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
-#include "lib/io/checkpoint.h"
+#include "lib/train/checkpoint.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/target.h"
 #include "lib/train/checkpointing.h"
@@ -33,7 +33,7 @@ void check_identical_weights(comm::Transport& dp, DrafterStep& trainer, int64_t 
 
 // Rank 0 holds the loaded checkpoint; the others get weights and optimizer state from it (no shared file system
 // needed between drafter ranks).
-void restore(comm::Transport& dp, DrafterStep& trainer, const io::LoadedCheckpoint* ckpt) {
+void restore(comm::Transport& dp, DrafterStep& trainer, const LoadedCheckpoint* ckpt) {
   DrafterParams<float>& w = trainer.params();
   AdamWState& adam = trainer.optimizer();
   if (dp.rank() == 0) {
@@ -110,9 +110,9 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   auto save = [&](int64_t next_step) {
     if (!reporter) return;
     Timer t;
-    const std::string dir = io::save_checkpoint(cfg.run.out_dir, plan.drafter, trainer.params(), trainer.optimizer(),
+    const std::string dir = save_checkpoint(cfg.run.out_dir, plan.drafter, trainer.params(), trainer.optimizer(),
                                                 training_state(cfg, plan, next_step));
-    const auto removed = io::prune_checkpoints(cfg.run.out_dir, cfg.ckpt.keep);
+    const auto removed = prune_checkpoints(cfg.run.out_dir, cfg.ckpt.keep);
     log.info("checkpoint: {} ({:.2f} s){}", dir, t.seconds(),
              removed.empty() ? "" : fmt::format("; removed {} older", removed.size()));
   };

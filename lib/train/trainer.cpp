@@ -14,7 +14,7 @@
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 #include "lib/model/qwen_config.h"
-#include "lib/io/export.h"
+#include "lib/model/drafter_export.h"
 #include "lib/train/checkpointing.h"
 #include "lib/train/log.h"
 #include "lib/train/signals.h"
@@ -104,7 +104,7 @@ int run_check(const TrainConfig& cfg) {
               size(double(params.flat.size()) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
   const std::string resume = resolve_resume_dir(cfg);
   if (!resume.empty()) {
-    const io::LoadedCheckpoint c = io::load_checkpoint(resume, checkpoint_expectation(cfg, plan));
+    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan));
     std::printf("  resume         %s (step %lld) verified\n", resume.c_str(), (long long)c.state.step);
   } else {
     std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
@@ -119,7 +119,7 @@ int run_export(const std::vector<std::string>& args) {
                "usage: dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]");
   const std::string dtype = args.size() == 4 ? args[3] : "bf16";
   DFLASH_CHECK(dtype == "bf16" || dtype == "f32", "--dtype {}: use bf16 or f32", dtype);
-  io::export_drafter(args[0], args[1], dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
+  export_checkpoint(args[0], args[1], dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
   std::printf("exported %s to %s (%s): model.safetensors + config.json\n", args[0].c_str(), args[1].c_str(),
               dtype.c_str());
   return 0;
@@ -209,13 +209,13 @@ int dflash_mpi_main(int argc, char** argv) {
     log->info("{} ranks ({}); config {} (hash {})", size, who, cli.file, config_hash_hex(cfg));
 
     // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
-    std::optional<io::LoadedCheckpoint> resumed;
+    std::optional<LoadedCheckpoint> resumed;
     int64_t start_step = 0;
     const int first_drafter = layout.drafter_world_rank(0);
     if (rank == first_drafter) {
       const std::string dir = resolve_resume_dir(cfg);
       if (!dir.empty()) {
-        resumed.emplace(io::load_checkpoint(dir, checkpoint_expectation(cfg, plan)));
+        resumed.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan)));
         start_step = resumed->state.step;
         log->info("resuming from {} at step {}", dir, start_step);
       } else if (cfg.ckpt.resume == "auto") {

@@ -6,7 +6,7 @@
 
 #include "lib/comm/layout.h"
 #include "lib/config/config.h"
-#include "lib/io/checkpoint.h"
+#include "lib/train/checkpoint.h"
 #include "lib/io/dataset.h"
 #include "lib/model/drafter_params.h"
 #include "lib/train/log.h"
@@ -20,7 +20,7 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
 
 struct DrafterRunOptions {
   int64_t start_step = 0;                     // first step to run (> 0 when resuming)
-  const io::LoadedCheckpoint* resume = nullptr;  // on drafter rank 0 when resuming: weights + optimizer state
+  const LoadedCheckpoint* resume = nullptr;  // on drafter rank 0 when resuming: weights + optimizer state
   int64_t stop_after = 0;                     // > 0: stop (with a checkpoint) after this many steps of this run
   std::string dump_dir;                       // non-empty: run one step, write its dump there, stop
 };

@@ -17,12 +17,13 @@
 #include "test_util.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
-#include "lib/io/checkpoint.h"
+#include "lib/train/checkpoint.h"
 #include "lib/io/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace dflash;
 using namespace dflash::io;
+using namespace dflash::train;
 
 namespace {
 

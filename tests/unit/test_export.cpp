@@ -16,13 +16,15 @@
 #include "test_util.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
-#include "lib/io/checkpoint.h"
-#include "lib/io/export.h"
+#include "lib/train/checkpoint.h"
+#include "lib/model/drafter_export.h"
 #include "lib/model/drafter.h"
 
 namespace fs = std::filesystem;
 using namespace dflash;
 using namespace dflash::io;
+using namespace dflash::model;
+using namespace dflash::train;
 
 namespace {
 
@@ -247,7 +249,7 @@ TEST_CASE("export: from a checkpoint directory, target facts from extra.export o
   const std::string step_dir = save_checkpoint(out, cfg, w, opt, state);
 
   const std::string exp = (fs::path(out) / "export").string();
-  export_drafter(step_dir, exp, DType::F32);
+  export_checkpoint(step_dir, exp, DType::F32);
   ExportedDrafter back = load_exported_drafter(exp);
   CHECK(same_bits(back.params.flat, w.flat));
   CHECK(back.info.target_layer_ids == tiny_info().target_layer_ids);
@@ -255,7 +257,7 @@ TEST_CASE("export: from a checkpoint directory, target facts from extra.export o
 
   DrafterExportInfo over;
   over.max_position_embeddings = 8192;
-  export_drafter(step_dir, exp, DType::F32, over);
+  export_checkpoint(step_dir, exp, DType::F32, over);
   back = load_exported_drafter(exp);
   CHECK(back.info.max_position_embeddings == 8192);
   CHECK(back.info.num_target_layers == 8);
@@ -264,8 +266,8 @@ TEST_CASE("export: from a checkpoint directory, target facts from extra.export o
   state.step = 41;
   state.extra = nlohmann::json::object();
   const std::string bare = save_checkpoint(out, cfg, w, opt, state);
-  CHECK_THROWS_WITH_AS(export_drafter(bare, exp, DType::F32), doctest::Contains("num_target_layers must be positive"),
+  CHECK_THROWS_WITH_AS(export_checkpoint(bare, exp, DType::F32), doctest::Contains("num_target_layers must be positive"),
                        Error);
-  export_drafter(bare, exp, DType::BF16, tiny_info());
+  export_checkpoint(bare, exp, DType::BF16, tiny_info());
   CHECK(load_exported_drafter(exp).dtype == DType::BF16);
 }

@@ -1,4 +1,4 @@
-#include "lib/io/checkpoint.h"
+#include "lib/train/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,7 +18,15 @@
 #include "lib/core/rng.h"
 #include "lib/io/safetensors.h"
 
-namespace dflash::io {
+namespace dflash::train {
+
+using io::DType;
+using io::dtype_name;
+using io::SafetensorsFile;
+using io::tensor_from;
+using io::TensorInfo;
+using io::TensorToWrite;
+using io::write_safetensors;
 
 namespace fs = std::filesystem;
 
@@ -514,4 +522,23 @@ std::vector<std::string> prune_checkpoints(const std::string& out_dir, int keep)
   return doomed;
 }
 
-}  // namespace dflash::io
+void export_checkpoint(const std::string& step_dir, const std::string& out_dir, DType dtype,
+                       const model::DrafterExportInfo& overrides) {
+  LoadedCheckpoint ck = read_checkpoint(step_dir, /*with_optimizer=*/false);
+  model::DrafterExportInfo info;
+  const std::string source = (fs::path(step_dir) / "state.json").string() + " extra.export";
+  if (ck.state.extra.is_object() && ck.state.extra.contains("export"))
+    info = model::parse_export_info(ck.state.extra.at("export"), source);
+  if (!overrides.target_layer_ids.empty()) info.target_layer_ids = overrides.target_layer_ids;
+  if (overrides.num_target_layers > 0) info.num_target_layers = overrides.num_target_layers;
+  if (overrides.max_position_embeddings > 0) info.max_position_embeddings = overrides.max_position_embeddings;
+  try {
+    model::validate_export_info(info, ck.drafter);
+  } catch (const Error& e) {
+    DFLASH_USER_CHECK(false, "{} (values from {}, then the explicit ones; give the missing or wrong ones "
+                 "explicitly)", e.what(), source);
+  }
+  model::export_drafter(ck.drafter, ck.params, info, out_dir, dtype);
+}
+
+}  // namespace dflash::train

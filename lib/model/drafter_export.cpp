@@ -1,4 +1,4 @@
-#include "lib/io/export.h"
+#include "lib/model/drafter_export.h"
 
 #include <filesystem>
 #include <fstream>
@@ -9,9 +9,15 @@
 
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
-#include "lib/io/checkpoint.h"
 
-namespace dflash::io {
+namespace dflash::model {
+
+using io::dtype_name;
+using io::SafetensorsFile;
+using io::tensor_from;
+using io::TensorInfo;
+using io::TensorToWrite;
+using io::write_safetensors;
 
 namespace fs = std::filesystem;
 
@@ -128,25 +134,6 @@ void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params
   write_file_atomic((dir / "config.json").string(), config.dump(2) + "\n");
 }
 
-void export_drafter(const std::string& step_dir, const std::string& out_dir, DType dtype,
-                    const DrafterExportInfo& overrides) {
-  LoadedCheckpoint ck = read_checkpoint(step_dir, /*with_optimizer=*/false);
-  DrafterExportInfo info;
-  const std::string source = (fs::path(step_dir) / "state.json").string() + " extra.export";
-  if (ck.state.extra.is_object() && ck.state.extra.contains("export"))
-    info = parse_export_info(ck.state.extra.at("export"), source);
-  if (!overrides.target_layer_ids.empty()) info.target_layer_ids = overrides.target_layer_ids;
-  if (overrides.num_target_layers > 0) info.num_target_layers = overrides.num_target_layers;
-  if (overrides.max_position_embeddings > 0) info.max_position_embeddings = overrides.max_position_embeddings;
-  try {
-    validate_export_info(info, ck.drafter);
-  } catch (const Error& e) {
-    DFLASH_USER_CHECK(false, "{} (values from {}, then the explicit ones; give the missing or wrong ones "
-                 "explicitly)", e.what(), source);
-  }
-  export_drafter(ck.drafter, ck.params, info, out_dir, dtype);
-}
-
 ExportedDrafter load_exported_drafter(const std::string& dir) {
   const fs::path cfg_path = fs::path(dir) / "config.json";
   const std::string src = cfg_path.string();
@@ -225,4 +212,4 @@ ExportedDrafter load_exported_drafter(const std::string& dir) {
   return out;
 }
 
-}  // namespace dflash::io
+}  // namespace dflash::model

@@ -16,9 +16,10 @@
 
 #include "lib/model/adamw.h"
 #include "lib/model/drafter_config.h"
+#include "lib/model/drafter_export.h"
 #include "lib/model/drafter_params.h"
 
-namespace dflash::io {
+namespace dflash::train {
 
 constexpr const char* kCheckpointMagic = "dflash_mpi checkpoint";
 constexpr int kCheckpointVersion = 1;
@@ -104,4 +105,10 @@ std::vector<std::string> prune_checkpoints(const std::string& out_dir, int keep)
 // then folded with the byte length through SplitMix64 (docs/checkpoints.md gives the exact definition).
 uint64_t checkpoint_hash(const void* data, size_t bytes);
 
-}  // namespace dflash::io
+// Exports a checkpoint directory (verified as read_checkpoint does; the optimizer is not read) as model/
+// export_drafter does. The target facts come from its state.json extra["export"]; a non-empty / non-zero field of
+// `overrides` replaces that field (and supplies it when the checkpoint has none).
+void export_checkpoint(const std::string& step_dir, const std::string& out_dir, io::DType dtype,
+                       const model::DrafterExportInfo& overrides = {});
+
+}  // namespace dflash::train

@@ -1,7 +1,7 @@
 #pragma once
 // Drafter export (docs/export.md): `model.safetensors` + `config.json` in the DFlash naming that the DFlash reference
-// and serving engines load (ARCHITECTURE.md "Files users bring and get"), from a checkpoint or from weights in
-// memory; and the loader that reads such a directory back (bf16 or fp32) for tests and tools.
+// and serving engines load, from weights in memory (a checkpoint exports through lib/train/checkpoint.h); and the
+// loader that reads such a directory back (bf16 or fp32) for tests and tools.
 #include <string>
 #include <vector>
 
@@ -11,7 +11,9 @@
 #include "lib/model/drafter_config.h"
 #include "lib/model/drafter_params.h"
 
-namespace dflash::io {
+namespace dflash::model {
+
+using io::DType;
 
 // Facts about the target that config.json needs beyond the drafter's shape. The trainer records them in every
 // checkpoint as state.extra["export"] = export_info_json(info), so a checkpoint exports on its own.
@@ -35,12 +37,6 @@ nlohmann::ordered_json drafter_config_json(const DrafterConfig& cfg, const Draft
 void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params, const DrafterExportInfo& info,
                     const std::string& out_dir, DType dtype);
 
-// The same from a checkpoint directory (verified as read_checkpoint does; the optimizer is not read). The target
-// facts come from its state.json extra["export"]; a non-empty / non-zero field of `overrides` replaces that field
-// (and supplies it when the checkpoint has none).
-void export_drafter(const std::string& step_dir, const std::string& out_dir, DType dtype,
-                    const DrafterExportInfo& overrides = {});
-
 struct ExportedDrafter {
   DrafterConfig config;
   DrafterParams<float> params;  // widened to fp32 (exact for bf16)
@@ -51,4 +47,4 @@ struct ExportedDrafter {
 // Reads an exported directory back: config.json (architecture, keys) and every tensor by name and shape.
 ExportedDrafter load_exported_drafter(const std::string& dir);
 
-}  // namespace dflash::io
+}  // namespace dflash::model
