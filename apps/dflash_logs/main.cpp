@@ -1,6 +1,7 @@
-// dflash_logs RUN_DIR [--merge] [--level warn] [--rank R] [--tail N]: reads a run's per-rank logs.
+// dflash_logs RUN_DIR [--merge] [--level warn] [--rank R] [--tail N] [--garbled]: reads a run's per-rank logs.
 // Without --merge: one summary line per rank (line, warning and error counts, last line) — the first look after a
-// failed or hanging job. With --merge: the lines of every rank interleaved by time.
+// failed or hanging job. With --merge: the lines of every rank interleaved by time. --garbled: the lines not in
+// the log format (a torn write after a crash), as file:line.
 #include <cstdio>
 #include <exception>
 
@@ -9,14 +10,20 @@
 
 int main(int argc, char** argv) {
   try {
-    dflash::Args args(argc, argv, {"level", "rank", "tail"}, {"merge", "help"});
+    dflash::Args args(argc, argv, {"level", "rank", "tail"}, {"merge", "garbled", "help"});
     if (args.has("help") || args.positional().size() != 1) {
       std::fprintf(stderr,
-                   "usage: dflash_logs RUN_DIR [--merge] [--level debug|info|warn|error] [--rank R] [--tail N]\n"
-                   "  RUN_DIR is the run's out_dir (it holds logs/rank_XX.log)\n");
+                   "usage: dflash_logs RUN_DIR [--merge] [--level debug|info|warn|error] [--rank R] [--tail N] "
+                   "[--garbled]\n"
+                   "  RUN_DIR is the run's out_dir (it holds logs/rank_XX.log)\n"
+                   "  --garbled  list the lines not in the log format (torn writes after a crash) as file:line\n");
       return args.has("help") ? 0 : 2;
     }
     const auto logs = dflash::read_run_logs(args.positional()[0]);
+    if (args.has("garbled")) {
+      std::fputs(dflash::garbled_report(logs).c_str(), stdout);
+      return 0;
+    }
     const bool merge = args.has("merge") || args.has("level") || args.has("rank") || args.has("tail");
     if (!merge) {
       std::fputs(dflash::summarise_logs(logs).c_str(), stdout);
