@@ -16,6 +16,7 @@ struct RunSection {
   int64_t seed = 0;                   // every random stream derives from it (init, shuffle, anchors)
   std::string device = "cpu";         // cpu | cuda
   int64_t steps = 0;                  // optimizer steps; 0 = as many as data.epochs allows
+  double watchdog_seconds = 1800;     // a rank blocked this long in one wait aborts the job; 0 = off
 };
 
 struct LayoutSection {

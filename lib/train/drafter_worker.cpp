@@ -68,8 +68,9 @@ std::string write_final_weights(const std::string& out_dir, const DrafterParams<
 
 void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                         const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& opt,
-                        Logger& log) {
-  comm::MpiTransport dp(comms.dp()), world(comms.world());
+                        Logger& log, Watchdog& watchdog) {
+  comm::MpiTransport dp_mpi(comms.dp()), world_mpi(comms.world());
+  WatchedTransport dp(dp_mpi, watchdog, "drafter DP group"), world(world_mpi, watchdog, "world");
   Timer load_timer;
   const model::TargetVocab vocab = model::load_target_vocab(cfg.target.path);
   DFLASH_CHECK(vocab.vocab == plan.target.vocab && vocab.hidden == plan.target.hidden,
@@ -105,7 +106,12 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
 
   const bool reporter = layout.dp_rank == 0;
   std::optional<MetricsWriter> metrics;
-  if (reporter) metrics.emplace(cfg.run.out_dir, opt.start_step > 0);
+  if (reporter) {
+    metrics.emplace(cfg.run.out_dir, opt.start_step);
+    if (metrics->dropped() > 0)
+      log.warn("{}: dropped {} record(s) past step {} (steps a stopped attempt ran after its last checkpoint, or a "
+               "torn line); kept {}", metrics->path(), metrics->dropped(), opt.start_step, metrics->kept());
+  }
   auto save = [&](int64_t next_step) {
     if (!reporter) return;
     Timer t;

@@ -10,13 +10,16 @@
 #include <optional>
 
 #include "lib/comm/layout.h"
+#include "lib/comm/mpi_transport.h"
 #include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 #include "lib/model/qwen_config.h"
 #include "lib/io/export.h"
 #include "lib/train/checkpointing.h"
+#include "lib/train/job_identity.h"
 #include "lib/train/log.h"
+#include "lib/train/run_lock.h"
 #include "lib/train/signals.h"
 #include "lib/train/run_plan.h"
 #include "lib/train/workers.h"
@@ -128,20 +131,36 @@ int run_export(const std::vector<std::string>& args) {
 // Prints the error once and takes the world down. Errors every rank hits alike (config, layout, data) are
 // printed by world rank 0; the others give it a moment to do so, then abort too. An error only one rank sees is
 // printed by that rank (after the same moment) with its identity.
-[[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, Logger* log) {
+// Writes an error line to the rank's log (and stderr); when the log cannot be written (full disk), to stderr.
+void report_error(const std::string& who, const std::string& message, Logger* log) {
+  if (log) {
+    try {
+      log->error("{}", message);  // to stderr and to the rank's log file, with its identity
+      return;
+    } catch (const std::exception& e) {  // the log itself cannot be written: stderr still gets both
+      std::fprintf(stderr, "dflash_mpi %s: error: %s (%s)\n", log->prefix().c_str(), message.c_str(), e.what());
+      return;
+    }
+  }
+  std::fprintf(stderr, "dflash_mpi%s: error: %s\n", who.empty() ? "" : (" " + who).c_str(), message.c_str());
+}
+
+[[noreturn]] void abort_now(RunLock* lock) {
+  if (lock) lock->release();  // the job ends here: the next one may use out_dir
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+[[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, Logger* log,
+                              RunLock* lock) {
   if (rank != 0) {
     // mpirun answers rank 0's abort with SIGTERM: let it end this rank quietly instead of the stop handler
     std::signal(SIGTERM, SIG_DFL);
     sleep(2);
   }
-  if (log) {
-    log->error("{}", message);  // to the rank's log file and to stderr, with its identity
-  } else {
-    std::fprintf(stderr, "dflash_mpi%s: error: %s\n", who.empty() ? "" : (" " + who).c_str(), message.c_str());
-  }
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
+  report_error(who, message, log);
+  abort_now(lock);
 }
 
 }  // namespace
@@ -152,6 +171,7 @@ int dflash_mpi_main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::string who;
+  std::optional<RunLock> lock;  // world rank 0: out_dir is this job's until the end
   std::unique_ptr<Logger> log;
   try {
     if (argc >= 2 && std::string(argv[1]) == "--export") {
@@ -184,6 +204,10 @@ int dflash_mpi_main(int argc, char** argv) {
     DFLASH_USER_CHECK(cfg.layout.transport == "mpi",
                  "layout.transport = {}: only the MPI transport is implemented; set layout.transport: mpi",
                  cfg.layout.transport);
+    // nothing is written to out_dir before world rank 0 holds it (a refused job must not touch another's files)
+    const JobIdentity me = current_job_identity();
+    if (rank == 0) lock.emplace(cfg.run.out_dir, me);
+    MPI_Barrier(MPI_COMM_WORLD);
     const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
     // targets check every token id against the vocabulary on open; drafters only need the offsets
     const bool is_target = layout.role == comm::Role::Target;
@@ -205,7 +229,22 @@ int dflash_mpi_main(int argc, char** argv) {
     id.index = is_target ? layout.tp_rank : layout.dp_rank;
     if (is_target && cfg.layout.target_groups > 1) id.group = layout.group;
     const bool console = !is_target && layout.dp_rank == 0;
-    log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console);
+    // every attempt (first run, resume, requeue) appends to the rank's log after a header saying who runs it
+    log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console,
+                                   fmt::format("===== attempt: {} =====", describe(me)));
+    if (lock && !lock->taken_over().empty()) log->warn("{}", lock->taken_over());
+    // a rank blocked in one wait for run.watchdog_seconds says so and takes the job down
+    Watchdog watchdog(cfg.run.watchdog_seconds, [&](const std::string& what, double waited) {
+      const std::string message = fmt::format(
+          "watchdog: world rank {} has waited {:.0f} s for the {} (run.watchdog_seconds = {}): a rank is stopped "
+          "or stalled (SIGSTOP, a hung device, a dead link); aborting the job",
+          rank, waited, what, cfg.run.watchdog_seconds);
+      report_error(who, message, log.get());
+      sleep(2);  // the other ranks' watchdogs, which fire about now, report their waits too: the stall's shape
+      abort_now(lock ? &*lock : nullptr);
+    });
+    comm::MpiTransport world_mpi(MPI_COMM_WORLD);
+    WatchedTransport world(world_mpi, watchdog, "world");
     log->info("{} ranks ({}); config {} (hash {})", size, who, cli.file, config_hash_hex(cfg));
 
     // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
@@ -222,24 +261,25 @@ int dflash_mpi_main(int argc, char** argv) {
         log->info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
       }
     }
-    MPI_Bcast(&start_step, 1, MPI_INT64_T, first_drafter, MPI_COMM_WORLD);
+    world.broadcast(&start_step, 1, first_drafter);
     DFLASH_USER_CHECK(start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
                  start_step, plan.total_steps);
     if (is_target) {
-      run_target_worker(cfg, plan, layout, comms, data, start_step, *log);
+      run_target_worker(cfg, plan, layout, comms, data, start_step, *log, watchdog);
     } else {
       DrafterRunOptions o;
       o.start_step = start_step;
       o.resume = resumed ? &*resumed : nullptr;
       o.stop_after = options.stop_after;
       o.dump_dir = options.dump_dir;
-      run_drafter_worker(cfg, plan, layout, comms, data, o, *log);
+      run_drafter_worker(cfg, plan, layout, comms, data, o, *log, watchdog);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    world.barrier();
   } catch (const std::exception& e) {
-    abort_world(rank, who, e.what(), log.get());
+    abort_world(rank, who, e.what(), log.get(), lock ? &*lock : nullptr);
   }
   log.reset();
+  lock.reset();
   MPI_Finalize();
   return 0;
 }
