@@ -116,7 +116,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     if (!reporter) return;
     Timer t;
     const std::string dir = io::save_checkpoint(cfg.run.out_dir, plan.drafter, trainer.params(), trainer.optimizer(),
-                                                training_state(cfg, plan, next_step));
+                                                training_state(cfg, plan, next_step, opt.dataset_identity));
     const auto removed = io::prune_checkpoints(cfg.run.out_dir, cfg.ckpt.keep);
     log.info("checkpoint: {} ({:.2f} s){}", dir, t.seconds(),
              removed.empty() ? "" : fmt::format("; removed {} older", removed.size()));

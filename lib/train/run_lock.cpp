@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -38,8 +37,6 @@ std::string read_all(int fd) {
   for (ssize_t n; (n = ::pread(fd, buf, sizeof buf, off)) > 0 && text.size() < 65536; off += n) text.append(buf, size_t(n));
   return text;
 }
-
-bool process_alive(long pid) { return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM); }
 
 std::string holder_text(const LockRecord& r) {
   return r.valid ? fmt::format("{}, since {}", describe(r.holder), r.since) : std::string("an unreadable record");
@@ -110,9 +107,11 @@ RunLock::RunLock(const std::string& out_dir, const JobIdentity& me) {
   const std::string left = read_all(fd_);
   if (!left.empty()) {
     const LockRecord r = parse_lock_record(left);
-    const bool same_host_and_gone = r.valid && r.holder.host == me.host && !process_alive(r.holder.pid);
+    // on one host flock is authoritative: the holder's lock is free, so its process has ended (its pid may still
+    // show as a zombie for a moment, or be reused)
+    const bool same_host = r.valid && r.holder.host == me.host;
     const bool same_job = r.valid && !r.holder.job.empty() && r.holder.job == me.job;
-    if (!(same_host_and_gone || same_job)) {
+    if (!(same_host || same_job)) {
       ::close(fd_);
       fd_ = -1;
       DFLASH_USER_FAIL("run.out_dir '{}' holds a lock left by {} that this host cannot prove gone (the job died "
@@ -122,7 +121,7 @@ RunLock::RunLock(const std::string& out_dir, const JobIdentity& me) {
                        out_dir, holder_text(r), path_);
     }
     taken_over_ = fmt::format("took over the stale lock {} left by {} ({})", path_, holder_text(r),
-                              same_job ? "an earlier attempt of this job" : "that process is gone");
+                              same_job ? "an earlier attempt of this job" : "that process has ended");
   }
   const std::string record = format_lock_record(me, now_text());
   const bool written = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, record.data(), record.size(), 0) == ssize_t(record.size()) &&

@@ -5,7 +5,7 @@
 //
 // A second job finds the flock taken: refused, naming the holder. A LOCK left by a job that died without
 // releasing it (kill -9, node crash) while its flock is free is "stale": taken over with a note when its holder
-// ran on this host (its pid is checked: gone) or was an earlier attempt of the same slurm job (a requeue);
+// ran on this host (flock is authoritative on one host) or was an earlier attempt of the same slurm job (a requeue);
 // otherwise refused, naming the holder and how to clear it (flock may not reach across nodes on every shared
 // file system, so another host's record is not proof that its job is gone).
 #include <string>

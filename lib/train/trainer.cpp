@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -17,10 +18,12 @@
 #include "lib/model/qwen_config.h"
 #include "lib/io/export.h"
 #include "lib/train/checkpointing.h"
+#include "lib/train/data_facts.h"
 #include "lib/train/job_identity.h"
 #include "lib/train/log.h"
 #include "lib/train/run_lock.h"
 #include "lib/train/signals.h"
+#include "lib/train/target_check.h"
 #include "lib/train/run_plan.h"
 #include "lib/train/workers.h"
 
@@ -76,8 +79,11 @@ ProgramOptions parse_program_options(const std::vector<std::string>& rest) {
 int run_check(const TrainConfig& cfg) {
   const int world = cfg.layout.target_tp * cfg.layout.target_groups + cfg.layout.drafter_dp;
   const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
-  const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/true);
+  const TargetWeightsSummary weights = check_target_weights(cfg.target.path, target);
+  const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/false);  // scan_data_facts checks every token
   const RunPlan plan = make_run_plan(cfg, target, data.size());
+  const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+  check_data_facts(facts, cfg);
   const DrafterParams<float> params(plan.drafter);
   std::printf("%s\n", format_config_table(cfg).c_str());
   auto size = [](double bytes) {
@@ -94,12 +100,22 @@ int run_check(const TrainConfig& cfg) {
   std::printf("  target         %s: %d layers, H %d, %d Q / %d KV heads, vocab %d; taps %s\n", cfg.target.path.c_str(),
               target.layers, target.hidden, target.heads, target.kv_heads, target.vocab,
               fmt::format("{}", fmt::join(plan.tap_ids, ",")).c_str());
+  std::string dtypes;
+  for (const auto& [dtype, count] : weights.dtypes) dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count, dtype);
+  std::printf("  target weights %lld tensors with the shapes config.json implies (%s), %.3g parameters\n",
+              (long long)weights.tensors, dtypes.c_str(), double(weights.parameters));
   std::printf("  drafter        %d layers, %d Q / %d KV heads x %d, I %d, block %d: %zu parameters\n",
               plan.drafter.layers, plan.drafter.heads, plan.drafter.kv_heads, plan.drafter.head_dim,
               plan.drafter.intermediate, plan.drafter.block_size, params.flat.size());
   std::printf("  data           %s: %lld sequences, %lld tokens; %lld steps per epoch, %lld steps\n",
               cfg.data.path.c_str(), (long long)data.size(), (long long)data.total_tokens(),
               (long long)plan.steps_per_epoch, (long long)plan.total_steps);
+  std::printf("  trained        %lld tokens with loss_mask 1 (%.1f%%), %lld anchor candidates; longest sequence %lld "
+              "(block %d)\n",
+              (long long)facts.trained_tokens, 100.0 * double(facts.trained_tokens) / double(std::max<int64_t>(facts.tokens, 1)),
+              (long long)facts.anchor_candidates, (long long)facts.longest, plan.drafter.block_size);
+  std::printf("  data identity  %s (recorded in checkpoints; a resume on other data is refused)\n",
+              facts.identity().c_str());
   std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "
               "grads + AdamW %s, loss scratch %s\n",
               size(target_params * 4 / cfg.layout.target_tp).c_str(),
@@ -107,7 +123,7 @@ int run_check(const TrainConfig& cfg) {
               size(double(params.flat.size()) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
   const std::string resume = resolve_resume_dir(cfg);
   if (!resume.empty()) {
-    const io::LoadedCheckpoint c = io::load_checkpoint(resume, checkpoint_expectation(cfg, plan));
+    const io::LoadedCheckpoint c = io::load_checkpoint(resume, checkpoint_expectation(cfg, plan, facts.identity()));
     std::printf("  resume         %s (step %lld) verified\n", resume.c_str(), (long long)c.state.step);
   } else {
     std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
@@ -165,7 +181,31 @@ void report_error(const std::string& who, const std::string& message, Logger* lo
 
 }  // namespace
 
+// --export and --check run as plain processes, without MPI (a login node, a laptop): errors go to stderr.
+int run_without_mpi(const char* what, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dflash_mpi %s: error: %s\n", what, e.what());
+    return 1;
+  }
+}
+
 int dflash_mpi_main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--export")
+    return run_without_mpi("--export", [&] { return run_export(std::vector<std::string>(argv + 2, argv + argc)); });
+  bool check = false;
+  try {  // a malformed command line is reported below, once, by the MPI path
+    const ConfigCli cli = parse_config_cli(argc, argv);
+    check = !cli.file.empty() && parse_program_options(cli.rest).check;
+  } catch (const std::exception&) {
+  }
+  if (check)
+    return run_without_mpi("--check", [&] {
+      const ConfigCli cli = parse_config_cli(argc, argv);
+      return run_check(load_config(cli.file, cli.sets));
+    });
+
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -174,12 +214,6 @@ int dflash_mpi_main(int argc, char** argv) {
   std::optional<RunLock> lock;  // world rank 0: out_dir is this job's until the end
   std::unique_ptr<Logger> log;
   try {
-    if (argc >= 2 && std::string(argv[1]) == "--export") {
-      int rc = 0;
-      if (rank == 0) rc = run_export(std::vector<std::string>(argv + 2, argv + argc));
-      MPI_Finalize();
-      return rc;
-    }
     ConfigCli cli = parse_config_cli(argc, argv);
     if (cli.file.empty()) {
       if (rank == 0) std::fprintf(stderr, "%s", kUsage);
@@ -189,11 +223,6 @@ int dflash_mpi_main(int argc, char** argv) {
     const ProgramOptions options = parse_program_options(cli.rest);
     install_stop_signal_handlers();
     const TrainConfig cfg = load_config(cli.file, cli.sets);
-    if (options.check) {
-      const int rc = rank == 0 ? run_check(cfg) : 0;
-      MPI_Finalize();
-      return rc;
-    }
     const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
                                                      cfg.layout.drafter_dp, size, rank);
     who = layout.describe();
@@ -207,8 +236,9 @@ int dflash_mpi_main(int argc, char** argv) {
     // nothing is written to out_dir before world rank 0 holds it (a refused job must not touch another's files)
     const JobIdentity me = current_job_identity();
     if (rank == 0) lock.emplace(cfg.run.out_dir, me);
-    MPI_Barrier(MPI_COMM_WORLD);
     const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
+    if (rank == 0) check_target_weights(cfg.target.path, target);  // headers only: every rank would fail alike
+    MPI_Barrier(MPI_COMM_WORLD);
     // targets check every token id against the vocabulary on open; drafters only need the offsets
     const bool is_target = layout.role == comm::Role::Target;
     const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/is_target);
@@ -251,10 +281,18 @@ int dflash_mpi_main(int argc, char** argv) {
     std::optional<io::LoadedCheckpoint> resumed;
     int64_t start_step = 0;
     const int first_drafter = layout.drafter_world_rank(0);
+    std::string dataset_identity;
     if (rank == first_drafter) {
+      // one pass over the data: what would train nothing or the wrong thing is refused; its identity goes into
+      // every checkpoint and must match the one resumed from
+      const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+      check_data_facts(facts, cfg);
+      dataset_identity = facts.identity();
+      log->info("data: {}; {} trained tokens, {} anchor candidates", dataset_identity, facts.trained_tokens,
+                facts.anchor_candidates);
       const std::string dir = resolve_resume_dir(cfg);
       if (!dir.empty()) {
-        resumed.emplace(io::load_checkpoint(dir, checkpoint_expectation(cfg, plan)));
+        resumed.emplace(io::load_checkpoint(dir, checkpoint_expectation(cfg, plan, dataset_identity)));
         start_step = resumed->state.step;
         log->info("resuming from {} at step {}", dir, start_step);
       } else if (cfg.ckpt.resume == "auto") {
@@ -272,6 +310,7 @@ int dflash_mpi_main(int argc, char** argv) {
       o.resume = resumed ? &*resumed : nullptr;
       o.stop_after = options.stop_after;
       o.dump_dir = options.dump_dir;
+      o.dataset_identity = dataset_identity;
       run_drafter_worker(cfg, plan, layout, comms, data, o, *log, watchdog);
     }
     world.barrier();

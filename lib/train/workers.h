@@ -26,6 +26,7 @@ struct DrafterRunOptions {
   const io::LoadedCheckpoint* resume = nullptr;  // on drafter rank 0 when resuming: weights + optimizer state
   int64_t stop_after = 0;                     // > 0: stop (with a checkpoint) after this many steps of this run
   std::string dump_dir;                       // non-empty: run one step, write its dump there, stop
+  std::string dataset_identity;               // on drafter rank 0: DataFacts::identity(), recorded in checkpoints
 };
 
 // Steps [start_step, plan.total_steps) on this drafter rank, or fewer on a stop. The first drafter rank prints

@@ -99,8 +99,21 @@ case "$case" in
     grep -q "64 sequences, 4980 tokens; 10 steps per epoch, 600 steps" "$out/log" || fail "wrong data plan"
     grep -q "94656 parameters" "$out/log" || fail "wrong drafter size"
     [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"
+    grep -q "target weights 91 tensors with the shapes config.json implies" "$out/log" || fail "weights not verified"
+    grep -q "trained        3072 tokens with loss_mask 1" "$out/log" || fail "no trained-token count"
     expect_error "drafter.mask_token_id = 600 is outside the target vocabulary" "$bin" \
       "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set drafter.mask_token_id=600 --check
+    # --check is a plain process: it works where MPI cannot even start (an unusable transport)
+    OMPI_MCA_pml=bogus "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --check >"$out/no_mpi.log" 2>&1 ||
+      { cat "$out/no_mpi.log"; fail "--check needed MPI"; }
+    # a target folder holding only config.json, a mask token the data trains on, a block longer than every sequence
+    mkdir -p "$out/bare" && cp "$tiny/target/config.json" "$out/bare/"
+    expect_error "checkpoint $out/bare" "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
+      --set "target.path=$out/bare" --check
+    expect_error "trained position(s) hold drafter.mask_token_id = 5 " "$bin" "$src/mpi_launch/configs/tiny.yaml" \
+      "${common[@]}" --set drafter.mask_token_id=5 --check
+    expect_error "drafter.block_size = 200 is longer than every sequence" "$bin" "$src/mpi_launch/configs/tiny.yaml" \
+      "${common[@]}" --set drafter.block_size=200 --check
     ;;
   world_mismatch)
     expect_error "the world has 7 ranks" "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}"
@@ -175,6 +188,15 @@ case "$case" in
     expect_error "drafter_dp=3, this run has drafter_dp=1" "$mpirun_sh" -np 6 "$bin" \
       "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4 --set layout.drafter_dp=1 \
       --set ckpt.resume=auto
+    # the checkpoint records its data's identity; a resume on other data (same config) is refused, naming both
+    grep -q '"dataset": "64 sequences, 4980 tokens, content 0x[0-9a-f]\{16\}"' "$out/run/ckpt/step_00000004/state.json" ||
+      fail "state.json lacks the dataset identity"
+    awk 'BEGIN { srand(3); for (s = 0; s < 8; ++s) { printf "{\"input_ids\": ["; for (i = 0; i < 30; ++i)
+         printf "%s%d", (i ? ", " : ""), 1 + int(rand() * 500); print "]}" } }' >"$out/other.jsonl"
+    "$build/apps/dflash_data" import-jsonl "$out/other.jsonl" "$out/other.h5" >/dev/null
+    expect_error "trained on the dataset '64 sequences, 4980 tokens, content 0x.*', this run's data.path is '8 sequences, 240 tokens" \
+      "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4 \
+      --set ckpt.resume=auto --set "data.path=$out/other.h5"
     ;;
   sigterm)
     # SIGTERM to every rank mid-run: the job finishes its step, writes a complete checkpoint, exits 0; resume goes on
