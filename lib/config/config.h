@@ -120,13 +120,7 @@ void apply_override(TrainConfig& cfg, const std::string& set);
 // Required keys present and cross-key rules (layer_types length, heads divisible, ...). load_config calls it.
 void validate_config(const TrainConfig& cfg);
 
-// Command line of programs that take a config: `CONFIG.yaml [--set key=value]... [other args]`.
-struct ConfigCli {
-  std::string file;                  // first positional argument ("" when none)
-  std::vector<std::string> sets;     // every --set key=value / --set=key=value, in order
-  std::vector<std::string> rest;     // everything else, in order (for the program's own options)
-};
-ConfigCli parse_config_cli(int argc, char** argv);
+// The command line of dflash_mpi (CONFIG.yaml, --set key=value, ...) is parsed in lib/train/cli.h.
 
 // The resolved config as an aligned table: key, value, source (default | file | --set).
 std::string format_config_table(const TrainConfig& cfg);

@@ -18,6 +18,7 @@
 #include "lib/model/qwen_config.h"
 #include "lib/io/export.h"
 #include "lib/train/checkpointing.h"
+#include "lib/train/cli.h"
 #include "lib/train/data_facts.h"
 #include "lib/train/job_identity.h"
 #include "lib/train/log.h"
@@ -30,50 +31,6 @@
 namespace dflash::train {
 
 namespace {
-
-const char* kUsage =
-    "usage: mpirun -np N dflash_mpi CONFIG.yaml [--set key=value ...] [--stop-after-steps K] [--dump-step DIR]\n"
-    "       dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]\n"
-    "  N must equal layout.target_tp * layout.target_groups + layout.drafter_dp (default 5*1+3 = 8).\n"
-    "  --stop-after-steps K  run K steps from the start (or the resumed step), write a checkpoint, exit\n"
-    "  --dump-step DIR       run one step and write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors\n"
-    "  --export              write a checkpoint as model.safetensors + config.json for serving (docs/export.md)\n"
-    "  --check               (no mpirun) validate the config, target config.json, data and checkpoint to resume;\n"
-    "                        print the plan and memory estimates, run nothing\n"
-    "  SIGTERM / SIGUSR1: finish the current step, write a checkpoint, exit 0 (resume with ckpt.resume=auto).\n"
-    "  Keys: docs/config.md. Example: mpi_launch/configs/tiny.yaml\n";
-
-struct ProgramOptions {
-  int64_t stop_after = 0;
-  std::string dump_dir;
-  bool check = false;
-};
-
-// The options after the config file and its --set overrides.
-ProgramOptions parse_program_options(const std::vector<std::string>& rest) {
-  ProgramOptions o;
-  for (size_t i = 0; i < rest.size(); ++i) {
-    const std::string& a = rest[i];
-    auto value = [&]() -> const std::string& {
-      DFLASH_CHECK(i + 1 < rest.size(), "dflash_mpi: {} needs a value", a);
-      return rest[++i];
-    };
-    if (a == "--stop-after-steps") {
-      const std::string& v = value();
-      char* end = nullptr;
-      o.stop_after = std::strtoll(v.c_str(), &end, 10);
-      DFLASH_CHECK(end && *end == 0 && o.stop_after > 0, "dflash_mpi: --stop-after-steps expects a positive integer, "
-                                                         "got '{}'", v);
-    } else if (a == "--dump-step") {
-      o.dump_dir = value();
-    } else if (a == "--check") {
-      o.check = true;
-    } else {
-      DFLASH_FAIL("dflash_mpi: unknown option '{}'\n{}", a, kUsage);
-    }
-  }
-  return o;
-}
 
 // --check: everything that can be validated without the MPI job, and what the job would need.
 int run_check(const TrainConfig& cfg) {
@@ -133,14 +90,10 @@ int run_check(const TrainConfig& cfg) {
 }
 
 // dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]: no MPI job needed.
-int run_export(const std::vector<std::string>& args) {
-  DFLASH_CHECK(args.size() == 2 || (args.size() == 4 && args[2] == "--dtype"),
-               "usage: dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]");
-  const std::string dtype = args.size() == 4 ? args[3] : "bf16";
-  DFLASH_CHECK(dtype == "bf16" || dtype == "f32", "--dtype {}: use bf16 or f32", dtype);
-  io::export_drafter(args[0], args[1], dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
-  std::printf("exported %s to %s (%s): model.safetensors + config.json\n", args[0].c_str(), args[1].c_str(),
-              dtype.c_str());
+int run_export(const ExportOptions& o) {
+  io::export_drafter(o.step_dir, o.out_dir, o.dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
+  std::printf("exported %s to %s (%s): model.safetensors + config.json\n", o.step_dir.c_str(), o.out_dir.c_str(),
+              o.dtype.c_str());
   return 0;
 }
 
@@ -192,19 +145,24 @@ int run_without_mpi(const char* what, const std::function<int()>& body) {
 }
 
 int dflash_mpi_main(int argc, char** argv) {
+  // the command line is read before MPI starts: --help, --export, --check and usage errors need no MPI, and
+  // under mpirun only the first rank prints
+  const bool printer = launcher_rank() == 0;
   if (argc >= 2 && std::string(argv[1]) == "--export")
-    return run_without_mpi("--export", [&] { return run_export(std::vector<std::string>(argv + 2, argv + argc)); });
-  bool check = false;
-  try {  // a malformed command line is reported below, once, by the MPI path
-    const ConfigCli cli = parse_config_cli(argc, argv);
-    check = !cli.file.empty() && parse_program_options(cli.rest).check;
-  } catch (const std::exception&) {
-  }
-  if (check)
-    return run_without_mpi("--check", [&] {
-      const ConfigCli cli = parse_config_cli(argc, argv);
-      return run_check(load_config(cli.file, cli.sets));
+    return run_without_mpi("--export", [&] {
+      const auto o = parse_export_options(argc, argv, printer);
+      return o ? run_export(*o) : 0;
     });
+  std::optional<ProgramOptions> options;
+  try {
+    options = parse_program_options(argc, argv, printer);
+  } catch (const std::exception& e) {
+    if (printer) std::fprintf(stderr, "dflash_mpi: error: %s\n", e.what());
+    return 2;
+  }
+  if (!options) return 0;  // --help
+  if (options->check)
+    return run_without_mpi("--check", [&] { return run_check(load_config(options->config, options->sets)); });
 
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
@@ -214,15 +172,8 @@ int dflash_mpi_main(int argc, char** argv) {
   std::optional<RunLock> lock;  // world rank 0: out_dir is this job's until the end
   std::unique_ptr<Logger> log;
   try {
-    ConfigCli cli = parse_config_cli(argc, argv);
-    if (cli.file.empty()) {
-      if (rank == 0) std::fprintf(stderr, "%s", kUsage);
-      MPI_Finalize();
-      return 2;
-    }
-    const ProgramOptions options = parse_program_options(cli.rest);
     install_stop_signal_handlers();
-    const TrainConfig cfg = load_config(cli.file, cli.sets);
+    const TrainConfig cfg = load_config(options->config, options->sets);
     const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
                                                      cfg.layout.drafter_dp, size, rank);
     who = layout.describe();
@@ -275,7 +226,7 @@ int dflash_mpi_main(int argc, char** argv) {
     });
     comm::MpiTransport world_mpi(MPI_COMM_WORLD);
     WatchedTransport world(world_mpi, watchdog, "world");
-    log->info("{} ranks ({}); config {} (hash {})", size, who, cli.file, config_hash_hex(cfg));
+    log->info("{} ranks ({}); config {} (hash {})", size, who, options->config, config_hash_hex(cfg));
 
     // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
     std::optional<io::LoadedCheckpoint> resumed;
@@ -308,8 +259,8 @@ int dflash_mpi_main(int argc, char** argv) {
       DrafterRunOptions o;
       o.start_step = start_step;
       o.resume = resumed ? &*resumed : nullptr;
-      o.stop_after = options.stop_after;
-      o.dump_dir = options.dump_dir;
+      o.stop_after = options->stop_after;
+      o.dump_dir = options->dump_dir;
       o.dataset_identity = dataset_identity;
       run_drafter_worker(cfg, plan, layout, comms, data, o, *log, watchdog);
     }

@@ -219,17 +219,12 @@ TEST_CASE("config: resolved table and YAML round trip; hash stable and sensitive
   fs::remove_all(dir);
 }
 
-TEST_CASE("config: default tap layers and the command line") {
+TEST_CASE("config: default tap layers") {
   CHECK(default_target_layer_ids(64, 5) == std::vector<int>{1, 16, 31, 46, 61});
   CHECK(default_target_layer_ids(36, 5) == std::vector<int>{1, 9, 17, 25, 33});
   CHECK(default_target_layer_ids(30, 5) == std::vector<int>{1, 8, 14, 20, 27});  // halves round to even (Python)
   CHECK(default_target_layer_ids(28, 1) == std::vector<int>{14});
-  const char* argv[] = {"dflash_mpi", "cfg.yaml", "--set", "optim.lr=1", "--verbose", "--set=run.seed=3"};
-  ConfigCli cli = parse_config_cli(6, const_cast<char**>(argv));
-  CHECK(cli.file == "cfg.yaml");
-  CHECK(cli.sets == std::vector<std::string>{"optim.lr=1", "run.seed=3"});
-  CHECK(cli.rest == std::vector<std::string>{"--verbose"});
-}
+}  // the command line (CONFIG, --set, ...): tests/unit/test_cli.cpp
 
 TEST_CASE("config: docs/config.md documents every key") {
   namespace fs = std::filesystem;

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
