@@ -237,7 +237,23 @@ TrainConfig load_config(const std::string& file, const std::vector<std::string>&
   } catch (const YAML::Exception& e) {
     fail(fmt::format("{}:{}:{}", file, e.mark.line + 1, e.mark.column + 1), "YAML syntax error: " + e.msg);
   }
-  return load_from(root, file, sets);
+  TrainConfig cfg = load_from(root, file, sets);
+  resolve_paths_against(cfg, std::filesystem::path(file).parent_path());
+  return cfg;
+}
+
+void resolve_paths_against(TrainConfig& cfg, const std::filesystem::path& config_dir) {
+  namespace fs = std::filesystem;
+  auto resolve = [&](const char* key, std::string& value) {
+    const auto it = cfg.source.find(key);
+    if (it == cfg.source.end() || it->second != ConfigSource::kFile || value.empty() || fs::path(value).is_absolute())
+      return;
+    value = fs::absolute(config_dir / value).lexically_normal().string();
+  };
+  resolve("run.out_dir", cfg.run.out_dir);
+  resolve("target.path", cfg.target.path);
+  resolve("data.path", cfg.data.path);
+  if (cfg.ckpt.resume != "none" && cfg.ckpt.resume != "auto") resolve("ckpt.resume", cfg.ckpt.resume);
 }
 
 void validate_config(const TrainConfig& c) {

@@ -4,6 +4,7 @@
 // with its dotted path, type, range and help, and drives parsing, validation, printing, hashing and
 // docs/config.md. Adding a key = one member here + one row in schema.cpp + one row in docs/config.md.
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -111,7 +112,13 @@ struct TrainConfig {
 
 // Loads `file` (may be "" for defaults only), then applies `sets` ("key=value", dotted keys, in order), then
 // validates. Every user error throws dflash::Error naming the file (or the --set), the key and the fix.
+// Relative paths written in the file (run.out_dir, target.path, data.path, a ckpt.resume directory) resolve
+// against the file's folder (so a job finds them whatever its working directory); --set paths against the
+// working directory, as typed on the command line.
 TrainConfig load_config(const std::string& file, const std::vector<std::string>& sets = {});
+// The path resolution load_config applies: relative path keys whose source is the file become absolute paths
+// under config_dir.
+void resolve_paths_against(TrainConfig& cfg, const std::filesystem::path& config_dir);
 // The same from YAML text; `name` stands for the file in messages (tests, embedded configs).
 TrainConfig load_config_text(const std::string& yaml_text, const std::vector<std::string>& sets = {},
                              const std::string& name = "<config>");

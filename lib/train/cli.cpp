@@ -49,6 +49,8 @@ std::optional<ProgramOptions> parse_program_options(int argc, char** argv, bool 
   app.add_option("--dump-step", o.dump_dir,
                  "run one step; write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors");
   app.add_flag("--check", o.check, "(no mpirun) validate everything the job would read, print the plan, run nothing");
+  app.add_option("--print-key", o.print_key,
+                 "(no mpirun) print one key's resolved value (paths resolved), e.g. run.out_dir, and exit");
   if (!parse(app, argc, argv, print_help, "dflash_mpi")) return std::nullopt;
   for (const auto& s : o.sets)
     DFLASH_USER_CHECK(s.find('=') != std::string::npos, "dflash_mpi: --set {}: expected key=value, e.g. "

@@ -2,6 +2,7 @@
 // dflash_mpi's command line, parsed with CLI11 before MPI starts (so --help, --check, --export and a usage error
 // need no MPI):
 //   [mpirun -np N] dflash_mpi CONFIG.yaml [--set key=value]... [--stop-after-steps K] [--dump-step DIR] [--check]
+//   dflash_mpi CONFIG.yaml [--set key=value]... --print-key run.out_dir
 //   dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]
 // A usage error is a dflash::Error without source location that names the option and says where --help is.
 #include <cstdint>
@@ -17,6 +18,7 @@ struct ProgramOptions {
   int64_t stop_after = 0;           // --stop-after-steps K (> 0), 0 = not given
   std::string dump_dir;             // --dump-step DIR
   bool check = false;               // --check
+  std::string print_key;            // --print-key KEY: print the key's resolved value, run nothing (scripts)
 };
 
 struct ExportOptions {

@@ -161,6 +161,11 @@ int dflash_mpi_main(int argc, char** argv) {
     return 2;
   }
   if (!options) return 0;  // --help
+  if (!options->print_key.empty())
+    return run_without_mpi("--print-key", [&] {
+      std::printf("%s\n", config_value(load_config(options->config, options->sets), options->print_key).c_str());
+      return 0;
+    });
   if (options->check)
     return run_without_mpi("--check", [&] { return run_check(load_config(options->config, options->sets)); });
 
