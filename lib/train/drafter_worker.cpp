@@ -129,6 +129,8 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   while (next_step < plan.total_steps) {
     const int64_t step = next_step++;
     StepCapture capture;
+    std::vector<float> start_weights;  // --dump-step: the weights this step starts from
+    if (dumping) start_weights = trainer.params().flat;
     const StepResult r = trainer.run(
         step, [&](int, double* wait) { return receiver.next(wait); }, stop_signal() != 0,
         dumping ? &capture : nullptr);
@@ -136,7 +138,8 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     if (r.skipped)
       log.warn("step {}: no scored positions in the global batch (sum of weights 0): weights unchanged", step + 1);
     if (dumping) {
-      const std::string path = write_step_dump(opt.dump_dir, dp, plan, cfg, r, capture, trainer.params());
+      const std::string path = write_step_dump(opt.dump_dir, dp, plan, cfg, r, capture, trainer.params(),
+                                                 start_weights);
       if (reporter) log.info("step dump: {}", path);
     }
     const bool stop_after = opt.stop_after > 0 && next_step - opt.start_step >= opt.stop_after;

@@ -1,6 +1,8 @@
 #include "lib/train/log_reader.h"
 
 #include <algorithm>
+#include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <cerrno>
@@ -158,15 +160,59 @@ std::vector<LogLine> merge_logs(const std::vector<RankLog>& logs, LogLevel min_l
   return out;
 }
 
-std::string summarise_logs(const std::vector<RankLog>& logs) {
-  std::string s = fmt::format("{:<34} {:>6} {:>5} {:>6}  {}\n", "rank", "lines", "warn", "errors", "last line");
+double log_time_seconds(const std::string& time) {
+  if (!is_timestamp(time)) return -1;
+  std::tm tm{};
+  tm.tm_year = std::stoi(time.substr(0, 4)) - 1900;
+  tm.tm_mon = std::stoi(time.substr(5, 2)) - 1;
+  tm.tm_mday = std::stoi(time.substr(8, 2));
+  tm.tm_hour = std::stoi(time.substr(11, 2));
+  tm.tm_min = std::stoi(time.substr(14, 2));
+  tm.tm_sec = std::stoi(time.substr(17, 2));
+  tm.tm_isdst = -1;  // as Logger wrote it: local time
+  const std::time_t t = std::mktime(&tm);
+  return t == std::time_t(-1) ? -1 : double(t) + std::stoi(time.substr(20, 3)) / 1000.0;
+}
+
+namespace {
+
+// "12 s", "4 min", "3.2 h", "2.0 d"
+std::string age_text(double seconds) {
+  if (seconds < 0) return "?";
+  if (seconds < 120) return fmt::format("{:.0f} s", seconds);
+  if (seconds < 7200) return fmt::format("{:.0f} min", seconds / 60);
+  if (seconds < 172800) return fmt::format("{:.1f} h", seconds / 3600);
+  return fmt::format("{:.1f} d", seconds / 86400);
+}
+
+// The time of the last parsed line of a rank, < 0 when none.
+double last_time(const RankLog& log) {
+  for (auto it = log.lines.rbegin(); it != log.lines.rend(); ++it)
+    if (it->parsed) return log_time_seconds(it->time);
+  return -1;
+}
+
+}  // namespace
+
+std::string summarise_logs(const std::vector<RankLog>& logs, double now, double straggler_seconds) {
+  if (now < 0)
+    now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  double newest = -1;
+  for (const auto& log : logs) newest = std::max(newest, last_time(log));
+  std::string s = fmt::format("{:<34} {:>6} {:>5} {:>6} {:>8}  {}\n", "rank", "lines", "warn", "errors", "age",
+                              "last line");
   for (const auto& log : logs) {
     const std::string prefix = log.lines.empty() || log.lines.back().prefix.empty()
                                    ? fmt::format("[rank {}]", log.rank)
                                    : log.lines.back().prefix;
     const std::string last = log.lines.empty() ? "(empty)" : log.lines.back().message;
-    s += fmt::format("{:<34} {:>6} {:>5} {:>6}  {}\n", prefix, log.lines.size(), log.count(LogLevel::kWarn),
-                     log.count(LogLevel::kError), last.size() > 90 ? last.substr(0, 87) + "..." : last);
+    const double t = last_time(log);
+    s += fmt::format("{:<34} {:>6} {:>5} {:>6} {:>8}  {}\n", prefix, log.lines.size(), log.count(LogLevel::kWarn),
+                     log.count(LogLevel::kError), age_text(t < 0 ? -1 : std::max(0.0, now - t)),
+                     last.size() > 90 ? last.substr(0, 87) + "..." : last);
+    if (t >= 0 && newest - t > straggler_seconds)
+      s += fmt::format("{:<34} STRAGGLER: its last line is {} older than the newest of any rank\n", "",
+                       age_text(newest - t));
     if (const size_t bad = log.garbled(); bad > 0) {
       const auto first = std::find_if(log.lines.begin(), log.lines.end(), [](const LogLine& l) { return !l.parsed; });
       s += fmt::format("{:<34} {} garbled (first at {}:{}); `dflash_logs RUN_DIR --garbled` lists them\n", "", bad,

@@ -39,7 +39,13 @@ std::string garbled_report(const std::vector<RankLog>& logs);
 // All lines at or above min_level (of one rank when rank >= 0), ordered by time, then rank, then file order.
 std::vector<LogLine> merge_logs(const std::vector<RankLog>& logs, LogLevel min_level, int rank = -1);
 
-// One line per rank: its prefix, line / warning / error counts and its last line.
-std::string summarise_logs(const std::vector<RankLog>& logs);
+// One line per rank: its prefix, line / warning / error counts, the age of its last timestamped line (before
+// `now`, local seconds since the epoch; < 0 = the current time) and the line itself. A rank whose last line is
+// more than straggler_seconds older than the newest last line of any rank is flagged "STRAGGLER": in a job that
+// hangs, it is the rank that stopped first.
+std::string summarise_logs(const std::vector<RankLog>& logs, double now = -1, double straggler_seconds = 60);
+
+// "2026-11-29 11:56:26.928" (local time) as seconds since the epoch; < 0 when the text is not such a time.
+double log_time_seconds(const std::string& time);
 
 }  // namespace dflash

@@ -271,7 +271,7 @@ case "$case" in
     # --export of a checkpoint (f32 weights equal the checkpoint's), and --dump-step's file holds inputs, loss and
     # gradients under the export names
     "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 \
-      --set ckpt.every=2 >"$out/run.log"
+      --set ckpt.every=1 >"$out/run.log"
     "$bin" --export "$out/run/ckpt/step_00000002" "$out/export" --dtype f32
     for key in '"architectures"' '"DFlashDraftModel"' '"block_size"' '"target_layer_ids"' '"mask_token_id"'; do
       grep -q "$key" "$out/export/config.json" || fail "config.json lacks $key"
@@ -287,6 +287,33 @@ case "$case" in
         loss.weight_sum layers.1.mlp.down_proj.weight fc.weight hidden_norm.weight dflash.loss.kl; do
       grep -q "\"$key\"" <<<"$header" || fail "dump lacks $key"
     done
+    # the dump carries the loss's hyperparameters and the weights the step started from: a dump of step 2 resumed
+    # from the step-1 checkpoint holds exactly that checkpoint's weights
+    for key in weights.fc.weight dflash.loss.ce_weight dflash.loss.kl_weight dflash.loss.cap_weight \
+        dflash.loss.kl_temperature dflash.loss.decay_gamma dflash.block_size dflash.mask_token_id dflash.layer_types; do
+      grep -q "\"$key\"" <<<"$header" || fail "dump lacks $key"
+    done
+    grep -q '"dflash.layer_types":"full,full"' <<<"$header" || fail "dump layer types are not full,full"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 \
+      --set "run.out_dir=$out/dump_run2" --set "ckpt.resume=$out/run/ckpt/step_00000001" --dump-step "$out/dump2" \
+      >"$out/dump2.log"
+    python3 - "$out/dump2/step_00000002.safetensors" "$out/run/ckpt/step_00000001/model.safetensors" <<'PY' ||
+import json, struct, sys
+def tensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    header.pop("__metadata__", None)
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in header.items()}
+dump, ckpt = tensors(sys.argv[1]), tensors(sys.argv[2])
+start = {k[len("weights."):]: v for k, v in dump.items() if k.startswith("weights.")}
+assert start.keys() == ckpt.keys(), (sorted(start), sorted(ckpt))
+bad = [k for k in ckpt if start[k] != ckpt[k]]
+assert not bad, bad
+print(f"dump: {len(start)} starting-weight tensors equal the step-1 checkpoint bit for bit")
+PY
+      fail "the dump's starting weights differ from the checkpoint it resumed from"
     echo "PASS (export_dump)"
     ;;
   *)

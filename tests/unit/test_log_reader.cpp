@@ -136,3 +136,21 @@ TEST_CASE("log reader: a rank file name out of range or a folder where a log sho
   CHECK_THROWS_WITH_AS(read_run_logs(dir), doctest::Contains("rank_07.log is a folder, not a log file"),
                        dflash::Error);
 }
+
+TEST_CASE("log reader: the summary shows each rank's last-line age and flags stragglers") {
+  const std::string dir = test::scratch_dir("log_reader_age").string();
+  std::filesystem::create_directories(dir + "/logs");
+  write_bytes(dir + "/logs/rank_00.log", "2026-11-29 12:00:00.000 [rank 0 | target | 0] info  a\n"
+                                         "2026-11-29 12:10:00.000 [rank 0 | target | 0] info  step 90\n");
+  write_bytes(dir + "/logs/rank_06.log", "2026-11-29 12:03:00.500 [rank 6 | drafter | 1] info  step 20\n");
+  const double t0 = log_time_seconds("2026-11-29 12:10:00.000");
+  REQUIRE(t0 > 0);
+  CHECK(log_time_seconds("2026-11-29 12:03:00.500") == doctest::Approx(t0 - 419.5));
+  CHECK(log_time_seconds("not a time") < 0);
+  const std::string s = summarise_logs(read_run_logs(dir), t0 + 30, 60);
+  CHECK(s.find("age") != std::string::npos);
+  CHECK(s.find("  30 s  step 90") != std::string::npos);
+  CHECK(s.find("  7 min  step 20") != std::string::npos);
+  CHECK(s.find("STRAGGLER: its last line is 7 min older than the newest of any rank") != std::string::npos);
+  CHECK(s.find("STRAGGLER") == s.rfind("STRAGGLER"));  // rank 0 is not one
+}
