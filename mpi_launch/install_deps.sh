@@ -13,6 +13,7 @@ packages=(
   doctest-dev                     # unit tests
   libopenblas-openmp-dev          # CPU BLAS (cblas), OpenMP build: cooperates with our OpenMP loops
   nlohmann-json3-dev              # safetensors headers, config.json
+  libcli11-dev                    # command-line parsing and --help of every program
 )
 
 missing=()

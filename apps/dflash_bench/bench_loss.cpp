@@ -65,22 +65,17 @@ ChunkGemmTimes time_chunk_gemms(const float* W, int n, int H, int V, int reps) {
 }  // namespace
 
 int run_loss(int argc, char** argv) {
-  Args args(argc, argv, {"T", "H", "V", "chunk", "mode", "B", "ce", "kl", "tau", "cap", "top-k", "reps", "seed"},
-            {"help"});
-  if (args.has("help")) {
-    std::printf(
-        "dflash_bench loss [--T 4096] [--H 2048] [--V 32000] [--chunk 1024] [--mode recompute|fused|naive]\n"
-        "                  [--B 16] [--ce 1] [--kl 1] [--tau 1] [--cap 0.1] [--top-k 5] [--reps 1] [--seed 1]\n"
-        "Times forward + backward of the vocab loss in float, the same GEMMs alone (the bound), and the peak\n"
-        "resident memory the loss added. naive = one chunk of all T rows (materialises [T, V] logits).\n");
-    return 0;
-  }
+  Args args(argc, argv, {"T", "H", "V", "chunk", "mode", "B", "ce", "kl", "tau", "cap", "top-k", "reps", "seed"}, {},
+            "dflash_bench loss [--T 4096] [--H 2048] [--V 32000] [--chunk 1024] [--mode recompute|fused|naive]\n"
+            "                  [--B 16] [--ce 1] [--kl 1] [--tau 1] [--cap 0.1] [--top-k 5] [--reps 1] [--seed 1]\n"
+            "Times forward + backward of the vocab loss in float, the same GEMMs alone (the bound), and the peak\n"
+            "resident memory the loss added. naive = one chunk of all T rows (materialises [T, V] logits).\n");
   const int T = int(args.integer("T", 4096)), H = int(args.integer("H", 2048)), V = int(args.integer("V", 32000));
   const int B = int(args.integer("B", 16)), reps = int(args.integer("reps", 1));
   const std::string mode = args.str("mode", "recompute");
-  DFLASH_CHECK(mode == "recompute" || mode == "fused" || mode == "naive",
+  DFLASH_USER_CHECK(mode == "recompute" || mode == "fused" || mode == "naive",
                "--mode must be recompute, fused or naive (got '{}')", mode);
-  DFLASH_CHECK(T >= 1 && H >= 1 && V >= 2 && B >= 2 && reps >= 1, "--T, --H, --reps must be ≥ 1, --V and --B ≥ 2");
+  DFLASH_USER_CHECK(T >= 1 && H >= 1 && V >= 2 && B >= 2 && reps >= 1, "--T, --H, --reps must be ≥ 1, --V and --B ≥ 2");
   VocabLossSettings s;
   s.mode = mode == "recompute" ? VocabLossMode::recompute : VocabLossMode::fused;
   s.chunk_size = mode == "naive" ? T : int(args.integer("chunk", 1024));

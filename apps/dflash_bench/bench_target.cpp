@@ -53,25 +53,21 @@ int bench(int argc, char** argv) {
   Args a(argc, argv,
          {"model", "tp", "seq", "reps", "hidden", "layers", "heads", "kv-heads", "head-dim", "intermediate", "vocab",
           "dtype", "seed"},
-         {"help"});
-  if (a.has("help")) {
-    if (rank == 0)
-      std::printf(
-          "mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512] [--reps 3] [--model DIR | --hidden 512\n"
-          "       --layers 4 --heads 16 --kv-heads 8 --head-dim 32 --intermediate 1536 --vocab 4096 --dtype bf16]\n");
-    return 0;
-  }
+         {},
+         "mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512] [--reps 3] [--model DIR | --hidden 512\n"
+         "       --layers 4 --heads 16 --kv-heads 8 --head-dim 32 --intermediate 1536 --vocab 4096 --dtype bf16]\n"
+         "TP target forward tokens/s and all-reduce time for each TP size that fits the ranks.\n");
   std::vector<int> tps;
   {
     std::stringstream ss(a.str("tp", "1,2,3,5"));
     std::string part;
     while (std::getline(ss, part, ',')) {
       const int tp = std::stoi(part);
-      DFLASH_CHECK(tp >= 1, "--tp: sizes must be ≥ 1, got {}", tp);
+      DFLASH_USER_CHECK(tp >= 1, "--tp: sizes must be ≥ 1, got {}", tp);
       if (tp <= world) tps.push_back(tp);
     }
   }
-  DFLASH_CHECK(!tps.empty(), "--tp {}: no size fits in the {} ranks of this run (mpirun -np K)", a.str("tp", ""),
+  DFLASH_USER_CHECK(!tps.empty(), "--tp {}: no size fits in the {} ranks of this run (mpirun -np K)", a.str("tp", ""),
                world);
   const int S = int(a.integer("seq", 512)), reps = int(a.integer("reps", 3));
 

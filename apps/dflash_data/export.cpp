@@ -46,11 +46,7 @@ std::vector<int> parse_ids(const std::string& text) {
 }  // namespace
 
 int run_export(int argc, char** argv) {
-  Args args(argc, argv, {"dtype", "target-layer-ids", "num-target-layers", "max-position-embeddings"}, {"help"});
-  if (args.has("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  Args args(argc, argv, {"dtype", "target-layer-ids", "num-target-layers", "max-position-embeddings"}, {}, kUsage);
   DFLASH_USER_CHECK(args.positional().size() == 2, "expected STEP_DIR and OUT_DIR, got {} argument(s)\n{}",
               args.positional().size(), kUsage);
   const std::string dtype = args.str("dtype", "bf16");

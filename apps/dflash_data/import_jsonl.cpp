@@ -73,11 +73,7 @@ void parse_line(const std::string& where, const std::string& line, int64_t vocab
 }  // namespace
 
 int run_import_jsonl(int argc, char** argv) {
-  Args args(argc, argv, {"vocab"}, {"help"});
-  if (args.has("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  Args args(argc, argv, {"vocab"}, {}, kUsage);
   DFLASH_USER_CHECK(args.positional().size() == 2, "expected IN.jsonl OUT.h5, got {} argument(s)\n{}",
                args.positional().size(), kUsage);
   const std::string in = args.positional()[0], out = args.positional()[1];

@@ -21,11 +21,7 @@ constexpr const char* kUsage =
 }
 
 int run_inspect(int argc, char** argv) {
-  Args args(argc, argv, {"vocab", "seq"}, {"help"});
-  if (args.has("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  Args args(argc, argv, {"vocab", "seq"}, {}, kUsage);
   DFLASH_USER_CHECK(args.positional().size() == 1, "expected one FILE.h5, got {} argument(s)\n{}",
                args.positional().size(), kUsage);
   const std::string path = args.positional()[0];

@@ -28,11 +28,7 @@ constexpr const char* kUsage =
 }
 
 int run_make_prompts(int argc, char** argv) {
-  Args a(argc, argv, {"out", "vocab", "count", "min-len", "max-len", "reserve", "seed"}, {"help"});
-  if (a.has("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  Args a(argc, argv, {"out", "vocab", "count", "min-len", "max-len", "reserve", "seed"}, {}, kUsage);
   DFLASH_USER_CHECK(a.has("out") && a.has("vocab"), "--out OUT.h5 and --vocab V are required\n{}", kUsage);
   const std::string out = a.str("out", "");
   const int64_t vocab = a.integer("vocab", 0), count = a.integer("count", 64), reserve = a.integer("reserve", 1);

@@ -126,11 +126,7 @@ int regenerate(const Args& a, comm::Transport& tp) {
 }  // namespace
 
 int run_regenerate(int argc, char** argv) {
-  Args a(argc, argv, {"target", "prompts", "out", "max-new-tokens", "eos", "limit", "vocab-limit"}, {"help"});
-  if (a.has("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  Args a(argc, argv, {"target", "prompts", "out", "max-new-tokens", "eos", "limit", "vocab-limit"}, {}, kUsage);
   DFLASH_USER_CHECK(a.has("target") && a.has("prompts") && a.has("out"),
               "--target DIR, --prompts IN.h5 and --out OUT.h5 are required\n{}", kUsage);
   if (!launched_by_mpi()) {

@@ -1,22 +1,37 @@
-// dflash_logs RUN_DIR [--merge] [--level warn] [--rank R] [--tail N]: reads a run's per-rank logs.
+// dflash_logs RUN_DIR [--merge] [--level warn] [--rank R] [--tail N] [--garbled]: reads a run's per-rank logs.
 // Without --merge: one summary line per rank (line, warning and error counts, last line) — the first look after a
-// failed or hanging job. With --merge: the lines of every rank interleaved by time.
+// failed or hanging job. With --merge: the lines of every rank interleaved by time. --garbled: the lines not in
+// the log format (a torn write after a crash), as file:line.
 #include <cstdio>
 #include <exception>
 
 #include "lib/core/args.h"
 #include "lib/train/log_reader.h"
 
+namespace {
+constexpr const char* kUsage =
+    "usage: dflash_logs RUN_DIR [--merge] [--level debug|info|warn|error] [--rank R] [--tail N] [--garbled]\n"
+    "  RUN_DIR     the run's out_dir (it holds logs/rank_XX.log)\n"
+    "  (no option) one summary line per rank: line, warning and error counts, its last line\n"
+    "  --merge     the lines of every rank interleaved by time (implied by --level, --rank, --tail)\n"
+    "  --level L   only lines at or above level L\n"
+    "  --rank R    only world rank R\n"
+    "  --tail N    only the last N lines\n"
+    "  --garbled   list the lines not in the log format (torn writes after a crash) as file:line\n";
+}  // namespace
+
 int main(int argc, char** argv) {
   try {
-    dflash::Args args(argc, argv, {"level", "rank", "tail"}, {"merge", "help"});
-    if (args.has("help") || args.positional().size() != 1) {
-      std::fprintf(stderr,
-                   "usage: dflash_logs RUN_DIR [--merge] [--level debug|info|warn|error] [--rank R] [--tail N]\n"
-                   "  RUN_DIR is the run's out_dir (it holds logs/rank_XX.log)\n");
-      return args.has("help") ? 0 : 2;
+    const dflash::Args args(argc, argv, {"level", "rank", "tail"}, {"merge", "garbled"}, kUsage);
+    if (args.positional().size() != 1) {
+      std::fputs(kUsage, stderr);
+      return 2;
     }
     const auto logs = dflash::read_run_logs(args.positional()[0]);
+    if (args.has("garbled")) {
+      std::fputs(dflash::garbled_report(logs).c_str(), stdout);
+      return 0;
+    }
     const bool merge = args.has("merge") || args.has("level") || args.has("rank") || args.has("tail");
     if (!merge) {
       std::fputs(dflash::summarise_logs(logs).c_str(), stdout);
@@ -27,6 +42,8 @@ int main(int argc, char** argv) {
     const size_t tail = size_t(args.integer("tail", 0));
     for (size_t i = tail && lines.size() > tail ? lines.size() - tail : 0; i < lines.size(); ++i)
       std::printf("%s\n", lines[i].text.c_str());
+    return 0;
+  } catch (const dflash::HelpShown&) {
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dflash_logs: error: %s\n", e.what());

@@ -237,7 +237,23 @@ TrainConfig load_config(const std::string& file, const std::vector<std::string>&
   } catch (const YAML::Exception& e) {
     fail(fmt::format("{}:{}:{}", file, e.mark.line + 1, e.mark.column + 1), "YAML syntax error: " + e.msg);
   }
-  return load_from(root, file, sets);
+  TrainConfig cfg = load_from(root, file, sets);
+  resolve_paths_against(cfg, std::filesystem::path(file).parent_path());
+  return cfg;
+}
+
+void resolve_paths_against(TrainConfig& cfg, const std::filesystem::path& config_dir) {
+  namespace fs = std::filesystem;
+  auto resolve = [&](const char* key, std::string& value) {
+    const auto it = cfg.source.find(key);
+    if (it == cfg.source.end() || it->second != ConfigSource::kFile || value.empty() || fs::path(value).is_absolute())
+      return;
+    value = fs::absolute(config_dir / value).lexically_normal().string();
+  };
+  resolve("run.out_dir", cfg.run.out_dir);
+  resolve("target.path", cfg.target.path);
+  resolve("data.path", cfg.data.path);
+  if (cfg.ckpt.resume != "none" && cfg.ckpt.resume != "auto") resolve("ckpt.resume", cfg.ckpt.resume);
 }
 
 void validate_config(const TrainConfig& c) {
@@ -284,26 +300,8 @@ void validate_config(const TrainConfig& c) {
     fail(where, "ckpt.resume is empty; use none, auto or a checkpoint directory");
 }
 
-ConfigCli parse_config_cli(int argc, char** argv) {
-  ConfigCli cli;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--set") {
-      DFLASH_CHECK(i + 1 < argc, "--set needs key=value, e.g. --set optim.lr=3e-4");
-      cli.sets.push_back(argv[++i]);
-    } else if (a.rfind("--set=", 0) == 0) {
-      cli.sets.push_back(a.substr(6));
-    } else if (cli.file.empty() && a.rfind("-", 0) != 0) {
-      cli.file = a;
-    } else {
-      cli.rest.push_back(a);
-    }
-  }
-  return cli;
-}
-
 std::vector<int> default_target_layer_ids(int num_target_layers, int n_taps) {
-  DFLASH_CHECK(num_target_layers >= 4 && n_taps >= 1,
+  DFLASH_USER_CHECK(num_target_layers >= 4 && n_taps >= 1,
                "cannot place {} taps in a target of {} layers (need at least 4 layers)", n_taps, num_target_layers);
   if (n_taps == 1) return {num_target_layers / 2};
   std::vector<int> ids;

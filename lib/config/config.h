@@ -4,6 +4,7 @@
 // with its dotted path, type, range and help, and drives parsing, validation, printing, hashing and
 // docs/config.md. Adding a key = one member here + one row in schema.cpp + one row in docs/config.md.
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@ struct RunSection {
   int64_t seed = 0;                   // every random stream derives from it (init, shuffle, anchors)
   std::string device = "cpu";         // cpu | cuda
   int64_t steps = 0;                  // optimizer steps; 0 = as many as data.epochs allows
+  double watchdog_seconds = 1800;     // a rank blocked this long in one wait aborts the job; 0 = off
 };
 
 struct LayoutSection {
@@ -110,7 +112,13 @@ struct TrainConfig {
 
 // Loads `file` (may be "" for defaults only), then applies `sets` ("key=value", dotted keys, in order), then
 // validates. Every user error throws dflash::Error naming the file (or the --set), the key and the fix.
+// Relative paths written in the file (run.out_dir, target.path, data.path, a ckpt.resume directory) resolve
+// against the file's folder (so a job finds them whatever its working directory); --set paths against the
+// working directory, as typed on the command line.
 TrainConfig load_config(const std::string& file, const std::vector<std::string>& sets = {});
+// The path resolution load_config applies: relative path keys whose source is the file become absolute paths
+// under config_dir.
+void resolve_paths_against(TrainConfig& cfg, const std::filesystem::path& config_dir);
 // The same from YAML text; `name` stands for the file in messages (tests, embedded configs).
 TrainConfig load_config_text(const std::string& yaml_text, const std::vector<std::string>& sets = {},
                              const std::string& name = "<config>");
@@ -119,13 +127,7 @@ void apply_override(TrainConfig& cfg, const std::string& set);
 // Required keys present and cross-key rules (layer_types length, heads divisible, ...). load_config calls it.
 void validate_config(const TrainConfig& cfg);
 
-// Command line of programs that take a config: `CONFIG.yaml [--set key=value]... [other args]`.
-struct ConfigCli {
-  std::string file;                  // first positional argument ("" when none)
-  std::vector<std::string> sets;     // every --set key=value / --set=key=value, in order
-  std::vector<std::string> rest;     // everything else, in order (for the program's own options)
-};
-ConfigCli parse_config_cli(int argc, char** argv);
+// The command line of dflash_mpi (CONFIG.yaml, --set key=value, ...) is parsed in lib/train/cli.h.
 
 // The resolved config as an aligned table: key, value, source (default | file | --set).
 std::string format_config_table(const TrainConfig& cfg);

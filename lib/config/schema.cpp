@@ -77,6 +77,9 @@ std::vector<ConfigKey> build_schema() {
       key("run.seed", T::kInt, FIELD(run.seed), kNonNeg, "seed of every random stream (init, data shuffle, anchors)"),
       choice("run.device", FIELD(run.device), {"cpu", "cuda"}, "cpu: fp32 + BLAS; cuda: bf16 + fp32 master weights"),
       key("run.steps", T::kInt, FIELD(run.steps), kNonNeg, "optimizer steps; 0 = as many as data.epochs allows"),
+      unhashed(key("run.watchdog_seconds", T::kFloat, FIELD(run.watchdog_seconds), kNonNeg,
+                   "a rank blocked this long in one wait (message, collective) logs what it waits on and aborts the "
+                   "job; 0 = off")),
       // layout
       key("layout.target_tp", T::kInt, FIELD(layout.target_tp), kAtLeast1, "ranks per target tensor-parallel group"),
       key("layout.target_groups", T::kInt, FIELD(layout.target_groups), kAtLeast1,

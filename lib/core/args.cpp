@@ -1,48 +1,68 @@
 #include "lib/core/args.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "lib/core/error.h"
 
 namespace dflash {
 
-static std::string join(const std::vector<std::string>& v) {
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& k : v) s += (s.empty() ? "--" : ", --") + k;
   return s;
 }
 
-Args::Args(int argc, char** argv, std::vector<std::string> known, std::vector<std::string> flags)
-    : program_(argc > 0 ? argv[0] : "") {
-  auto is = [](const std::vector<std::string>& v, const std::string& k) {
-    return std::find(v.begin(), v.end(), k) != v.end();
-  };
+}  // namespace
+
+Args::Args(int argc, char** argv, std::vector<std::string> known, std::vector<std::string> flags,
+           const std::string& usage)
+    : program_(argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "") {
+  known.erase(std::remove(known.begin(), known.end(), "help"), known.end());
+  flags.erase(std::remove(flags.begin(), flags.end(), "help"), flags.end());
+  std::vector<std::string> all = known;
+  for (const auto& f : flags)
+    if (std::find(all.begin(), all.end(), f) == all.end()) all.push_back(f);
+  const std::string listed = all.empty() ? std::string("none") : join(all);
+  // an unknown --name is named as such (CLI11 would call it an unexpected argument)
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) {
-      positional_.push_back(a);
-      continue;
-    }
-    std::string key = a.substr(2), value;
-    bool has_value = false;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-      has_value = true;
-    }
-    DFLASH_CHECK(is(known, key) || is(flags, key), "{}: unknown option --{}; known options: {}", program_, key,
-                 join(known) + (flags.empty() ? "" : ", " + join(flags)));
-    if (is(flags, key)) {
-      DFLASH_CHECK(!has_value, "{}: option --{} takes no value", program_, key);
-      values_.insert_or_assign(key, std::string(1, '1'));  // not = "1": GCC 12 -Wrestrict false positive
-      continue;
-    }
-    if (!has_value) {
-      DFLASH_CHECK(i + 1 < argc, "{}: option --{} needs a value", program_, key);
-      value = argv[++i];
-    }
-    values_[key] = value;
+    const std::string a = argv[i];
+    if (a.size() <= 2 || a.rfind("--", 0) != 0) continue;
+    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    DFLASH_USER_CHECK(name == "help" || std::find(all.begin(), all.end(), name) != all.end(),
+                      "unknown option --{}; known options: {} (--help explains them)", name, listed);
+  }
+  CLI::App app(usage, program_);
+  app.set_help_flag("-h,--help", "print this help and exit");
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.allow_windows_style_options(false);
+  std::map<std::string, std::string> raw;       // bound to every declared option; only given ones are kept
+  std::map<std::string, CLI::Option*> options;
+  for (const auto& k : known) {
+    if (std::find(flags.begin(), flags.end(), k) != flags.end()) continue;
+    options[k] = app.add_option("--" + k, raw[k]);
+  }
+  for (const auto& k : flags) options[k] = app.add_flag("--" + k);
+  app.add_option("arguments", positional_, "positional arguments");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    throw HelpShown{};
+  } catch (const CLI::ParseError& e) {
+    // no program name: the caller's handler prefixes it ("dflash_data inspect: error: ...")
+    DFLASH_USER_FAIL("{}; known options: {} (--help explains them)", e.what(), listed);
+  }
+  for (const auto& [k, opt] : options) {
+    if (opt->count() == 0) continue;
+    values_[k] = std::find(flags.begin(), flags.end(), k) != flags.end() ? std::string(1, '1') : raw[k];
   }
 }
 
@@ -55,9 +75,10 @@ long long Args::integer(const std::string& key, long long fallback) const {
   auto it = values_.find(key);
   if (it == values_.end()) return fallback;
   char* end = nullptr;
+  errno = 0;
   long long v = std::strtoll(it->second.c_str(), &end, 10);
-  DFLASH_CHECK(end && *end == '\0' && !it->second.empty(), "{}: --{} expects an integer, got '{}'", program_, key,
-               it->second);
+  DFLASH_USER_CHECK(end && *end == '\0' && !it->second.empty() && errno == 0, "--{} expects an integer, got '{}'", key,
+                    it->second);
   return v;
 }
 
@@ -66,8 +87,7 @@ double Args::real(const std::string& key, double fallback) const {
   if (it == values_.end()) return fallback;
   char* end = nullptr;
   double v = std::strtod(it->second.c_str(), &end);
-  DFLASH_CHECK(end && *end == '\0' && !it->second.empty(), "{}: --{} expects a number, got '{}'", program_, key,
-               it->second);
+  DFLASH_USER_CHECK(end && *end == '\0' && !it->second.empty(), "--{} expects a number, got '{}'", key, it->second);
   return v;
 }
 

@@ -4,6 +4,8 @@
 #include <exception>
 #include <string>
 
+#include "lib/core/args.h"
+
 namespace dflash {
 
 namespace {
@@ -27,6 +29,8 @@ int run_subcommand(const char* program, std::span<const Subcommand> subcommands,
     if (first != s.name) continue;
     try {
       return s.run(argc - 1, argv + 1);
+    } catch (const HelpShown&) {
+      return 0;  // --help printed the subcommand's usage and options
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s %s: error: %s\n", program, s.name, e.what());
       return 1;

@@ -83,11 +83,12 @@ class Dataset {
   DatasetStats stats() const;
   // The epoch's order of sequence indices (see shuffle_order).
   std::vector<int64_t> order(int64_t epoch, uint64_t seed, bool shuffle = true) const;
+  // Reads every token and mask value once, in file order and chunks of kScanChunk, checks them, and hands each
+  // chunk to visit.
+  void scan(const std::function<void(const int32_t* tokens, const uint8_t* mask, int64_t n)>& visit) const;
 
  private:
   void check_values(const int32_t* tokens, const uint8_t* mask, int64_t begin, int64_t n) const;
-  // Reads every token and mask value once, in chunks of kScanChunk, checks them, and hands each chunk to visit.
-  void scan(const std::function<void(const int32_t* tokens, const uint8_t* mask, int64_t n)>& visit) const;
 
   std::string path_;
   int64_t vocab_;

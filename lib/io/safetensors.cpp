@@ -327,6 +327,12 @@ std::vector<float> SafetensorsFile::read(const std::string& name) const {
 // ---------------------------------------------------------------------------------------------------------------
 // Checkpoint
 
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, file] : file_of_) out.push_back(name);
+  return out;  // std::map: sorted
+}
+
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";

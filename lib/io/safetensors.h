@@ -81,6 +81,7 @@ class Checkpoint {
 
   const std::string& dir() const { return dir_; }
   bool has(const std::string& name) const { return file_of_.count(name) > 0; }
+  std::vector<std::string> names() const;  // every tensor of the checkpoint (all files), sorted
   const TensorInfo& info(const std::string& name) const;
   void read_rows(const std::string& name, int64_t row_begin, int64_t row_end, float* out) const;
   void read_cols(const std::string& name, int64_t col_begin, int64_t col_end, float* out) const;

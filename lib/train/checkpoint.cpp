@@ -191,6 +191,7 @@ std::string state_json_text(const DrafterConfig& drafter, const AdamWState& opt,
                  {"micro_batches", s.layout.micro_batches}};
   j["drafter"] = drafter_config_to_json(drafter);
   j["config_hash"] = s.config_hash;
+  if (!s.dataset.empty()) j["dataset"] = s.dataset;
   nlohmann::ordered_json rngs = nlohmann::ordered_json::array();
   for (const auto& r : s.rng)
     rngs.push_back({{"rank", r.rank}, {"seed", r.seed}, {"stream", r.stream}, {"counter", r.counter}});
@@ -232,6 +233,7 @@ TrainingState parse_state(const std::string& text, const std::string& file, Draf
   DrafterConfig c = drafter_config_from_json(j.at("drafter"), "checkpoint " + file);
   if (drafter) *drafter = c;
   s.config_hash = get<std::string>(j, "config_hash", file);
+  if (j.contains("dataset")) s.dataset = get<std::string>(j, "dataset", file);
   DFLASH_USER_CHECK(j.contains("rng") && j.at("rng").is_array(), "checkpoint {}: 'rng' must be a list", file);
   for (const auto& r : j.at("rng"))
     s.rng.push_back({get<int>(r, "rank", file), get<uint64_t>(r, "seed", file), get<uint64_t>(r, "stream", file),
@@ -342,6 +344,11 @@ void compare(const std::string& dir, const TrainingState& s, const DrafterConfig
              "checkpoint {}: checkpoint config_hash={}, this run has config_hash={} (a key that changes the training "
              "math differs: compare config.resolved.yaml of both runs; see docs/config.md)",
              dir, s.config_hash, x.config_hash);
+  DFLASH_USER_CHECK(s.dataset.empty() || x.dataset.empty() || s.dataset == x.dataset,
+                    "checkpoint {}: trained on the dataset '{}', this run's data.path is '{}': resuming on other data "
+                    "silently changes what the data cursor points at; resume with the original data, or start a new "
+                    "run (ckpt.resume: none, another run.out_dir)",
+                    dir, s.dataset, x.dataset);
 }
 
 // ---- tensors -----------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ struct TrainingState {
   DataCursor data;
   CheckpointLayout layout;
   std::string config_hash;      // config_hash_hex(cfg): "0x" + 16 hex digits
+  std::string dataset;          // the training data's identity (shape + content hash); "" in older checkpoints
   std::vector<RankRng> rng;     // whatever ranks the trainer records, in its order
   nlohmann::json extra = nlohmann::json::object();  // opaque to this module (export reads extra["export"])
 };
@@ -73,6 +74,7 @@ struct CheckpointExpectation {
   CheckpointLayout layout;
   DrafterConfig drafter;
   std::string config_hash;
+  std::string dataset;  // compared when both this and the checkpoint's are not empty
 };
 
 struct LoadedCheckpoint {

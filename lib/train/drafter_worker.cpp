@@ -69,8 +69,9 @@ std::string write_final_weights(const std::string& out_dir, const DrafterParams<
 
 void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                         const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& opt,
-                        Logger& log) {
-  comm::MpiTransport dp(comms.dp()), world(comms.world());
+                        Logger& log, Watchdog& watchdog) {
+  comm::MpiTransport dp_mpi(comms.dp()), world_mpi(comms.world());
+  WatchedTransport dp(dp_mpi, watchdog, "drafter DP group"), world(world_mpi, watchdog, "world");
   Timer load_timer;
   const model::TargetVocab vocab = model::load_target_vocab(cfg.target.path);
   DFLASH_CHECK(vocab.vocab == plan.target.vocab && vocab.hidden == plan.target.hidden,
@@ -106,12 +107,17 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
 
   const bool reporter = layout.dp_rank == 0;
   std::optional<MetricsWriter> metrics;
-  if (reporter) metrics.emplace(cfg.run.out_dir, opt.start_step > 0);
+  if (reporter) {
+    metrics.emplace(cfg.run.out_dir, opt.start_step);
+    if (metrics->dropped() > 0)
+      log.warn("{}: dropped {} record(s) past step {} (steps a stopped attempt ran after its last checkpoint, or a "
+               "torn line); kept {}", metrics->path(), metrics->dropped(), opt.start_step, metrics->kept());
+  }
   auto save = [&](int64_t next_step) {
     if (!reporter) return;
     Timer t;
     const std::string dir = save_checkpoint(cfg.run.out_dir, plan.drafter, trainer.params(), trainer.optimizer(),
-                                                training_state(cfg, plan, next_step));
+                                                training_state(cfg, plan, next_step, opt.dataset_identity));
     const auto removed = prune_checkpoints(cfg.run.out_dir, cfg.ckpt.keep);
     log.info("checkpoint: {} ({:.2f} s){}", dir, t.seconds(),
              removed.empty() ? "" : fmt::format("; removed {} older", removed.size()));
@@ -124,6 +130,8 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   while (next_step < plan.total_steps) {
     const int64_t step = next_step++;
     StepCapture capture;
+    std::vector<float> start_weights;  // --dump-step: the weights this step starts from
+    if (dumping) start_weights = trainer.params().flat;
     const StepResult r = trainer.run(
         step, [&](int, double* wait) { return receiver.next(wait); }, stop_signal() != 0,
         dumping ? &capture : nullptr);
@@ -131,7 +139,8 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     if (r.skipped)
       log.warn("step {}: no scored positions in the global batch (sum of weights 0): weights unchanged", step + 1);
     if (dumping) {
-      const std::string path = write_step_dump(opt.dump_dir, dp, plan, cfg, r, capture, trainer.params());
+      const std::string path = write_step_dump(opt.dump_dir, dp, plan, cfg, r, capture, trainer.params(),
+                                                 start_weights);
       if (reporter) log.info("step dump: {}", path);
     }
     const bool stop_after = opt.stop_after > 0 && next_step - opt.start_step >= opt.stop_after;

@@ -2,7 +2,9 @@
 // Per-rank logs: <out_dir>/logs/rank_XX.log, every line prefixed `[rank r | role | index]`. Knows nothing of MPI:
 // the caller passes its rank, role (target | drafter) and index (TP rank or DP rank), so tests need no mpirun.
 // Lines at or above the level go to the file; the designated console rank also prints info/warn to stdout;
-// errors of every rank also go to stderr. Thread-safe (one mutex per logger).
+// errors of every rank also go to stderr. Thread-safe (one mutex per logger). A file is never truncated: each
+// attempt of a run (a resume, a requeue) appends to it after an attempt header line. A failed write (full disk)
+// throws a dflash::Error naming the file.
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -29,13 +31,16 @@ struct LogIdentity {
 
 class Logger {
  public:
-  // Creates <out_dir>/logs/ and opens rank_XX.log (append = continue a resumed run's file, else truncate).
-  // console: this rank also prints info/warn lines to stdout.
-  Logger(const std::string& out_dir, const LogIdentity& who, LogLevel level, bool console, bool append = false);
+  // Creates <out_dir>/logs/ and opens rank_XX.log for appending. console: this rank also prints info/warn lines
+  // to stdout. attempt: when not empty, written first (at info level, whatever the level) as this attempt's
+  // header, e.g. "===== attempt: host n7, pid 42, slurm job 991 =====".
+  Logger(const std::string& out_dir, const LogIdentity& who, LogLevel level, bool console,
+         const std::string& attempt = "");
   ~Logger();
   Logger(const Logger&) = delete;
   Logger& operator=(const Logger&) = delete;
 
+  // Throws dflash::Error naming the file when the line cannot be written (e.g. no space left on the device).
   void log(LogLevel level, std::string_view message);
   template <typename... A>
   void debug(fmt::format_string<A...> f, A&&... a) {
@@ -61,6 +66,9 @@ class Logger {
 
  private:
   std::string path_, prefix_;
+  std::string format_line(LogLevel level, std::string_view message) const;
+  void write_line(const std::string& line);  // to the file; throws on a failed write; mutex held
+
   LogLevel level_;
   bool console_;
   std::FILE* file_ = nullptr;

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
 
@@ -51,7 +52,7 @@ std::vector<float> as_f32(const std::vector<T>& v) {
 
 std::string write_step_dump(const std::string& dir, comm::Transport& dp, const RunPlan& plan,
                             const TrainConfig& cfg, const StepResult& r, const StepCapture& capture,
-                            const DrafterParams<float>& layout_of) {
+                            const DrafterParams<float>& layout_of, const std::vector<float>& start_weights) {
   if (dp.rank() != 0) {
     for (const auto& in : capture.inputs) send_inputs(dp, in);
     return "";
@@ -87,8 +88,14 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
   add("loss.kl", {1}, {float(r.sums.kl / w)});
   add("loss.cap", {1}, {float(r.sums.cap / w)});
   add("loss.weight_sum", {1}, {float(r.sums.weight)});
-  for (const ParamInfo& p : layout_of.layout)
+  DFLASH_CHECK(start_weights.size() == layout_of.flat.size(), "step dump: {} starting weights for {} parameters",
+               start_weights.size(), layout_of.flat.size());
+  for (const ParamInfo& p : layout_of.layout) {
     tensors.push_back(io::tensor_from(p.name, io::DType::F32, p.shape, capture.grads.data() + p.offset));
+    tensors.push_back(io::tensor_from("weights." + p.name, io::DType::F32, p.shape, start_weights.data() + p.offset));
+  }
+  std::vector<std::string> layer_types;
+  for (int w : plan.drafter.window) layer_types.push_back(w > 0 ? fmt::format("sliding:{}", w) : "full");
 
   std::map<std::string, std::string> meta = {
       {"format", "pt"},
@@ -100,13 +107,27 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
       {"dflash.loss.cap", fmt::format("{:.17g}", r.sums.cap / w)},
       {"dflash.loss.weight_sum", fmt::format("{:.17g}", r.sums.weight)},
       {"dflash.target_layer_ids", fmt::format("{}", fmt::join(plan.tap_ids, ","))},
+      {"dflash.loss.ce_weight", fmt::format("{:.17g}", cfg.loss.ce_weight)},
+      {"dflash.loss.kl_weight", fmt::format("{:.17g}", cfg.loss.kl_weight)},
+      {"dflash.loss.cap_weight", fmt::format("{:.17g}", cfg.loss.cap_weight)},
+      {"dflash.loss.kl_temperature", fmt::format("{:.17g}", cfg.loss.kl_temperature)},
+      {"dflash.loss.decay_gamma", fmt::format("{:.17g}", plan.decay_gamma)},
+      {"dflash.block_size", std::to_string(plan.drafter.block_size)},
+      {"dflash.mask_token_id", std::to_string(plan.drafter.mask_token_id)},
+      {"dflash.anchors_per_seq", std::to_string(cfg.loss.anchors_per_seq)},
+      {"dflash.seed", std::to_string(cfg.run.seed)},
+      {"dflash.layer_types", fmt::format("{}", fmt::join(layer_types, ","))},
+      {"dflash.weights", "weights.<name>: the weights the step started from; <name>: gradient (normalised by the "
+                         "global sum of weights, before clipping)"},
       {"dflash.slots", "slot k = micro_batch * drafter_dp + drafter_rank; ids and masks stored as F32"},
   };
-  std::filesystem::create_directories(dir);
-  const std::string path = fmt::format("{}/step_{:08d}.safetensors", dir, r.step + 1), tmp = path + ".partial";
-  io::write_safetensors(tmp, tensors, meta);
-  DFLASH_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}", tmp, path);
-  return path;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DFLASH_USER_CHECK(!ec, "--dump-step {}: cannot create the folder: {}", dir, ec.message());
+  AtomicOutput out(fmt::format("{}/step_{:08d}.safetensors", dir, r.step + 1));
+  io::write_safetensors(out.partial(), tensors, meta);
+  out.commit();
+  return out.path();
 }
 
 }  // namespace dflash::train

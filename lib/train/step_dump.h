@@ -6,7 +6,11 @@
 //       are stored as F32 (exact below 2^24, i.e. for every vocabulary in use).
 //   loss, loss.ce, loss.kl, loss.cap, loss.weight_sum [1]  (normalised by the global Σw, as trained)
 //   <export name> of every trainable tensor: its gradient, normalised by Σw, before clipping.
-// Metadata: step, config hash, the loss values in full double precision, the tap layer ids.
+//   weights.<export name>: the weights the step started from (before its AdamW update).
+// Metadata: step, config hash, the loss values in full double precision, the tap layer ids, and what the loss
+// needs besides the tensors: λ_ce, λ_kl, λ_cap, τ (KL temperature), γ (position decay), block size, mask token
+// id, anchors per sequence, seed, and the drafter's layer types (full | sliding:<window>). A dump alone can so be
+// checked by any other implementation.
 #include <string>
 
 #include "lib/comm/transport.h"
@@ -18,6 +22,6 @@ namespace dflash::train {
 // DIR/step_XXXXXXXX.safetensors (via a temporary name) and returns its path ("" on other ranks).
 std::string write_step_dump(const std::string& dir, comm::Transport& dp, const RunPlan& plan,
                             const TrainConfig& cfg, const StepResult& r, const StepCapture& capture,
-                            const DrafterParams<float>& layout_of);
+                            const DrafterParams<float>& layout_of, const std::vector<float>& start_weights);
 
 }  // namespace dflash::train

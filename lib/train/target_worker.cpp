@@ -13,8 +13,11 @@ int streamed_length(const TrainConfig& cfg, const io::Dataset& data, int64_t ind
 }
 
 void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log) {
-  comm::MpiTransport tp(comms.tp()), world(comms.world());
+                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log,
+                       Watchdog& watchdog) {
+  comm::MpiTransport tp_mpi(comms.tp()), world_mpi(comms.world());
+  WatchedTransport tp(tp_mpi, watchdog, fmt::format("target TP group {}", layout.group)),
+      world(world_mpi, watchdog, "world");
   Timer load_timer;
   model::TargetModel target(cfg.target.path, tp);
   log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB in {:.2f} s; taps {}",

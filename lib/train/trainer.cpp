@@ -6,18 +6,25 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 
 #include "lib/comm/layout.h"
+#include "lib/comm/mpi_transport.h"
 #include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 #include "lib/model/qwen_config.h"
 #include "lib/model/drafter_export.h"
 #include "lib/train/checkpointing.h"
+#include "lib/train/cli.h"
+#include "lib/train/data_facts.h"
+#include "lib/train/job_identity.h"
 #include "lib/train/log.h"
+#include "lib/train/run_lock.h"
 #include "lib/train/signals.h"
+#include "lib/train/target_check.h"
 #include "lib/train/run_plan.h"
 #include "lib/train/workers.h"
 
@@ -25,56 +32,15 @@ namespace dflash::train {
 
 namespace {
 
-const char* kUsage =
-    "usage: mpirun -np N dflash_mpi CONFIG.yaml [--set key=value ...] [--stop-after-steps K] [--dump-step DIR]\n"
-    "       dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]\n"
-    "  N must equal layout.target_tp * layout.target_groups + layout.drafter_dp (default 5*1+3 = 8).\n"
-    "  --stop-after-steps K  run K steps from the start (or the resumed step), write a checkpoint, exit\n"
-    "  --dump-step DIR       run one step and write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors\n"
-    "  --export              write a checkpoint as model.safetensors + config.json for serving (docs/export.md)\n"
-    "  --check               (no mpirun) validate the config, target config.json, data and checkpoint to resume;\n"
-    "                        print the plan and memory estimates, run nothing\n"
-    "  SIGTERM / SIGUSR1: finish the current step, write a checkpoint, exit 0 (resume with ckpt.resume=auto).\n"
-    "  Keys: docs/config.md. Example: mpi_launch/configs/tiny.yaml\n";
-
-struct ProgramOptions {
-  int64_t stop_after = 0;
-  std::string dump_dir;
-  bool check = false;
-};
-
-// The options after the config file and its --set overrides.
-ProgramOptions parse_program_options(const std::vector<std::string>& rest) {
-  ProgramOptions o;
-  for (size_t i = 0; i < rest.size(); ++i) {
-    const std::string& a = rest[i];
-    auto value = [&]() -> const std::string& {
-      DFLASH_CHECK(i + 1 < rest.size(), "dflash_mpi: {} needs a value", a);
-      return rest[++i];
-    };
-    if (a == "--stop-after-steps") {
-      const std::string& v = value();
-      char* end = nullptr;
-      o.stop_after = std::strtoll(v.c_str(), &end, 10);
-      DFLASH_CHECK(end && *end == 0 && o.stop_after > 0, "dflash_mpi: --stop-after-steps expects a positive integer, "
-                                                         "got '{}'", v);
-    } else if (a == "--dump-step") {
-      o.dump_dir = value();
-    } else if (a == "--check") {
-      o.check = true;
-    } else {
-      DFLASH_FAIL("dflash_mpi: unknown option '{}'\n{}", a, kUsage);
-    }
-  }
-  return o;
-}
-
 // --check: everything that can be validated without the MPI job, and what the job would need.
 int run_check(const TrainConfig& cfg) {
   const int world = cfg.layout.target_tp * cfg.layout.target_groups + cfg.layout.drafter_dp;
   const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
-  const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/true);
+  const TargetWeightsSummary weights = check_target_weights(cfg.target.path, target);
+  const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/false);  // scan_data_facts checks every token
   const RunPlan plan = make_run_plan(cfg, target, data.size());
+  const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+  check_data_facts(facts, cfg);
   const DrafterParams<float> params(plan.drafter);
   std::printf("%s\n", format_config_table(cfg).c_str());
   auto size = [](double bytes) {
@@ -91,12 +57,22 @@ int run_check(const TrainConfig& cfg) {
   std::printf("  target         %s: %d layers, H %d, %d Q / %d KV heads, vocab %d; taps %s\n", cfg.target.path.c_str(),
               target.layers, target.hidden, target.heads, target.kv_heads, target.vocab,
               fmt::format("{}", fmt::join(plan.tap_ids, ",")).c_str());
+  std::string dtypes;
+  for (const auto& [dtype, count] : weights.dtypes) dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count, dtype);
+  std::printf("  target weights %lld tensors with the shapes config.json implies (%s), %.3g parameters\n",
+              (long long)weights.tensors, dtypes.c_str(), double(weights.parameters));
   std::printf("  drafter        %d layers, %d Q / %d KV heads x %d, I %d, block %d: %zu parameters\n",
               plan.drafter.layers, plan.drafter.heads, plan.drafter.kv_heads, plan.drafter.head_dim,
               plan.drafter.intermediate, plan.drafter.block_size, params.flat.size());
   std::printf("  data           %s: %lld sequences, %lld tokens; %lld steps per epoch, %lld steps\n",
               cfg.data.path.c_str(), (long long)data.size(), (long long)data.total_tokens(),
               (long long)plan.steps_per_epoch, (long long)plan.total_steps);
+  std::printf("  trained        %lld tokens with loss_mask 1 (%.1f%%), %lld anchor candidates; longest sequence %lld "
+              "(block %d)\n",
+              (long long)facts.trained_tokens, 100.0 * double(facts.trained_tokens) / double(std::max<int64_t>(facts.tokens, 1)),
+              (long long)facts.anchor_candidates, (long long)facts.longest, plan.drafter.block_size);
+  std::printf("  data identity  %s (recorded in checkpoints; a resume on other data is refused)\n",
+              facts.identity().c_str());
   std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "
               "grads + AdamW %s, loss scratch %s\n",
               size(target_params * 4 / cfg.layout.target_tp).c_str(),
@@ -104,7 +80,7 @@ int run_check(const TrainConfig& cfg) {
               size(double(params.flat.size()) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
   const std::string resume = resolve_resume_dir(cfg);
   if (!resume.empty()) {
-    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan));
+    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan, facts.identity()));
     std::printf("  resume         %s (step %lld) verified\n", resume.c_str(), (long long)c.state.step);
   } else {
     std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
@@ -114,66 +90,95 @@ int run_check(const TrainConfig& cfg) {
 }
 
 // dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]: no MPI job needed.
-int run_export(const std::vector<std::string>& args) {
-  DFLASH_CHECK(args.size() == 2 || (args.size() == 4 && args[2] == "--dtype"),
-               "usage: dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]");
-  const std::string dtype = args.size() == 4 ? args[3] : "bf16";
-  DFLASH_CHECK(dtype == "bf16" || dtype == "f32", "--dtype {}: use bf16 or f32", dtype);
-  export_checkpoint(args[0], args[1], dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
-  std::printf("exported %s to %s (%s): model.safetensors + config.json\n", args[0].c_str(), args[1].c_str(),
-              dtype.c_str());
+int run_export(const ExportOptions& o) {
+  export_checkpoint(o.step_dir, o.out_dir, o.dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
+  std::printf("exported %s to %s (%s): model.safetensors + config.json\n", o.step_dir.c_str(), o.out_dir.c_str(),
+              o.dtype.c_str());
   return 0;
 }
 
 // Prints the error once and takes the world down. Errors every rank hits alike (config, layout, data) are
 // printed by world rank 0; the others give it a moment to do so, then abort too. An error only one rank sees is
 // printed by that rank (after the same moment) with its identity.
-[[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, Logger* log) {
-  if (rank != 0) {
-    // mpirun answers rank 0's abort with SIGTERM: let it end this rank quietly instead of the stop handler
-    std::signal(SIGTERM, SIG_DFL);
-    sleep(2);
-  }
+// Writes an error line to the rank's log (and stderr); when the log cannot be written (full disk), to stderr.
+void report_error(const std::string& who, const std::string& message, Logger* log) {
   if (log) {
-    log->error("{}", message);  // to the rank's log file and to stderr, with its identity
-  } else {
-    std::fprintf(stderr, "dflash_mpi%s: error: %s\n", who.empty() ? "" : (" " + who).c_str(), message.c_str());
+    try {
+      log->error("{}", message);  // to stderr and to the rank's log file, with its identity
+      return;
+    } catch (const std::exception& e) {  // the log itself cannot be written: stderr still gets both
+      std::fprintf(stderr, "dflash_mpi %s: error: %s (%s)\n", log->prefix().c_str(), message.c_str(), e.what());
+      return;
+    }
   }
+  std::fprintf(stderr, "dflash_mpi%s: error: %s\n", who.empty() ? "" : (" " + who).c_str(), message.c_str());
+}
+
+[[noreturn]] void abort_now(RunLock* lock) {
+  if (lock) lock->release();  // the job ends here: the next one may use out_dir
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
 
+[[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, Logger* log,
+                              RunLock* lock) {
+  if (rank != 0) {
+    // mpirun answers rank 0's abort with SIGTERM: let it end this rank quietly instead of the stop handler
+    std::signal(SIGTERM, SIG_DFL);
+    sleep(2);
+  }
+  report_error(who, message, log);
+  abort_now(lock);
+}
+
 }  // namespace
 
+// --export and --check run as plain processes, without MPI (a login node, a laptop): errors go to stderr.
+int run_without_mpi(const char* what, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dflash_mpi %s: error: %s\n", what, e.what());
+    return 1;
+  }
+}
+
 int dflash_mpi_main(int argc, char** argv) {
+  // the command line is read before MPI starts: --help, --export, --check and usage errors need no MPI, and
+  // under mpirun only the first rank prints
+  const bool printer = launcher_rank() == 0;
+  if (argc >= 2 && std::string(argv[1]) == "--export")
+    return run_without_mpi("--export", [&] {
+      const auto o = parse_export_options(argc, argv, printer);
+      return o ? run_export(*o) : 0;
+    });
+  std::optional<ProgramOptions> options;
+  try {
+    options = parse_program_options(argc, argv, printer);
+  } catch (const std::exception& e) {
+    if (printer) std::fprintf(stderr, "dflash_mpi: error: %s\n", e.what());
+    return 2;
+  }
+  if (!options) return 0;  // --help
+  if (!options->print_key.empty())
+    return run_without_mpi("--print-key", [&] {
+      std::printf("%s\n", config_value(load_config(options->config, options->sets), options->print_key).c_str());
+      return 0;
+    });
+  if (options->check)
+    return run_without_mpi("--check", [&] { return run_check(load_config(options->config, options->sets)); });
+
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::string who;
+  std::optional<RunLock> lock;  // world rank 0: out_dir is this job's until the end
   std::unique_ptr<Logger> log;
   try {
-    if (argc >= 2 && std::string(argv[1]) == "--export") {
-      int rc = 0;
-      if (rank == 0) rc = run_export(std::vector<std::string>(argv + 2, argv + argc));
-      MPI_Finalize();
-      return rc;
-    }
-    ConfigCli cli = parse_config_cli(argc, argv);
-    if (cli.file.empty()) {
-      if (rank == 0) std::fprintf(stderr, "%s", kUsage);
-      MPI_Finalize();
-      return 2;
-    }
-    const ProgramOptions options = parse_program_options(cli.rest);
     install_stop_signal_handlers();
-    const TrainConfig cfg = load_config(cli.file, cli.sets);
-    if (options.check) {
-      const int rc = rank == 0 ? run_check(cfg) : 0;
-      MPI_Finalize();
-      return rc;
-    }
+    const TrainConfig cfg = load_config(options->config, options->sets);
     const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
                                                      cfg.layout.drafter_dp, size, rank);
     who = layout.describe();
@@ -184,7 +189,12 @@ int dflash_mpi_main(int argc, char** argv) {
     DFLASH_USER_CHECK(cfg.layout.transport == "mpi",
                  "layout.transport = {}: only the MPI transport is implemented; set layout.transport: mpi",
                  cfg.layout.transport);
+    // nothing is written to out_dir before world rank 0 holds it (a refused job must not touch another's files)
+    const JobIdentity me = current_job_identity();
+    if (rank == 0) lock.emplace(cfg.run.out_dir, me);
     const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
+    if (rank == 0) check_target_weights(cfg.target.path, target);  // headers only: every rank would fail alike
+    MPI_Barrier(MPI_COMM_WORLD);
     // targets check every token id against the vocabulary on open; drafters only need the offsets
     const bool is_target = layout.role == comm::Role::Target;
     const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/is_target);
@@ -205,41 +215,66 @@ int dflash_mpi_main(int argc, char** argv) {
     id.index = is_target ? layout.tp_rank : layout.dp_rank;
     if (is_target && cfg.layout.target_groups > 1) id.group = layout.group;
     const bool console = !is_target && layout.dp_rank == 0;
-    log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console);
-    log->info("{} ranks ({}); config {} (hash {})", size, who, cli.file, config_hash_hex(cfg));
+    // every attempt (first run, resume, requeue) appends to the rank's log after a header saying who runs it
+    log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console,
+                                   fmt::format("===== attempt: {} =====", describe(me)));
+    if (lock && !lock->taken_over().empty()) log->warn("{}", lock->taken_over());
+    // a rank blocked in one wait for run.watchdog_seconds says so and takes the job down
+    Watchdog watchdog(cfg.run.watchdog_seconds, [&](const std::string& what, double waited) {
+      const std::string message = fmt::format(
+          "watchdog: world rank {} has waited {:.0f} s for the {} (run.watchdog_seconds = {}): a rank is stopped "
+          "or stalled (SIGSTOP, a hung device, a dead link); aborting the job",
+          rank, waited, what, cfg.run.watchdog_seconds);
+      report_error(who, message, log.get());
+      sleep(2);  // the other ranks' watchdogs, which fire about now, report their waits too: the stall's shape
+      abort_now(lock ? &*lock : nullptr);
+    });
+    comm::MpiTransport world_mpi(MPI_COMM_WORLD);
+    WatchedTransport world(world_mpi, watchdog, "world");
+    log->info("{} ranks ({}); config {} (hash {})", size, who, options->config, config_hash_hex(cfg));
 
     // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
     std::optional<LoadedCheckpoint> resumed;
     int64_t start_step = 0;
     const int first_drafter = layout.drafter_world_rank(0);
+    std::string dataset_identity;
     if (rank == first_drafter) {
+      // one pass over the data: what would train nothing or the wrong thing is refused; its identity goes into
+      // every checkpoint and must match the one resumed from
+      const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+      check_data_facts(facts, cfg);
+      dataset_identity = facts.identity();
+      log->info("data: {}; {} trained tokens, {} anchor candidates", dataset_identity, facts.trained_tokens,
+                facts.anchor_candidates);
       const std::string dir = resolve_resume_dir(cfg);
       if (!dir.empty()) {
-        resumed.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan)));
+        resumed.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan, dataset_identity)));
         start_step = resumed->state.step;
         log->info("resuming from {} at step {}", dir, start_step);
       } else if (cfg.ckpt.resume == "auto") {
         log->info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
       }
     }
-    MPI_Bcast(&start_step, 1, MPI_INT64_T, first_drafter, MPI_COMM_WORLD);
+    world.broadcast(&start_step, 1, first_drafter);
     DFLASH_USER_CHECK(start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
                  start_step, plan.total_steps);
     if (is_target) {
-      run_target_worker(cfg, plan, layout, comms, data, start_step, *log);
+      run_target_worker(cfg, plan, layout, comms, data, start_step, *log, watchdog);
     } else {
       DrafterRunOptions o;
       o.start_step = start_step;
       o.resume = resumed ? &*resumed : nullptr;
-      o.stop_after = options.stop_after;
-      o.dump_dir = options.dump_dir;
-      run_drafter_worker(cfg, plan, layout, comms, data, o, *log);
+      o.stop_after = options->stop_after;
+      o.dump_dir = options->dump_dir;
+      o.dataset_identity = dataset_identity;
+      run_drafter_worker(cfg, plan, layout, comms, data, o, *log, watchdog);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    world.barrier();
   } catch (const std::exception& e) {
-    abort_world(rank, who, e.what(), log.get());
+    abort_world(rank, who, e.what(), log.get(), lock ? &*lock : nullptr);
   }
   log.reset();
+  lock.reset();
   MPI_Finalize();
   return 0;
 }

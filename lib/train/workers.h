@@ -1,5 +1,6 @@
 #pragma once
-// The two roles of a dflash_mpi job (ARCHITECTURE.md "Data flow of one training step").
+// The two roles of a dflash_mpi job (ARCHITECTURE.md "Data flow of one training step"). Every blocking wait of
+// either goes through a WatchedTransport on `watchdog` (run.watchdog_seconds).
 //   target worker: reads its drafters' sequences, runs the TP target forward, streams feature packets;
 //   drafter worker: receives packets, trains the drafter (DrafterStep), logs progress and metrics.
 #include <cstdint>
@@ -11,25 +12,28 @@
 #include "lib/model/drafter_params.h"
 #include "lib/train/log.h"
 #include "lib/train/run_plan.h"
+#include "lib/train/watchdog.h"
 
 namespace dflash::train {
 
 // Steps [start_step, plan.total_steps) of this rank's target group, or until its drafters ask it to stop.
 void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log);
+                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log,
+                       Watchdog& watchdog);
 
 struct DrafterRunOptions {
   int64_t start_step = 0;                     // first step to run (> 0 when resuming)
   const LoadedCheckpoint* resume = nullptr;  // on drafter rank 0 when resuming: weights + optimizer state
   int64_t stop_after = 0;                     // > 0: stop (with a checkpoint) after this many steps of this run
   std::string dump_dir;                       // non-empty: run one step, write its dump there, stop
+  std::string dataset_identity;               // on drafter rank 0: DataFacts::identity(), recorded in checkpoints
 };
 
 // Steps [start_step, plan.total_steps) on this drafter rank, or fewer on a stop. The first drafter rank prints
 // progress, writes <out_dir>/metrics.jsonl, the checkpoints and, at the end, drafter_final.safetensors.
 void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                         const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& options,
-                        Logger& log);
+                        Logger& log, Watchdog& watchdog);
 
 // Writes the drafter's fp32 weights (export names) to <out_dir>/drafter_final.safetensors via a temporary file and
 // a rename; returns the path.

@@ -99,8 +99,21 @@ case "$case" in
     grep -q "64 sequences, 4980 tokens; 10 steps per epoch, 600 steps" "$out/log" || fail "wrong data plan"
     grep -q "94656 parameters" "$out/log" || fail "wrong drafter size"
     [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"
+    grep -q "target weights 91 tensors with the shapes config.json implies" "$out/log" || fail "weights not verified"
+    grep -q "trained        3072 tokens with loss_mask 1" "$out/log" || fail "no trained-token count"
     expect_error "drafter.mask_token_id = 600 is outside the target vocabulary" "$bin" \
       "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set drafter.mask_token_id=600 --check
+    # --check is a plain process: it works where MPI cannot even start (an unusable transport)
+    OMPI_MCA_pml=bogus "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --check >"$out/no_mpi.log" 2>&1 ||
+      { cat "$out/no_mpi.log"; fail "--check needed MPI"; }
+    # a target folder holding only config.json, a mask token the data trains on, a block longer than every sequence
+    mkdir -p "$out/bare" && cp "$tiny/target/config.json" "$out/bare/"
+    expect_error "checkpoint $out/bare" "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
+      --set "target.path=$out/bare" --check
+    expect_error "trained position(s) hold drafter.mask_token_id = 5 " "$bin" "$src/mpi_launch/configs/tiny.yaml" \
+      "${common[@]}" --set drafter.mask_token_id=5 --check
+    expect_error "drafter.block_size = 200 is longer than every sequence" "$bin" "$src/mpi_launch/configs/tiny.yaml" \
+      "${common[@]}" --set drafter.block_size=200 --check
     ;;
   world_mismatch)
     expect_error "the world has 7 ranks" "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}"
@@ -136,20 +149,33 @@ case "$case" in
       "$out/split/drafter_final.safetensors" --rtol 0 || fail "weights differ"
     diff <(losses "$out/straight/metrics.jsonl") <(losses "$out/split/metrics.jsonl") || fail "loss sequences differ"
     [[ $(losses "$out/split/metrics.jsonl" | wc -l) -eq 20 ]] || fail "expected 20 logged losses"
+    # each rank's log holds both attempts, each after its header: the first attempt's lines were not truncated
+    for r in 00 05; do
+      [[ $(grep -c "===== attempt: host .*, pid [0-9]*, " "$out/split/logs/rank_$r.log") -eq 2 ]] ||
+        fail "rank_$r.log does not hold two attempt headers"
+    done
+    grep -q "checkpoint: .*step_00000010" "$out/split/logs/rank_05.log" || fail "the first attempt's lines are gone"
     echo "PASS (resume_bitexact): 20 losses and every weight identical"
     ;;
   ckpt_incomplete)
     # checkpoints at 5 and 10; a crash while writing 10 (no DONE) makes resume take 5; a truncated weights file in
     # a DONE-marked checkpoint is refused with a message naming it
+    # metrics of steps 6..10 (and a torn line, as kill -9 leaves) outlive the checkpoint resumed from: the resume
+    # drops them, so metrics.jsonl stays one series 1, 2, ..., 6
     "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=10 \
-      --set ckpt.every=5 --set ckpt.keep=0 >"$out/run.log"
+      --set ckpt.every=5 --set ckpt.keep=0 --set log.every=1 >"$out/run.log"
     [[ -f "$out/run/ckpt/step_00000005/DONE" && -f "$out/run/ckpt/step_00000010/DONE" ]] || fail "checkpoints missing"
     rm "$out/run/ckpt/step_00000010/DONE"
+    printf '{"step":11,"lo' >>"$out/run/metrics.jsonl"
     "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=10 \
-      --set ckpt.resume=auto --stop-after-steps 1 >"$out/resume.log"
+      --set ckpt.resume=auto --set log.every=1 --stop-after-steps 1 >"$out/resume.log"
     grep -q "resuming from .*step_00000005 at step 5" "$out/run/logs/rank_05.log" ||
       fail "resume did not skip the checkpoint without DONE"
     echo "resume skipped step_00000010 (no DONE) and took step_00000005"
+    steps=$(sed -n 's/^{"step":\([0-9]*\),.*/\1/p' "$out/run/metrics.jsonl" | tr '\n' ' ')
+    [[ "$steps" == "1 2 3 4 5 6 " && $(wc -l <"$out/run/metrics.jsonl") -eq 6 ]] ||
+      fail "metrics.jsonl after the resume holds steps '$steps', expected 1..6"
+    grep -q "metrics.jsonl: dropped 6 record(s) past step 5" "$out/run/logs/rank_05.log" || fail "no drop warning"
     truncate -s -100 "$out/run/ckpt/step_00000006/model.safetensors"
     expect_error "model.safetensors" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
       --set run.steps=10 --set ckpt.resume=auto
@@ -162,6 +188,15 @@ case "$case" in
     expect_error "drafter_dp=3, this run has drafter_dp=1" "$mpirun_sh" -np 6 "$bin" \
       "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4 --set layout.drafter_dp=1 \
       --set ckpt.resume=auto
+    # the checkpoint records its data's identity; a resume on other data (same config) is refused, naming both
+    grep -q '"dataset": "64 sequences, 4980 tokens, content 0x[0-9a-f]\{16\}"' "$out/run/ckpt/step_00000004/state.json" ||
+      fail "state.json lacks the dataset identity"
+    awk 'BEGIN { srand(3); for (s = 0; s < 8; ++s) { printf "{\"input_ids\": ["; for (i = 0; i < 30; ++i)
+         printf "%s%d", (i ? ", " : ""), 1 + int(rand() * 500); print "]}" } }' >"$out/other.jsonl"
+    "$build/apps/dflash_data" import-jsonl "$out/other.jsonl" "$out/other.h5" >/dev/null
+    expect_error "trained on the dataset '64 sequences, 4980 tokens, content 0x.*', this run's data.path is '8 sequences, 240 tokens" \
+      "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4 \
+      --set ckpt.resume=auto --set "data.path=$out/other.h5"
     ;;
   sigterm)
     # SIGTERM to every rank mid-run: the job finishes its step, writes a complete checkpoint, exits 0; resume goes on
@@ -172,6 +207,10 @@ case "$case" in
       [[ -f "$out/run/metrics.jsonl" && $(wc -l <"$out/run/metrics.jsonl") -ge 3 ]] && break
       sleep 0.1
     done
+    # a second job on the same out_dir is refused, naming the running one, and writes nothing there
+    expect_error "is in use by another job (host .*, pid [0-9]*" "$mpirun_sh" -np 8 "$bin" \
+      "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=100000
+    [[ $(grep -c "===== attempt:" "$out/run/logs/rank_05.log") -eq 1 ]] || fail "the refused job wrote to the logs"
     # signal the ranks (the children of mpirun), as slurm signals the tasks; SIGTERM to mpirun itself kills the job
     pkill -TERM -P "$job" -f dflash_mpi || fail "no dflash_mpi rank to signal"
     rc=0
@@ -188,11 +227,51 @@ case "$case" in
     grep -q "resuming from .*at step $step" "$out/run/logs/rank_05.log" || fail "resume did not continue at $step"
     echo "PASS (sigterm): checkpoint at step $step, resumed from it"
     ;;
+  watchdog)
+    # SIGSTOP of one drafter rank: the ranks waiting on it log, within run.watchdog_seconds (8 s here: above the
+    # longest legitimate wait of this tiny run on a loaded 2-core machine), which rank they are and what they wait
+    # on, and the job ends with an error instead of hanging forever
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=100000 \
+      --set log.every=1 --set run.watchdog_seconds=8 >"$out/run.log" 2>&1 &
+    job=$!
+    for _ in $(seq 1 300); do
+      [[ -f "$out/run/metrics.jsonl" && $(wc -l <"$out/run/metrics.jsonl") -ge 2 ]] && break
+      sleep 0.1
+    done
+    pid=$(sed -n 's/.*===== attempt: host .*, pid \([0-9]*\), .*/\1/p' "$out/run/logs/rank_06.log" | tail -1)
+    [[ -n "$pid" ]] || fail "no pid in the attempt header of rank_06.log"
+    kill -STOP "$pid"
+    start=$SECONDS
+    if ! timeout 60 tail --pid=$job -f /dev/null; then
+      kill -KILL "$pid" "$job"
+      fail "the job still ran 60 s after SIGSTOP of rank 6"
+    fi
+    rc=0
+    wait $job || rc=$?
+    took=$((SECONDS - start))
+    cat "$out/run.log"
+    # mpirun's SIGKILL reaches the stopped rank (a stopped process dies of SIGKILL) shortly after mpirun returns
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      ps -o pid,stat,cmd -p "$pid" || true
+      kill -KILL "$pid"
+      fail "the stopped rank outlived the job by 10 s"
+    fi
+    [[ $rc -ne 0 ]] || fail "exit 0 after a stalled rank"
+    grep -h "watchdog: world rank [0-9]* has waited [0-9]* s for the " "$out/run/logs/"rank_0[0-57].log >"$out/stalls" ||
+      fail "no watchdog line in the logs of the waiting ranks"
+    cat "$out/stalls"
+    # the ranks blocked directly on rank 6 (targets sending to it, drafters in the all-reduce with it) report within
+    # the 2 s every reporting rank waits before it aborts
+    grep -q "on the drafter DP group\|rank 6 of the world" "$out/stalls" || fail "no watchdog line names a wait on rank 6"
+    (( took <= 40 )) || fail "the job took ${took} s to end after the stall (watchdog 8 s)"
+    echo "PASS (watchdog): job ended ${took} s after SIGSTOP of rank 6, exit $rc"
+    ;;
   export_dump)
     # --export of a checkpoint (f32 weights equal the checkpoint's), and --dump-step's file holds inputs, loss and
     # gradients under the export names
     "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 \
-      --set ckpt.every=2 >"$out/run.log"
+      --set ckpt.every=1 >"$out/run.log"
     "$bin" --export "$out/run/ckpt/step_00000002" "$out/export" --dtype f32
     for key in '"architectures"' '"DFlashDraftModel"' '"block_size"' '"target_layer_ids"' '"mask_token_id"'; do
       grep -q "$key" "$out/export/config.json" || fail "config.json lacks $key"
@@ -208,6 +287,33 @@ case "$case" in
         loss.weight_sum layers.1.mlp.down_proj.weight fc.weight hidden_norm.weight dflash.loss.kl; do
       grep -q "\"$key\"" <<<"$header" || fail "dump lacks $key"
     done
+    # the dump carries the loss's hyperparameters and the weights the step started from: a dump of step 2 resumed
+    # from the step-1 checkpoint holds exactly that checkpoint's weights
+    for key in weights.fc.weight dflash.loss.ce_weight dflash.loss.kl_weight dflash.loss.cap_weight \
+        dflash.loss.kl_temperature dflash.loss.decay_gamma dflash.block_size dflash.mask_token_id dflash.layer_types; do
+      grep -q "\"$key\"" <<<"$header" || fail "dump lacks $key"
+    done
+    grep -q '"dflash.layer_types":"full,full"' <<<"$header" || fail "dump layer types are not full,full"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 \
+      --set "run.out_dir=$out/dump_run2" --set "ckpt.resume=$out/run/ckpt/step_00000001" --dump-step "$out/dump2" \
+      >"$out/dump2.log"
+    python3 - "$out/dump2/step_00000002.safetensors" "$out/run/ckpt/step_00000001/model.safetensors" <<'PY' ||
+import json, struct, sys
+def tensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    header.pop("__metadata__", None)
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in header.items()}
+dump, ckpt = tensors(sys.argv[1]), tensors(sys.argv[2])
+start = {k[len("weights."):]: v for k, v in dump.items() if k.startswith("weights.")}
+assert start.keys() == ckpt.keys(), (sorted(start), sorted(ckpt))
+bad = [k for k in ckpt if start[k] != ckpt[k]]
+assert not bad, bad
+print(f"dump: {len(start)} starting-weight tensors equal the step-1 checkpoint bit for bit")
+PY
+      fail "the dump's starting weights differ from the checkpoint it resumed from"
     echo "PASS (export_dump)"
     ;;
   *)

@@ -219,17 +219,34 @@ TEST_CASE("config: resolved table and YAML round trip; hash stable and sensitive
   fs::remove_all(dir);
 }
 
-TEST_CASE("config: default tap layers and the command line") {
+TEST_CASE("config: relative paths in a file resolve against its folder; --set paths against the working dir") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dflash_cfg_paths_" + std::to_string(::getpid())) / "configs";
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.yaml") << "run:\n  out_dir: ../runs/a\n"
+                                     "target:\n  path: models/t\n"
+                                     "data:\n  path: /abs/train.h5\n"
+                                     "drafter:\n  mask_token_id: 5\n"
+                                     "ckpt:\n  resume: ../runs/a/ckpt/step_00000010\n";
+  const TrainConfig c = load_config((dir / "run.yaml").string(), {"target.path=rel/t"});
+  CHECK(c.run.out_dir == (fs::absolute(dir).parent_path() / "runs" / "a").string());
+  CHECK(c.target.path == "rel/t");              // --set: as typed, relative to the working directory
+  CHECK(c.data.path == "/abs/train.h5");        // absolute: unchanged
+  CHECK(c.ckpt.resume == (fs::absolute(dir).parent_path() / "runs/a/ckpt/step_00000010").string());
+  const TrainConfig auto_resume = load_config((dir / "run.yaml").string(), {"ckpt.resume=auto", "target.path=t"});
+  CHECK(auto_resume.ckpt.resume == "auto");
+  // the resolved config (absolute paths) loads back to the same paths from anywhere
+  const TrainConfig again = load_config_text(config_to_yaml(c), {}, "resolved");
+  CHECK(again.run.out_dir == c.run.out_dir);
+  fs::remove_all(dir.parent_path());
+}
+
+TEST_CASE("config: default tap layers") {
   CHECK(default_target_layer_ids(64, 5) == std::vector<int>{1, 16, 31, 46, 61});
   CHECK(default_target_layer_ids(36, 5) == std::vector<int>{1, 9, 17, 25, 33});
   CHECK(default_target_layer_ids(30, 5) == std::vector<int>{1, 8, 14, 20, 27});  // halves round to even (Python)
   CHECK(default_target_layer_ids(28, 1) == std::vector<int>{14});
-  const char* argv[] = {"dflash_mpi", "cfg.yaml", "--set", "optim.lr=1", "--verbose", "--set=run.seed=3"};
-  ConfigCli cli = parse_config_cli(6, const_cast<char**>(argv));
-  CHECK(cli.file == "cfg.yaml");
-  CHECK(cli.sets == std::vector<std::string>{"optim.lr=1", "run.seed=3"});
-  CHECK(cli.rest == std::vector<std::string>{"--verbose"});
-}
+}  // the command line (CONFIG, --set, ...): tests/unit/test_cli.cpp
 
 TEST_CASE("config: docs/config.md documents every key") {
   namespace fs = std::filesystem;

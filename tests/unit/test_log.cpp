@@ -61,12 +61,30 @@ TEST_CASE("log: one file per rank under out_dir/logs with the [rank | role | ind
   REQUIRE(d.size() == 1);
   CHECK(d[0].find("[rank 6 | drafter | 1] warn  grad norm 12.5") != std::string::npos);
 
-  // append keeps a resumed run's lines
+  // a second attempt (a resume) appends after its header, at whatever level; the first attempt's lines stay
   {
-    Logger again(dir.string(), {3, "target", 3}, LogLevel::kInfo, false, /*append=*/true);
-    again.info("resumed");
+    Logger again(dir.string(), {3, "target", 3}, LogLevel::kWarn, false, "===== attempt: host h, pid 7 =====");
+    again.info("not written at level warn");
+    again.warn("resumed");
   }
-  CHECK(lines_of((dir / "logs" / "rank_03.log").string()).size() == 3);
+  t = lines_of((dir / "logs" / "rank_03.log").string());
+  REQUIRE(t.size() == 4);
+  CHECK(t[1].find("warn  slow link to rank 6") != std::string::npos);
+  CHECK(t[2].find("[rank 3 | target | 3] info  ===== attempt: host h, pid 7 =====") != std::string::npos);
+  CHECK(t[3].find("warn  resumed") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("log: a failed write (full disk) is an error naming the log file") {
+  fs::path dir = fresh_dir("dflash_test_log_full");
+  fs::create_directories(dir / "logs");
+  fs::create_symlink("/dev/full", dir / "logs" / "rank_04.log");  // every write: ENOSPC
+  Logger full(dir.string(), {4, "target", 4}, LogLevel::kInfo, false);
+  CHECK_THROWS_WITH_AS(full.info("step {}", 1),
+                       doctest::Contains(
+                           ((dir / "logs" / "rank_04.log").string() + " failed: No space left on device").c_str()),
+                       Error);
+  CHECK_THROWS_AS(Logger(dir.string(), {4, "target", 4}, LogLevel::kInfo, false, "===== attempt ====="), Error);
   fs::remove_all(dir);
 }
 
@@ -108,9 +126,55 @@ TEST_CASE("log: metrics.jsonl has one JSON object per line, in insertion order, 
   }
   CHECK(nlohmann::json::parse(lines[3])["loss"].is_null());
   {
-    MetricsWriter resumed(dir.string(), /*append=*/true);
+    MetricsWriter resumed(dir.string(), /*start_step=*/40);
+    CHECK(resumed.kept() == 4);
+    CHECK(resumed.dropped() == 0);
     resumed.write({{"step", 50}});
+    CHECK_THROWS_WITH_AS(resumed.write({{"loss", 1.0}}), doctest::Contains("integer \"step\""), Error);
   }
   CHECK(lines_of((dir / "metrics.jsonl").string()).size() == 5);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("log: metrics.jsonl after a crash and a resume is one clean series (later records and torn lines dropped)") {
+  fs::path dir = fresh_dir("dflash_test_metrics_resume");
+  const std::string path = (dir / "metrics.jsonl").string();
+  {
+    MetricsWriter m(dir.string());
+    for (int step = 1; step <= 8; ++step) m.write({{"step", step}, {"loss", 1.0 / step}});
+  }
+  {  // kill -9 in the middle of a line
+    std::ofstream f(path, std::ios::app);
+    f << "{\"step\":9,\"lo";
+  }
+  {  // resumed from the checkpoint of step 5: steps 6..8 and the torn line are gone, 6.. are written again
+    MetricsWriter m(dir.string(), 5);
+    CHECK(m.kept() == 5);
+    CHECK(m.dropped() == 4);
+    for (int step = 6; step <= 7; ++step) m.write({{"step", step}, {"loss", 2.0 / step}});
+  }
+  auto lines = lines_of(path);
+  REQUIRE(lines.size() == 7);
+  for (int i = 0; i < 7; ++i) CHECK(nlohmann::json::parse(lines[size_t(i)])["step"] == i + 1);
+  CHECK(nlohmann::json::parse(lines[4])["loss"].get<double>() == doctest::Approx(1.0 / 5));
+  CHECK(nlohmann::json::parse(lines[5])["loss"].get<double>() == doctest::Approx(2.0 / 6));
+  CHECK(!fs::exists(path + ".partial"));  // rewritten through write_file_atomic
+  {  // a run from scratch in the same folder starts a new series
+    MetricsWriter m(dir.string(), 0);
+    CHECK(m.dropped() == 7);
+  }
+  CHECK(fs::file_size(path) == 0);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("log: a failed metrics write (full disk) is an error naming the file and the step") {
+  fs::path dir = fresh_dir("dflash_test_metrics_full");
+  fs::create_directories(dir);
+  fs::create_symlink("/dev/full", dir / "metrics.jsonl");  // every write: ENOSPC
+  MetricsWriter m(dir.string(), 0);
+  CHECK_THROWS_WITH_AS(m.write({{"step", 3}, {"loss", 1.0}}),
+                       doctest::Contains(
+                           ((dir / "metrics.jsonl").string() + " failed at step 3: No space left on device").c_str()),
+                       Error);
   fs::remove_all(dir);
 }

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The slurm scripts without slurm: the requeue decision (mpi_launch/slurm/requeue.sh) on prepared run folders,
+# then mpi_launch/slurm/single_node.sbatch run as a plain script with stub srun (-> mpirun) and scontrol (records
+# its arguments): a finished run is not requeued; a run stopped by SIGUSR1 (what --signal sends) requeues itself.
+#   slurm_requeue.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE     CASE: decision | finished | signal
+set -euo pipefail
+build="$1" src="$2" work="$3" case="$4"
+out="$work/$case"
+rm -rf "$out" && mkdir -p "$out"
+fail() { echo "FAIL ($case): $*" >&2; exit 1; }
+source "$src/mpi_launch/slurm/requeue.sh"
+tiny="$build/tests/integration/tiny_data"
+
+header() { echo "2026-11-29 12:00:00.000 [rank 5 | drafter | 0] info  ===== attempt: host h, pid $1, no batch job ====="; }
+line() { echo "2026-11-29 12:00:01.000 [rank 5 | drafter | 0] $1"; }
+
+# a stub slurm: srun runs the command under mpirun (its own flags dropped), scontrol records what it was asked
+make_stubs() {
+  mkdir -p "$out/bin"
+  cat >"$out/bin/srun" <<STUB
+#!/usr/bin/env bash
+while [[ \$# -gt 0 && "\$1" == -* ]]; do shift; done
+exec "$src/tests/integration/mpirun.sh" -np "\${SLURM_NTASKS:-8}" "\$@"
+STUB
+  printf '#!/usr/bin/env bash\necho "$*" >>"%s/scontrol.log"\n' "$out" >"$out/bin/scontrol"
+  chmod +x "$out/bin/srun" "$out/bin/scontrol"
+}
+sbatch_env=(env "PATH=$out/bin:$PATH" SLURM_JOB_ID=42 SLURM_NTASKS=8 SLURM_CPUS_PER_TASK=1 "DFLASH_ROOT=$src"
+            "DFLASH_BIN=$build/apps/dflash_mpi")
+common=("$src/mpi_launch/configs/tiny.yaml" --set "target.path=$tiny/target" --set "data.path=$tiny/train.h5"
+        --set "run.out_dir=$out/run")
+
+case "$case" in
+  decision)
+    d="$out/d" && mkdir -p "$d/logs"
+    { header 1; line "info  step 10/20"; } >"$d/logs/rank_05.log"
+    [[ $(dflash_attempt_outcome "$d" 0) == partial ]] || fail "exit 0, no final weights, no stop: expected partial"
+    [[ $(dflash_attempt_outcome "$d" 1) == failed ]] || fail "exit 1: expected failed"
+    line "warn  stopping after step 10 on SIGUSR1 (checkpoint written); continue with ckpt.resume=auto" >>"$d/logs/rank_05.log"
+    [[ $(dflash_attempt_outcome "$d" 0) == stopped ]] || fail "stop line in the latest attempt: expected stopped"
+    [[ $(dflash_attempt_outcome "$d" 137) == failed ]] || fail "killed: expected failed"
+    # the next attempt resumed and finished: the earlier attempt's stop line no longer counts
+    { header 2; line "info  resuming from ckpt/step_00000010 at step 10"; line "info  drafter: final fp32 weights"; } \
+      >>"$d/logs/rank_05.log"
+    touch "$d/drafter_final.safetensors"
+    [[ $(dflash_attempt_outcome "$d" 0) == finished ]] || fail "latest attempt finished: expected finished"
+    echo "PASS (decision)"
+    ;;
+  finished)
+    make_stubs
+    rc=0
+    "${sbatch_env[@]}" bash "$src/mpi_launch/slurm/single_node.sbatch" "${common[@]}" --set run.steps=2 \
+      >"$out/job.out" 2>&1 || rc=$?
+    cat "$out/job.out" | grep "^dflash:" || true
+    [[ $rc -eq 0 ]] || fail "exit $rc"
+    grep -q "dflash: attempt ended with exit 0: finished" "$out/job.out" || fail "not reported finished"
+    [[ ! -f "$out/scontrol.log" ]] || fail "a finished job was requeued: $(cat "$out/scontrol.log")"
+    echo "PASS (finished)"
+    ;;
+  signal)
+    make_stubs
+    "${sbatch_env[@]}" bash "$src/mpi_launch/slurm/single_node.sbatch" "${common[@]}" --set run.steps=100000 \
+      --set log.every=1 >"$out/job.out" 2>&1 &
+    job=$!
+    for _ in $(seq 1 300); do
+      [[ -f "$out/run/metrics.jsonl" && $(wc -l <"$out/run/metrics.jsonl") -ge 2 ]] && break
+      sleep 0.1
+    done
+    # what slurm's --signal=USR1@600 does: SIGUSR1 to every task
+    pids=$(sed -n 's/.*===== attempt: host .*, pid \([0-9]*\), .*/\1/p' "$out"/run/logs/rank_0*.log)
+    [[ -n "$pids" ]] || fail "no rank pids"
+    kill -USR1 $pids
+    rc=0
+    timeout 60 tail --pid=$job -f /dev/null || fail "the job did not end within 60 s of SIGUSR1"
+    wait $job || rc=$?
+    grep "^dflash:" "$out/job.out" || true
+    [[ $rc -eq 0 ]] || fail "exit $rc"
+    grep -q "dflash: attempt ended with exit 0: stopped" "$out/job.out" || fail "not reported stopped"
+    [[ "$(cat "$out/scontrol.log")" == "requeue 42" ]] || fail "no 'scontrol requeue 42'"
+    ls -d "$out"/run/ckpt/step_*/DONE >/dev/null || fail "no complete checkpoint to resume from"
+    echo "PASS (signal): checkpoint written, scontrol requeue 42"
+    ;;
+  *) fail "unknown case" ;;
+esac
