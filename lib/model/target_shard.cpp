@@ -8,8 +8,38 @@
 namespace dflash::model {
 
 std::string TargetShard::describe() const {
-  return fmt::format("q heads [{},{}) kv heads [{},{}){} mlp [{},{})", q_begin, q_begin + q_count, kv_begin,
-                     kv_begin + kv_count, kv_replicated ? " (replicated)" : "", mlp_begin, mlp_end);
+  std::string d = fmt::format("q heads [{},{}) kv heads [{},{}){} mlp [{},{})", q_begin, q_begin + q_count, kv_begin,
+                              kv_begin + kv_count, kv_replicated ? " (replicated)" : "", mlp_begin, mlp_end);
+  if (linear.member_count > 0) {
+    d += fmt::format(" linear k heads [{},{}) v heads [{},{}){}", linear.group_begin,
+                     linear.group_begin + linear.group_count, linear.member_begin,
+                     linear.member_begin + linear.member_count, linear.replicated ? " (replicated)" : "");
+  }
+  return d;
+}
+
+GroupedSplit split_grouped(int groups, int per_group, int tp, int rank) {
+  GroupedSplit s;
+  if (groups >= tp) {
+    // whole groups: 8 groups over 5 ranks → [2,2,2,1,1]
+    const comm::Range g = comm::shard_range(groups, 1, tp, rank);
+    s.group_begin = int(g.begin);
+    s.group_count = int(g.size());
+    s.member_begin = s.group_begin * per_group;
+    s.member_count = s.group_count * per_group;
+  } else {
+    // group h is held by the ranks shard_range(tp, 1, groups, h), which split its members among them
+    int h = 0;
+    comm::Range ranks = comm::shard_range(tp, 1, groups, 0);
+    while (rank >= ranks.end) ranks = comm::shard_range(tp, 1, groups, ++h);
+    const comm::Range m = comm::shard_range(per_group, 1, int(ranks.size()), int(rank - ranks.begin));
+    s.group_begin = h;
+    s.group_count = 1;
+    s.replicated = true;
+    s.member_begin = h * per_group + int(m.begin);
+    s.member_count = int(m.size());
+  }
+  return s;
 }
 
 TargetShard plan_target_shard(const QwenConfig& c, int tp, int rank, int mlp_grain) {
@@ -18,28 +48,21 @@ TargetShard plan_target_shard(const QwenConfig& c, int tp, int rank, int mlp_gra
                "target shard: TP size {} exceeds num_attention_heads {}: every TP rank needs at least one Q head; "
                "use target_tp ≤ {}",
                tp, c.heads, c.heads);
-  const int g = c.q_per_kv();
   TargetShard s;
   s.tp = tp;
   s.rank = rank;
-  if (c.kv_heads >= tp) {
-    // whole KV groups: 8 groups over 5 ranks → [2,2,2,1,1]
-    const comm::Range kv = comm::shard_range(c.kv_heads, 1, tp, rank);
-    s.kv_begin = int(kv.begin);
-    s.kv_count = int(kv.size());
-    s.q_begin = s.kv_begin * g;
-    s.q_count = s.kv_count * g;
-  } else {
-    // KV head h is held by the ranks shard_range(tp, 1, kv_heads, h), which split its g Q heads among them
-    int h = 0;
-    comm::Range ranks = comm::shard_range(tp, 1, c.kv_heads, 0);
-    while (rank >= ranks.end) ranks = comm::shard_range(tp, 1, c.kv_heads, ++h);
-    const comm::Range q = comm::shard_range(g, 1, int(ranks.size()), int(rank - ranks.begin));
-    s.kv_begin = h;
-    s.kv_count = 1;
-    s.kv_replicated = true;
-    s.q_begin = h * g + int(q.begin);
-    s.q_count = int(q.size());
+  const GroupedSplit a = split_grouped(c.kv_heads, c.q_per_kv(), tp, rank);
+  s.kv_begin = a.group_begin;
+  s.kv_count = a.group_count;
+  s.kv_replicated = a.replicated;
+  s.q_begin = a.member_begin;
+  s.q_count = a.member_count;
+  if (c.hybrid) {
+    DFLASH_CHECK(tp <= c.linear_v_heads,
+                 "target shard: TP size {} exceeds linear_num_value_heads {}: every TP rank needs at least one "
+                 "Gated DeltaNet value head; use target_tp ≤ {}",
+                 tp, c.linear_v_heads, c.linear_v_heads);
+    s.linear = split_grouped(c.linear_k_heads, c.v_per_k(), tp, rank);
   }
   const comm::Range mlp = comm::shard_range(c.intermediate, mlp_grain, tp, rank);
   s.mlp_begin = mlp.begin;

@@ -1,0 +1,137 @@
+// hybrid_golden_check: the TP target forward of a Qwen3.5 hybrid (Gated DeltaNet + gated attention) under
+// mpirun -np N against the fixtures transformers made (tests/golden_hybrid/make_qwen3_5_golden.py).
+//
+//   mpirun -np N hybrid_golden_check --model tests/golden_hybrid/<name> [--tol 1e-4]
+//
+// For every sequence in <name>/golden.safetensors: every decoder layer's output (taps of all layers) and the final
+// normed hidden state must be within `tol` of transformers', measured per tensor as
+//   rel = max_i |ours_i − hf_i| / max_i |hf_i|,
+// on every rank; every TP rank must hold bit-identical outputs; and the greedy continuation (argmax of
+// final_hidden · lm_headᵀ at the last position, one token at a time, full forward each step) must equal
+// transformers' generate() tokens exactly. Exit 0 on pass, 1 on mismatch.
+#include "lib/comm/mpi_transport.h"
+#include "tests/integration/mpi_test_main.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/io/safetensors.h"
+#include "lib/model/target.h"
+
+using namespace dflash;
+
+namespace {
+
+double rel_err(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  DFLASH_CHECK(den > 0, "golden tensor is all zeros: the check would be meaningless");
+  return num / den;
+}
+
+bool same_on_all_ranks(const std::vector<float>& v) {
+  std::vector<float> root(v);
+  MPI_Bcast(root.data(), int(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int differs = std::memcmp(root.data(), v.data(), v.size() * sizeof(float)) != 0, any = 0;
+  MPI_Allreduce(&differs, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any == 0;
+}
+
+int run(int argc, char** argv) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  Args a(argc, argv, {"model", "tol", "attention-block", "mlp-grain"}, {});
+  const std::string dir = a.str("model", "");
+  DFLASH_CHECK(!dir.empty(), "hybrid_golden_check: --model DIR (a folder of tests/golden_hybrid) is required");
+  const double tol = a.real("tol", 1e-4);
+  model::TargetOptions opt;
+  opt.attention_block = int(a.integer("attention-block", 16));
+  opt.mlp_grain = int(a.integer("mlp-grain", 8));
+
+  comm::MpiTransport tp(MPI_COMM_WORLD);
+  model::TargetModel target(dir, tp, opt);
+  const model::QwenConfig& c = target.config();
+  const model::TargetVocab vocab = model::load_target_vocab(dir);
+  io::SafetensorsFile golden(dir + "/golden.safetensors");
+  const int H = c.hidden, L = c.layers;
+  std::vector<int> all_layers(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) all_layers[size_t(l)] = l;
+
+  bool ok = true;
+  for (const int S : {30, 150}) {
+    const std::string sfx = ".s" + std::to_string(S);
+    const std::vector<float> tok_f = golden.read("tokens" + sfx), hf_layers = golden.read("layers" + sfx),
+                             hf_final = golden.read("final" + sfx), hf_greedy = golden.read("greedy" + sfx);
+    DFLASH_CHECK(int(tok_f.size()) == S && hf_layers.size() == size_t(L) * S * H, "{}: golden shapes for S {}",
+                 dir, S);
+    std::vector<int32_t> tokens(tok_f.begin(), tok_f.end());
+    std::vector<float> taps(size_t(S) * L * H), final_hidden(size_t(S) * H);
+    target.forward(tokens.data(), S, all_layers, taps.data(), final_hidden.data());
+    double worst = 0;
+    int worst_layer = -1;
+    for (int l = 0; l < L; ++l) {
+      std::vector<float> ours(size_t(S) * H);
+      for (int i = 0; i < S; ++i)
+        std::copy_n(&taps[(size_t(i) * L + l) * H], H, &ours[size_t(i) * H]);
+      const double e = rel_err(ours.data(), &hf_layers[size_t(l) * S * H], ours.size());
+      if (e > worst) worst = e, worst_layer = l;
+    }
+    const double ef = rel_err(final_hidden.data(), hf_final.data(), final_hidden.size());
+    const bool identical = same_on_all_ranks(taps) && same_on_all_ranks(final_hidden);
+
+    // greedy continuation, one full forward per new token
+    std::vector<int32_t> seq = tokens;
+    std::vector<int> greedy;
+    for (size_t step = 0; step < hf_greedy.size(); ++step) {
+      const int n = int(seq.size());
+      std::vector<float> fin(size_t(n) * H);
+      target.forward(seq.data(), n, {}, nullptr, fin.data());
+      const float* last = &fin[size_t(n - 1) * H];
+      int best = 0;
+      double best_logit = -1e300;
+      for (int v = 0; v < c.vocab; ++v) {
+        double z = 0;
+        const float* w = vocab.lm_head() + size_t(v) * H;
+        for (int d = 0; d < H; ++d) z += double(w[d]) * last[d];
+        if (z > best_logit) best_logit = z, best = v;
+      }
+      greedy.push_back(best);
+      seq.push_back(best);
+    }
+    const bool greedy_ok = std::equal(greedy.begin(), greedy.end(), hf_greedy.begin(),
+                                      [](int x, float y) { return x == int(y); });
+    double max_e = std::max(worst, ef), max_all = 0;
+    MPI_Allreduce(&max_e, &max_all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    std::printf("[rank %d/%d] %s S %d: %s | layers max rel %.3e (layer %d), final %.3e\n", rank, world, dir.c_str(),
+                S, target.shard().describe().c_str(), worst, worst_layer, ef);
+    std::fflush(stdout);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+      std::string g;
+      for (int t : greedy) g += std::to_string(t) + " ";
+      std::printf("hybrid_golden_check: TP %d, S %d: max rel err %.3e over ranks (tol %.0e) %s; ranks bit-identical: "
+                  "%s; greedy [%s] %s\n",
+                  world, S, max_all, tol, max_all <= tol ? "ok" : "FAIL", identical ? "yes" : "NO", g.c_str(),
+                  greedy_ok ? "= transformers" : "!= transformers: FAIL");
+      std::fflush(stdout);
+    }
+    ok = ok && max_all <= tol && identical && greedy_ok;
+  }
+  int ok_all = ok, ok_min = 0;
+  MPI_Allreduce(&ok_all, &ok_min, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return ok_min ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return dflash::test::mpi_test_main("hybrid_golden_check", argc, argv, run); }
