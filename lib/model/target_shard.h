@@ -32,6 +32,14 @@ struct TargetShard {
   std::string describe() const;        // "q heads [0,6) kv heads [0,2) mlp [0,128)" (+ " linear k [..) v [..)")
 };
 
+// What one rank computes per token of a forward over sequences of `seq_len`: how the split balances the work.
+struct ShardCost {
+  double weight_params = 0;  // linear weights held (= GEMM multiply-adds per token); norms and embedding excluded
+  double mixer_flops = 0;    // per token: causal attention scores + values (4·hd·heads·S/2) and the delta rule
+  double flops_per_token() const { return 2 * weight_params + mixer_flops; }
+};
+ShardCost shard_cost(const QwenConfig& c, const TargetShard& s, int seq_len);
+
 // Throws (naming the sizes and the fix) when tp < 1, rank outside [0, tp), or tp > num_attention_heads (or, for
 // hybrids, tp > linear_num_value_heads).
 TargetShard plan_target_shard(const QwenConfig& c, int tp, int rank, int mlp_grain);
