@@ -3,6 +3,9 @@
 
     python3 -m venv /tmp/hybrid-venv && /tmp/hybrid-venv/bin/pip install -r tests/golden_hybrid/requirements.txt
     /tmp/hybrid-venv/bin/python tests/golden_hybrid/make_qwen3_5_golden.py tests/golden_hybrid
+    /tmp/hybrid-venv/bin/python tests/golden_hybrid/make_qwen3_5_golden.py --from-model DIR
+        (golden.safetensors for an existing model folder, e.g. one `dflash_data make-target --arch qwen3_5` wrote:
+         then `hybrid_golden_check --model DIR` compares our forward with transformers on it)
 
 For each tiny random model (both layer types: Gated DeltaNet linear attention and gated full attention) it writes
     <name>/config.json, <name>/model.safetensors     the weights as save_pretrained writes them
@@ -95,6 +98,35 @@ def capture(model, text_model, tokens):
     return layers.float(), final.detach().float(), greedy, torch.tensor(margins)
 
 
+def write_golden(d, model, text_model, vocab, seed):
+    golden = {}
+    summary = {"model": d, "layer_types": text_model.config.layer_types, "lengths": {}}
+    g = torch.Generator().manual_seed(seed + 1000)
+    for S in LENGTHS:
+        tokens = torch.randint(0, vocab, (S,), generator=g).tolist()
+        layers, final, greedy, margins = capture(model, text_model, tokens)
+        golden[f"tokens.s{S}"] = torch.tensor(tokens, dtype=torch.float32)
+        golden[f"layers.s{S}"] = layers.contiguous()
+        golden[f"final.s{S}"] = final.contiguous()
+        golden[f"greedy.s{S}"] = greedy.float()
+        golden[f"margin.s{S}"] = margins.float()
+        summary["lengths"][S] = {"greedy": greedy.tolist(), "min_margin": float(margins.min())}
+    save_file(golden, os.path.join(d, "golden.safetensors"), metadata={"format": "pt"})
+    print(json.dumps(summary))
+
+
+def from_model(d):
+    from transformers import AutoConfig
+    cfg = AutoConfig.from_pretrained(d)
+    if cfg.model_type == "qwen3_5":
+        model = Qwen3_5ForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
+        text_model, vocab = model.model.language_model, cfg.text_config.vocab_size
+    else:
+        model = Qwen3_5ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        text_model, vocab = model.model, cfg.vocab_size
+    write_golden(d, model, text_model, vocab, 5)
+
+
 def make(out_dir, name, seed, conditional, text_over):
     torch.manual_seed(seed)
     tc = text_config(**text_over)
@@ -120,25 +152,14 @@ def make(out_dir, name, seed, conditional, text_over):
         w["mtp.layers.0.input_layernorm.weight"] = torch.randn(tc["hidden_size"])
         save_file(w, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
 
-    golden = {}
-    summary = {"model": name, "layer_types": text_model.config.layer_types, "lengths": {}}
-    g = torch.Generator().manual_seed(seed + 1000)
-    for S in LENGTHS:
-        tokens = torch.randint(0, tc["vocab_size"], (S,), generator=g).tolist()
-        layers, final, greedy, margins = capture(model, text_model, tokens)
-        golden[f"tokens.s{S}"] = torch.tensor(tokens, dtype=torch.float32)
-        golden[f"layers.s{S}"] = layers.contiguous()
-        golden[f"final.s{S}"] = final.contiguous()
-        golden[f"greedy.s{S}"] = greedy.float()
-        golden[f"margin.s{S}"] = margins.float()
-        summary["lengths"][S] = {"greedy": greedy.tolist(), "min_margin": float(margins.min())}
-    save_file(golden, os.path.join(d, "golden.safetensors"), metadata={"format": "pt"})
-    print(json.dumps(summary))
+    write_golden(d, model, text_model, tc["vocab_size"], seed)
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     torch.set_num_threads(2)
+    if len(sys.argv) == 3 and sys.argv[1] == "--from-model":
+        return from_model(sys.argv[2])
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     import transformers
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     # text-only causal LM: [linear ×3, full] (full_attention_interval 4), 6 Q / 2 KV heads, 2 key / 6 value heads
