@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,8 @@
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 #include "lib/model/qwen_config.h"
+#include "lib/model/target.h"
+#include "lib/model/target_shard.h"
 #include "lib/io/export.h"
 #include "lib/train/checkpointing.h"
 #include "lib/train/log.h"
@@ -81,10 +84,12 @@ int run_check(const TrainConfig& cfg) {
     return bytes >= 1024.0 * 1024 * 1024 ? fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024))
                                          : fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
   };
-  const double target_params = double(target.layers) *
-                                   (double(target.hidden) * target.head_dim * (target.heads * 2 + target.kv_heads * 2) +
-                                    3.0 * target.hidden * target.intermediate) +
-                               double(target.vocab) * target.hidden;
+  // the largest TP rank's linear weights (the embedding is read per forward, not held)
+  double target_params = 0;
+  for (int r = 0; r < cfg.layout.target_tp; ++r) {
+    const auto shard = model::plan_target_shard(target, cfg.layout.target_tp, r, model::TargetOptions{}.mlp_grain);
+    target_params = std::max(target_params, model::shard_cost(target, shard, 1).weight_params);
+  }
   std::printf("check: OK\n");
   std::printf("  ranks          mpirun -np %d (%d target TP x %d groups + %d drafter DP)\n", world,
               cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp);
@@ -99,7 +104,7 @@ int run_check(const TrainConfig& cfg) {
               (long long)plan.steps_per_epoch, (long long)plan.total_steps);
   std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "
               "grads + AdamW %s, loss scratch %s\n",
-              size(target_params * 4 / cfg.layout.target_tp).c_str(),
+              size(target_params * 4).c_str(),
               size(double(target.vocab) * target.hidden * 4 * (target.tie_word_embeddings ? 1 : 2)).c_str(),
               size(double(params.flat.size()) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
   const std::string resume = resolve_resume_dir(cfg);

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# dflash_mpi with a Qwen3.5-style hybrid target (mpi_launch/configs/tiny_hybrid.yaml), one case per ctest test:
+#   learns  8 ranks (TP 5 + DP 3), 30 steps: the mean loss of steps 21-30 is ≥ 5% below that of steps 1-10
+#   check   --check of mpi_launch/configs/qwen3_6_27b.yaml with the shipped target config.json: the plan of the 27B
+#           run printed without its weights
+# Uses the tiny data of the dflash_tiny_data fixture (data/make_tiny.sh).
+#   hybrid_trainer_cli.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE
+set -euo pipefail
+build="$1" src="$2" work="$3" case="$4"
+bin="$build/apps/dflash_mpi"
+tiny="$build/tests/integration/tiny_data"
+mpirun_sh="$src/tests/integration/mpirun.sh"
+out="$work/$case"
+rm -rf "$out"
+mkdir -p "$out"
+
+fail() { echo "FAIL ($case): $*" >&2; exit 1; }
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1"; }
+
+case "$case" in
+  learns)
+    "$build/apps/dflash_data" make-target --arch qwen3_5 --out "$out/target" --hidden 64 --layers 8 --heads 10 \
+      --kv-heads 2 --head-dim 16 --intermediate 128 --vocab 512 --linear-k-heads 4 --linear-v-heads 12 \
+      --linear-k-dim 16 --linear-v-dim 16 --seed 5
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny_hybrid.yaml" --set "target.path=$out/target" \
+      --set "data.path=$tiny/train.h5" --set "run.out_dir=$out/run" --set run.steps=30 --set log.every=10 \
+      | tee "$out/log"
+    mapfile -t l < <(losses "$out/run/metrics.jsonl")
+    [[ ${#l[@]} -eq 3 ]] || fail "expected 3 metrics records, got ${#l[@]}"
+    echo "mean loss of steps 1-10: ${l[0]}; 11-20: ${l[1]}; 21-30: ${l[2]}"
+    awk -v a="${l[0]}" -v b="${l[2]}" 'BEGIN { exit !(b < 0.95 * a) }' || fail "loss ${l[2]} is not 5% below ${l[0]}"
+    [[ -f "$out/run/drafter_final.safetensors" ]] || fail "no final weights"
+    echo "PASS (learns)"
+    ;;
+  check)
+    # no weights: the shipped config.json is all --check needs of the target (the tiny data stands in for the data)
+    "$bin" "$src/mpi_launch/configs/qwen3_6_27b.yaml" --set "target.path=$src/mpi_launch/configs/qwen3_6_27b_target" \
+      --set "data.path=$tiny/train.h5" --set "run.out_dir=$out/run" --check | tee "$out/log"
+    grep -q "check: OK" "$out/log" || fail "no 'check: OK'"
+    grep -q "64 layers, H 5120, 24 Q / 4 KV heads, vocab 248320; taps 1,16,31,46,61" "$out/log" ||
+      fail "the plan does not show the 27B target"
+    grep -q "5 layers, 32 Q / 8 KV heads x 128, I 17408, block 16" "$out/log" || fail "wrong drafter shape"
+    grep -q "mpirun -np 8 (5 target TP x 1 groups + 3 drafter DP)" "$out/log" || fail "no rank count"
+    grep -q "target shard ~18.34 GiB per TP rank" "$out/log" || fail "wrong target shard size"
+    [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"
+    echo "PASS (check)"
+    ;;
+  *) fail "unknown case" ;;
+esac
