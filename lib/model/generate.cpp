@@ -28,7 +28,7 @@ GreedyHead::GreedyHead(const std::string& model_dir, comm::Transport& tp) : tp_(
   io::Checkpoint ckpt(model_dir);
   std::string name = "lm_head.weight";
   if (c.tie_word_embeddings) {
-    name = "model.embed_tokens.weight";
+    name = c.weight_prefix + "embed_tokens.weight";
   } else {
     DFLASH_CHECK(ckpt.has(name), "checkpoint {}: tie_word_embeddings is false but lm_head.weight is missing",
                  model_dir);

@@ -6,9 +6,9 @@
 // For every sequence in <name>/golden.safetensors: every decoder layer's output (taps of all layers) and the final
 // normed hidden state must be within `tol` of transformers', measured per tensor as
 //   rel = max_i |ours_i − hf_i| / max_i |hf_i|,
-// on every rank; every TP rank must hold bit-identical outputs; and the greedy continuation (argmax of
-// final_hidden · lm_headᵀ at the last position, one token at a time, full forward each step) must equal
-// transformers' generate() tokens exactly. Exit 0 on pass, 1 on mismatch.
+// on every rank; every TP rank must hold bit-identical outputs; and the greedy continuation made by
+// model::greedy_generate (what `dflash_data regenerate` runs: argmax of final_hidden · lm_headᵀ at the last
+// position, a full forward per new token) must equal transformers' generate() tokens exactly. Exit 0 on pass, 1 on mismatch.
 #include "lib/comm/mpi_transport.h"
 #include "tests/integration/mpi_test_main.h"
 
@@ -22,6 +22,7 @@
 #include "lib/core/args.h"
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
+#include "lib/model/generate.h"
 #include "lib/model/target.h"
 
 using namespace dflash;
@@ -61,7 +62,7 @@ int run(int argc, char** argv) {
   comm::MpiTransport tp(MPI_COMM_WORLD);
   model::TargetModel target(dir, tp, opt);
   const model::QwenConfig& c = target.config();
-  const model::TargetVocab vocab = model::load_target_vocab(dir);
+  model::GreedyHead head(dir, tp);
   io::SafetensorsFile golden(dir + "/golden.safetensors");
   const int H = c.hidden, L = c.layers;
   std::vector<int> all_layers(static_cast<size_t>(L));
@@ -89,27 +90,13 @@ int run(int argc, char** argv) {
     const double ef = rel_err(final_hidden.data(), hf_final.data(), final_hidden.size());
     const bool identical = same_on_all_ranks(taps) && same_on_all_ranks(final_hidden);
 
-    // greedy continuation, one full forward per new token
-    std::vector<int32_t> seq = tokens;
-    std::vector<int> greedy;
-    for (size_t step = 0; step < hf_greedy.size(); ++step) {
-      const int n = int(seq.size());
-      std::vector<float> fin(size_t(n) * H);
-      target.forward(seq.data(), n, {}, nullptr, fin.data());
-      const float* last = &fin[size_t(n - 1) * H];
-      int best = 0;
-      double best_logit = -1e300;
-      for (int v = 0; v < c.vocab; ++v) {
-        double z = 0;
-        const float* w = vocab.lm_head() + size_t(v) * H;
-        for (int d = 0; d < H; ++d) z += double(w[d]) * last[d];
-        if (z > best_logit) best_logit = z, best = v;
-      }
-      greedy.push_back(best);
-      seq.push_back(best);
-    }
-    const bool greedy_ok = std::equal(greedy.begin(), greedy.end(), hf_greedy.begin(),
-                                      [](int x, float y) { return x == int(y); });
+    // greedy continuation through the code regenerate uses (GreedyHead over this rank's lm_head rows)
+    model::GenerateOptions gen;
+    gen.max_new_tokens = int(hf_greedy.size());
+    const std::vector<int32_t> greedy = model::greedy_generate(target, head, tokens, gen);
+    const bool greedy_ok = greedy.size() == hf_greedy.size() &&
+                           std::equal(greedy.begin(), greedy.end(), hf_greedy.begin(),
+                                      [](int32_t x, float y) { return x == int32_t(y); });
     double max_e = std::max(worst, ef), max_all = 0;
     MPI_Allreduce(&max_e, &max_all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     std::printf("[rank %d/%d] %s S %d: %s | layers max rel %.3e (layer %d), final %.3e\n", rank, world, dir.c_str(),

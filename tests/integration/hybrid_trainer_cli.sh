@@ -3,6 +3,7 @@
 #   learns  8 ranks (TP 5 + DP 3), 30 steps: the mean loss of steps 21-30 is ≥ 5% below that of steps 1-10
 #   check   --check of mpi_launch/configs/qwen3_6_27b.yaml with the shipped target config.json: the plan of the 27B
 #           run printed without its weights
+#   regenerate  dflash_data regenerate with a random hybrid target: TP 1 and TP 3 write the same sequences
 # Uses the tiny data of the dflash_tiny_data fixture (data/make_tiny.sh).
 #   hybrid_trainer_cli.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE
 set -euo pipefail
@@ -44,6 +45,25 @@ case "$case" in
     grep -q "target shard ~18.34 GiB per TP rank" "$out/log" || fail "wrong target shard size"
     [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"
     echo "PASS (check)"
+    ;;
+  regenerate)
+    # dflash_data regenerate with a hybrid target: TP 1 and TP 3 (DeltaNet key heads replicated) write the same data
+    d="$build/apps/dflash_data"
+    "$d" make-target --arch qwen3_5 --out "$out/target" --hidden 32 --layers 4 --heads 6 --kv-heads 2 --head-dim 16 \
+      --intermediate 64 --vocab 128 --linear-k-heads 2 --linear-v-heads 4 --seed 9
+    "$d" make-prompts --out "$out/prompts.h5" --vocab 128 --count 4 --min-len 3 --max-len 20 --seed 3
+    "$d" regenerate --target "$out/target" --prompts "$out/prompts.h5" --out "$out/tp1.h5" --max-new-tokens 10 \
+      | tee "$out/log1"
+    "$mpirun_sh" -np 3 "$d" regenerate --target "$out/target" --prompts "$out/prompts.h5" --out "$out/tp3.h5" \
+      --max-new-tokens 10 | tee "$out/log3"
+    grep -q "on TP 3," "$out/log3" || fail "regenerate did not run on TP 3"
+    for i in 0 1 2 3; do
+      a="$("$d" inspect "$out/tp1.h5" --seq $i | tail -n 3)" b="$("$d" inspect "$out/tp3.h5" --seq $i | tail -n 3)"
+      [[ "$a" == "$b" ]] || fail "sequence $i differs between TP 1 and TP 3: $a / $b"
+    done
+    "$d" inspect "$out/tp1.h5" | tee "$out/inspect"
+    grep -q "(40 of 92)" "$out/inspect" || fail "expected 10 generated tokens for each of the 4 prompts"
+    echo "PASS (regenerate)"
     ;;
   *) fail "unknown case" ;;
 esac
