@@ -4,6 +4,8 @@
 #   check   --check of mpi_launch/configs/qwen3_6_27b.yaml with the shipped target config.json: the plan of the 27B
 #           run printed without its weights
 #   regenerate  dflash_data regenerate with a random hybrid target: TP 1 and TP 3 write the same sequences
+#   bad     user errors (unknown --arch, value heads not a multiple of key heads, a yarn rope config, TP above the
+#           DeltaNet value heads) exit non-zero with a message naming them
 # Uses the tiny data of the dflash_tiny_data fixture (data/make_tiny.sh).
 #   hybrid_trainer_cli.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE
 set -euo pipefail
@@ -64,6 +66,35 @@ case "$case" in
     "$d" inspect "$out/tp1.h5" | tee "$out/inspect"
     grep -q "(40 of 92)" "$out/inspect" || fail "expected 10 generated tokens for each of the 4 prompts"
     echo "PASS (regenerate)"
+    ;;
+  bad)
+    # user errors name the option, file or key and exit non-zero
+    d="$build/apps/dflash_data"
+    expect_error() {
+      local pattern="$1"; shift
+      local rc=0
+      timeout 30 "$@" >"$out/log" 2>&1 || rc=$?
+      cat "$out/log"
+      [[ $rc -ne 0 && $rc -ne 124 ]] || fail "exit $rc: expected an error exit"
+      grep -q -- "$pattern" "$out/log" || fail "no message matching '$pattern'"
+    }
+    expect_error "--arch must be qwen3 (dense) or qwen3_5" "$d" make-target --arch qwen4 --out "$out/t0"
+    expect_error "linear_num_value_heads 5 is not a multiple of linear_num_key_heads 2" \
+      "$d" make-target --arch qwen3_5 --out "$out/t1" --linear-k-heads 2 --linear-v-heads 5
+    # a hybrid target whose config asks for yarn RoPE is refused by the trainer's --check, naming the file
+    "$d" make-target --arch qwen3_5 --out "$out/yarn" --hidden 32 --layers 4 --heads 10 --kv-heads 2 --vocab 512 \
+      --linear-k-heads 4 --linear-v-heads 12 >/dev/null
+    sed -i 's/"rope_type": "default"/"rope_type": "yarn"/' "$out/yarn/config.json"
+    expect_error "yarn/config.json: rope_parameters.rope_type \"yarn\" is not supported" \
+      "$bin" "$src/mpi_launch/configs/tiny_hybrid.yaml" --set "target.path=$out/yarn" --set "data.path=$tiny/train.h5" \
+      --check
+    # TP 5 over a hybrid with 4 DeltaNet value heads: no value head for one rank
+    "$d" make-target --arch qwen3_5 --out "$out/few" --hidden 32 --layers 8 --heads 10 --kv-heads 2 --vocab 512 \
+      --linear-k-heads 2 --linear-v-heads 4 >/dev/null
+    expect_error "exceeds linear_num_value_heads 4" "$mpirun_sh" -np 8 "$bin" \
+      "$src/mpi_launch/configs/tiny_hybrid.yaml" --set "target.path=$out/few" --set "data.path=$tiny/train.h5" \
+      --set "run.out_dir=$out/run"
+    echo "PASS (bad)"
     ;;
   *) fail "unknown case" ;;
 esac
