@@ -160,6 +160,25 @@ void TargetModel::timed_allreduce(float* data, size_t n) {
 
 void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
                           float* final_hidden) {
+  run(tokens, S, tap_layer_ids, taps, final_hidden, nullptr);
+}
+
+void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache, float* final_hidden) {
+  const size_t L = size_t(config_.layers);
+  if (cache.keys.size() != L) {
+    DFLASH_CHECK(cache.length == 0, "target forward_cached: a cache at length {} without per-layer state",
+                 cache.length);
+    cache.keys.assign(L, {});
+    cache.values.assign(L, {});
+    cache.conv_tail.assign(L, {});
+    cache.delta_state.assign(L, {});
+  }
+  run(tokens, n, {}, nullptr, final_hidden, &cache);
+  cache.length += n;
+}
+
+void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
+                      float* final_hidden, TargetCache* cache) {
   const QwenConfig& c = config_;
   DFLASH_CHECK(S >= 1, "target forward: sequence length {} must be ≥ 1", S);
   for (int id : tap_layer_ids) {
@@ -181,7 +200,8 @@ void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& 
   std::vector<float> gate(size_t(S) * ic), up(size_t(S) * ic);  // up then holds silu(gate)·up
   std::vector<float> rstd(static_cast<size_t>(S));
   std::vector<int> pos(static_cast<size_t>(S));
-  for (int i = 0; i < S; ++i) pos[size_t(i)] = i;
+  const int past = cache ? cache->length : 0;
+  for (int i = 0; i < S; ++i) pos[size_t(i)] = past + i;
 
   const std::string embed = c.weight_prefix + "embed_tokens.weight";
   for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &x[size_t(i) * H]);
@@ -190,10 +210,13 @@ void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& 
     const TargetLayer& L = layers_[size_t(l)];
     // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
     cpu::rmsnorm_forward<float>(h.data(), rstd.data(), x.data(), L.input_norm.data(), S, H, eps);
+    const size_t li = size_t(l);
     if (L.linear) {
-      gated_deltanet_forward(part.data(), h.data(), S, L, c, shard_);
+      gated_deltanet_forward(part.data(), h.data(), S, L, c, shard_, cache ? &cache->conv_tail[li] : nullptr,
+                             cache ? &cache->delta_state[li] : nullptr);
     } else {
-      attention_forward(part.data(), h.data(), pos.data(), S, L, c, shard_, options_.attention_block);
+      attention_forward(part.data(), h.data(), pos.data(), S, L, c, shard_, options_.attention_block,
+                        cache ? &cache->keys[li] : nullptr, cache ? &cache->values[li] : nullptr);
     }
     timed_allreduce(part.data(), part.size());
     cpu::residual_forward<float>(x.data(), x.data(), part.data(), x.size());

@@ -56,6 +56,16 @@ struct TargetLayer {
   std::vector<float> w_out;             // [H, nv·dv] columns of out_proj
 };
 
+// What an incremental forward carries between calls for one sequence on one rank: per full attention layer the
+// keys and values of every position so far (this rank's KV heads, after k_norm and RoPE), per Gated DeltaNet layer
+// the last K−1 rows of its conv input and its recurrent state. Empty = a fresh sequence.
+struct TargetCache {
+  int length = 0;                               // positions already processed
+  std::vector<std::vector<float>> keys, values;  // [layer] → [length, kv_count, head_dim]
+  std::vector<std::vector<float>> conv_tail;     // [layer] → [K−1, local conv channels] (zeros before position 0)
+  std::vector<std::vector<float>> delta_state;   // [layer] → [local value heads, dk, dv]
+};
+
 class TargetModel {
  public:
   // Loads this rank's slices of the Hugging Face model in `model_dir` (config.json + model.safetensors or index)
@@ -75,7 +85,15 @@ class TargetModel {
   void forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
                float* final_hidden);
 
+  // Collective. tokens[n] at positions cache.length .. cache.length + n − 1, after everything `cache` holds (a
+  // default-constructed cache starts a sequence); appends them to the cache. final_hidden[n, H] (=) the final
+  // normed state of those positions, the same as forward() over the whole sequence gives for them (to rounding).
+  void forward_cached(const int32_t* tokens, int n, TargetCache& cache, float* final_hidden);
+
  private:
+  // positions start at cache ? cache->length : 0; cache (optional) is read and extended
+  void run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden,
+           TargetCache* cache);
   void load_layer(int l);
   void load_attention(int l, TargetLayer& L);
   void load_linear_attention(int l, TargetLayer& L);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_causal.h"
+#include "kernels/cpu/attention_decode.h"
 #include "kernels/cpu/gated_deltanet.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -23,7 +24,8 @@ void shard_linear(float* y, const float* x, const float* W, int N, int in, int o
 }
 
 void attention_forward(float* part, const float* h, const int* pos, int S, const TargetLayer& L,
-                       const QwenConfig& c, const TargetShard& shard, int attention_block) {
+                       const QwenConfig& c, const TargetShard& shard, int attention_block, std::vector<float>* keys,
+                       std::vector<float>* values) {
   const int H = c.hidden, hd = c.head_dim, qh = shard.q_count, kvh = shard.kv_count;
   const int qd = qh * hd, kvd = kvh * hd;
   const float eps = float(c.rms_norm_eps);
@@ -55,7 +57,16 @@ void attention_forward(float* part, const float* h, const int* pos, int S, const
   }
   // local Q head j belongs to global KV head (q_begin + j) / g, i.e. local KV head j / (qh / kvh) — true for both
   // the whole-group split (qh = kvh·g) and replication (kvh = 1)
-  cpu::attention_causal_forward<float>(attn.data(), q.data(), k.data(), v.data(), S, qh, kvh, hd, attention_block);
+  const int past = keys ? int(keys->size() / std::max<size_t>(size_t(kvd), 1)) : 0;
+  if (keys) {
+    keys->insert(keys->end(), k.begin(), k.end());
+    values->insert(values->end(), v.begin(), v.end());
+  }
+  if (past == 0) {
+    cpu::attention_causal_forward<float>(attn.data(), q.data(), k.data(), v.data(), S, qh, kvh, hd, attention_block);
+  } else {
+    cpu::attention_decode_forward<float>(attn.data(), q.data(), keys->data(), values->data(), S, past, qh, kvh, hd);
+  }
   if (c.hybrid) {
     for (size_t i = 0; i < attn.size(); ++i) attn[i] *= 1.f / (1.f + std::exp(-gate[i]));
   }
@@ -63,13 +74,23 @@ void attention_forward(float* part, const float* h, const int* pos, int S, const
 }
 
 void gated_deltanet_forward(float* part, const float* h, int S, const TargetLayer& L, const QwenConfig& c,
-                            const TargetShard& shard) {
+                            const TargetShard& shard, std::vector<float>* conv_tail, std::vector<float>* state) {
   const int H = c.hidden, dk = c.linear_k_dim, dv = c.linear_v_dim, K = c.conv_kernel;
   const int nk = shard.linear.group_count, nv = shard.linear.member_count;
   const int qkd = nk * dk, vd = nv * dv, C = 2 * qkd + vd;
-  std::vector<float> mixed(size_t(S) * C), conv(size_t(S) * C);
-  shard_linear(mixed.data(), h, L.w_qkv.data(), S, H, C);
-  cpu::causal_conv1d_silu_forward<float>(conv.data(), mixed.data(), L.conv.data(), S, C, K);
+  // with a cache the conv runs over [the last K−1 inputs ; these S rows] and keeps the outputs of these S rows
+  const int T = conv_tail ? K - 1 + S : S;
+  std::vector<float> mixed(size_t(T) * C), conv(size_t(T) * C);
+  float* fresh = mixed.data() + size_t(T - S) * C;
+  shard_linear(fresh, h, L.w_qkv.data(), S, H, C);
+  if (conv_tail) {
+    if (conv_tail->empty()) conv_tail->assign(size_t(K - 1) * C, 0.f);  // zeros before position 0
+    std::copy(conv_tail->begin(), conv_tail->end(), mixed.begin());
+    std::copy(mixed.end() - long(size_t(K - 1) * C), mixed.end(), conv_tail->begin());
+    if (state->empty()) state->assign(size_t(nv) * dk * dv, 0.f);
+  }
+  cpu::causal_conv1d_silu_forward<float>(conv.data(), mixed.data(), L.conv.data(), T, C, K);
+  conv.erase(conv.begin(), conv.begin() + long(size_t(T - S) * C));
   // split the conv output's channels q | k | v into per-head rows
   std::vector<float> q(size_t(S) * qkd), k(size_t(S) * qkd), v(size_t(S) * vd);
   for (int t = 0; t < S; ++t) {
@@ -98,7 +119,7 @@ void gated_deltanet_forward(float* part, const float* h, int S, const TargetLaye
   std::vector<float> o(size_t(S) * vd);
   if (nv > 0)
     cpu::gated_delta_rule_forward<float>(o.data(), q.data(), k.data(), v.data(), decay.data(), beta.data(), S, nk,
-                                         nv, dk, dv);
+                                         nv, dk, dv, 64, state ? state->data() : nullptr);
   cpu::gated_rmsnorm_forward<float>(o.data(), o.data(), z.data(), L.gated_norm.data(), S * nv, dv,
                                     float(c.rms_norm_eps));
   shard_linear(part, o.data(), L.w_out.data(), S, vd, H);

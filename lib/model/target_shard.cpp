@@ -93,11 +93,11 @@ comm::Range balanced_mlp(const QwenConfig& c, int tp, int rank, int grain) {
 
 TargetShard plan_target_shard(const QwenConfig& c, int tp, int rank, int mlp_grain) {
   DFLASH_CHECK(tp >= 1 && rank >= 0 && rank < tp, "target shard: rank {} outside a TP group of {}", rank, tp);
-  DFLASH_CHECK(tp <= c.heads,
+  DFLASH_USER_CHECK(tp <= c.heads,
                "target shard: TP size {} exceeds num_attention_heads {}: every TP rank needs at least one Q head; "
                "use target_tp ≤ {}",
                tp, c.heads, c.heads);
-  DFLASH_CHECK(!c.hybrid || tp <= c.linear_v_heads,
+  DFLASH_USER_CHECK(!c.hybrid || tp <= c.linear_v_heads,
                "target shard: TP size {} exceeds linear_num_value_heads {}: every TP rank needs at least one "
                "Gated DeltaNet value head; use target_tp ≤ {}",
                tp, c.linear_v_heads, c.linear_v_heads);

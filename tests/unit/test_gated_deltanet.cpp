@@ -1,11 +1,14 @@
 // gated_deltanet: the chunked gated delta rule against the per-token recurrence (double and float), across chunk
-// edges and with a carried state; the conv, L2 norm, gated RMSNorm and partial RoPE against straight formulas.
+// edges and with a carried state; the conv, L2 norm, gated RMSNorm, partial RoPE and decode attention against
+// straight formulas.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/attention_causal.h"
+#include "kernels/cpu/attention_decode.h"
 #include "kernels/cpu/gated_deltanet.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/rope_partial.h"
@@ -169,4 +172,21 @@ TEST_CASE("rope_partial: full rotary equals rope_forward; partial rotates only t
       cpu::rope_forward<double>(rot.data(), small.data(), &pos[size_t(r)], 1, 1, 4, 1e4);
       for (int d = 0; d < 4; ++d) CHECK(part[b + size_t(d)] == doctest::Approx(rot[size_t(d)]).epsilon(1e-14));
     }
+}
+
+TEST_CASE("attention_decode: rows continuing a sequence equal those rows of full causal attention") {
+  Rng rng(8);
+  const int S = 23, qh = 6, kvh = 2, hd = 8;
+  auto q = normal<double>(size_t(S) * qh * hd, rng), k = normal<double>(size_t(S) * kvh * hd, rng),
+       v = normal<double>(k.size(), rng);
+  std::vector<double> full(q.size());
+  cpu::attention_causal_reference<double>(full.data(), q.data(), k.data(), v.data(), S, qh, kvh, hd);
+  for (int past : {0, 1, 15, 20}) {
+    const int n = S - past;
+    std::vector<double> out(size_t(n) * qh * hd);
+    cpu::attention_decode_forward<double>(out.data(), q.data() + size_t(past) * qh * hd, k.data(), v.data(), n, past,
+                                          qh, kvh, hd);
+    std::vector<double> want(full.begin() + long(size_t(past) * qh * hd), full.end());
+    CHECK(rel(out, want) < 1e-13);
+  }
 }
