@@ -1,6 +1,9 @@
-// dflash_data make-target --out DIR [--hidden 64 --layers 2 --heads 4 --kv-heads 2 --head-dim 16
-//   --intermediate 128 --vocab 256 --seed 1 --dtype f32|bf16 --files 1 --tie]
-// Writes a random Qwen3 target (config.json + model.safetensors) in the Hugging Face format.
+// dflash_data make-target --out DIR [--arch qwen3|qwen3_5 --hidden 64 --layers 2 --heads 4 --kv-heads 2
+//   --head-dim 16 --intermediate 128 --vocab 256 --seed 1 --dtype f32|bf16 --files 1 --tie
+//   qwen3_5 only: --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 16 --linear-v-dim 16 --conv-kernel 4
+//   --full-attention-interval 4 --partial-rotary 0.25]
+// Writes a random Qwen3 target, or a Qwen3.5 hybrid (Gated DeltaNet + gated attention, Qwen3_5ForCausalLM layout),
+// as config.json + model.safetensors in the Hugging Face format.
 #include <cstdio>
 
 #include "lib/core/args.h"
@@ -11,27 +14,35 @@ namespace dflash::data {
 
 namespace {
 constexpr const char* kUsage =
-    "usage: dflash_data make-target --out DIR [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--head-dim 16]\n"
-    "         [--intermediate 128] [--vocab 256] [--seed 1] [--dtype f32|bf16] [--files 1] [--rope-theta 1e6] [--tie]\n"
-    "Writes a random Qwen3 target (config.json + model.safetensors) in the Hugging Face format.\n"
+    "usage: dflash_data make-target --out DIR [--arch qwen3|qwen3_5] [--hidden 64] [--layers 2] [--heads 4]\n"
+    "         [--kv-heads 2] [--head-dim 16] [--intermediate 128] [--vocab 256] [--seed 1] [--dtype f32|bf16]\n"
+    "         [--files 1] [--rope-theta 1e6] [--tie]\n"
+    "         qwen3_5 only: [--linear-k-heads] [--linear-v-heads] [--linear-k-dim] [--linear-v-dim]\n"
+    "         [--conv-kernel] [--full-attention-interval] [--partial-rotary]\n"
+    "Writes a random Qwen3 (dense) or Qwen3.5 (hybrid Gated DeltaNet + attention) target (config.json +\n"
+    "model.safetensors) in the Hugging Face format.\n"
     "  --out DIR   the model directory to write (required)\n"
     "  --files N   split the layers over N files with a model.safetensors.index.json\n"
     "  --tie       tie_word_embeddings: true (no lm_head.weight)\n";
 }  // namespace
 
 int run_make_target(int argc, char** argv) {
-  Args a(argc, argv,
-         {"out", "hidden", "layers", "heads", "kv-heads", "head-dim", "intermediate", "vocab", "seed", "dtype",
-          "files", "rope-theta"},
-         {"tie"}, kUsage);
+  std::vector<std::string> known = model::target_option_names();
+  known.push_back("out");
+  Args a(argc, argv, known, {"tie"}, kUsage);
   DFLASH_USER_CHECK(a.has("out"), "--out DIR is required (the model directory to write)\n{}", kUsage);
   model::RandomTargetSpec s;
   model::apply_target_options(a, s);
   const std::string out = a.str("out", "");
   model::write_random_target(out, s);
-  std::printf("wrote random Qwen3 target to %s: H %d, %d layers, %d/%d heads × %d, intermediate %d, vocab %d, %s%s\n",
-              out.c_str(), s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab,
-              s.dtype == io::DType::BF16 ? "bf16" : "f32", s.tie ? ", tied" : "");
+  std::printf("wrote random %s target to %s: H %d, %d layers, %d/%d heads × %d, intermediate %d, vocab %d, %s%s\n",
+              s.hybrid ? "Qwen3.5 hybrid" : "Qwen3", out.c_str(), s.hidden, s.layers, s.heads, s.kv_heads,
+              s.head_dim, s.intermediate, s.vocab, s.dtype == io::DType::BF16 ? "bf16" : "f32", s.tie ? ", tied" : "");
+  if (s.hybrid) {
+    std::printf("  Gated DeltaNet: %d key heads × %d, %d value heads × %d, conv %d; full attention every %d layers\n",
+                s.linear_k_heads, s.linear_k_dim, s.linear_v_heads, s.linear_v_dim, s.conv_kernel,
+                s.full_attention_interval);
+  }
   return 0;
 }
 

@@ -28,7 +28,7 @@ GreedyHead::GreedyHead(const std::string& model_dir, comm::Transport& tp) : tp_(
   io::Checkpoint ckpt(model_dir);
   std::string name = "lm_head.weight";
   if (c.tie_word_embeddings) {
-    name = "model.embed_tokens.weight";
+    name = c.weight_prefix + "embed_tokens.weight";
   } else {
     DFLASH_CHECK(ckpt.has(name), "checkpoint {}: tie_word_embeddings is false but lm_head.weight is missing",
                  model_dir);
@@ -81,16 +81,19 @@ std::vector<int32_t> greedy_generate(TargetModel& target, GreedyHead& head, cons
   DFLASH_CHECK(options.max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}", options.max_new_tokens);
   DFLASH_CHECK(options.eos_id < target.config().vocab, "eos id {} is not in the target's vocab ({} ids)",
                options.eos_id, target.config().vocab);
-  std::vector<int32_t> sequence = prompt, generated;
-  sequence.reserve(prompt.size() + size_t(options.max_new_tokens));
-  std::vector<float> final_hidden(sequence.capacity() * size_t(H));  // [S, H]; only row S-1 is used
+  std::vector<int32_t> generated;
+  if (options.max_new_tokens == 0) return generated;
+  // the prompt once, then one position per new token: attention keys/values and DeltaNet states stay in the cache
+  TargetCache cache;
+  std::vector<float> final_hidden(prompt.size() * size_t(H));  // [S, H]; only the last row is used
+  target.forward_cached(prompt.data(), int(prompt.size()), cache, final_hidden.data());
+  const float* last = &final_hidden[(prompt.size() - 1) * size_t(H)];
   for (int k = 0; k < options.max_new_tokens; ++k) {
-    const int S = int(sequence.size());
-    target.forward(sequence.data(), S, {}, nullptr, final_hidden.data());
-    const int32_t next = head.next_token(&final_hidden[size_t(S - 1) * size_t(H)], options.vocab_limit);
-    sequence.push_back(next);
+    const int32_t next = head.next_token(last, options.vocab_limit);
     generated.push_back(next);
-    if (next == options.eos_id) break;
+    if (next == options.eos_id || k + 1 == options.max_new_tokens) break;
+    target.forward_cached(&next, 1, cache, final_hidden.data());
+    last = final_hidden.data();
   }
   return generated;
 }

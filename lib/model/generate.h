@@ -2,9 +2,10 @@
 // Greedy generation with the frozen target, and target-regenerated training data (DFlash recipe: the responses
 // are what the target itself would say, DFLASH_NOTES.md "Training recipe").
 //
-// The next token is argmax_v final_hidden[S-1] · lm_head[v] (lowest id on ties). Every new token reruns the full
-// TP forward over prompt + generated tokens (no KV cache): cost O(n_new · forward(S)), fine for tiny targets and
-// offline data making, not a serving path. Every call here is collective over the target's TP group.
+// The next token is argmax_v final_hidden[S-1] · lm_head[v] (lowest id on ties). The prompt runs once, then each
+// new token one position (TargetModel::forward_cached: attention keys/values and Gated DeltaNet conv + recurrent
+// states carried), so a continuation costs one forward over prompt + generated tokens. Offline data making, not a
+// serving path (one sequence at a time). Every call here is collective over the target's TP group.
 #include <cstdint>
 #include <functional>
 #include <string>

@@ -1,12 +1,22 @@
 #pragma once
-// The shape of a Qwen3 target, parsed from a Hugging Face `config.json` (architecture Qwen3ForCausalLM).
+// The shape of a Qwen target, parsed from a Hugging Face `config.json`: dense Qwen3 (Qwen3ForCausalLM) or the
+// Qwen3.5 / Qwen3.6 hybrid family (Qwen3_5ForCausalLM, or Qwen3_5ForConditionalGeneration whose text model sits
+// under `text_config` and whose weights carry the `model.language_model.` prefix; vision tower and MTP ignored).
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace dflash::model {
 
+enum class LayerType { full_attention, linear_attention };
+
 struct QwenConfig {
+  std::string architecture = "Qwen3ForCausalLM";
+  // Qwen3.5/3.6: RMSNorms scale by (1 + w), full attention has an output gate and partial RoPE, and the
+  // layers listed as linear_attention are Gated DeltaNet
+  bool hybrid = false;
+  std::string weight_prefix = "model.";  // "model.language_model." for the ConditionalGeneration layout
   int hidden = 0;        // hidden_size H
   int layers = 0;        // num_hidden_layers
   int heads = 0;         // num_attention_heads (Q heads)
@@ -18,6 +28,18 @@ struct QwenConfig {
   double rope_theta = 1e6;
   bool tie_word_embeddings = false;  // lm_head = embed_tokens (HF default false)
   int max_position_embeddings = 0;   // informational; 0 when absent
+  int rotary_dim = 0;                // head_dim × partial_rotary_factor (Qwen3: head_dim); the first dims rotate
+  std::vector<LayerType> layer_types;  // [layers]; all full_attention for Qwen3
+  // Gated DeltaNet (linear attention) shape; zero for Qwen3
+  int linear_k_heads = 0;  // linear_num_key_heads (q and k heads)
+  int linear_v_heads = 0;  // linear_num_value_heads (a multiple of linear_k_heads)
+  int linear_k_dim = 0;    // linear_key_head_dim
+  int linear_v_dim = 0;    // linear_value_head_dim
+  int conv_kernel = 0;     // linear_conv_kernel_dim
+
+  bool is_linear(int layer) const { return layer_types[size_t(layer)] == LayerType::linear_attention; }
+  int linear_conv_dim() const { return 2 * linear_k_heads * linear_k_dim + linear_v_heads * linear_v_dim; }
+  int v_per_k() const { return linear_v_heads / linear_k_heads; }  // value heads per key head
 
   int q_per_kv() const { return heads / kv_heads; }  // GQA group size
 };
@@ -27,7 +49,8 @@ struct QwenConfig {
 QwenConfig parse_qwen_config(const nlohmann::json& j, const std::string& source);
 // Reads `path`, or `path/config.json` when path is a directory.
 QwenConfig load_qwen_config(const std::string& path);
-// The config.json a Hugging Face Qwen3ForCausalLM loader accepts for this shape.
+// The config.json a Hugging Face loader accepts for this shape: Qwen3ForCausalLM, or Qwen3_5ForCausalLM when
+// c.hybrid (text-only layout, weights under "model.").
 nlohmann::json qwen_config_json(const QwenConfig& c);
 
 }  // namespace dflash::model

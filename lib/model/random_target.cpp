@@ -24,6 +24,20 @@ QwenConfig RandomTargetSpec::config() const {
   c.rms_norm_eps = rms_norm_eps;
   c.rope_theta = rope_theta;
   c.tie_word_embeddings = tie;
+  c.rotary_dim = head_dim;
+  c.layer_types.assign(size_t(layers), LayerType::full_attention);
+  if (hybrid) {
+    c.hybrid = true;
+    c.rotary_dim = int(head_dim * partial_rotary_factor);
+    c.linear_k_heads = linear_k_heads;
+    c.linear_v_heads = linear_v_heads;
+    c.linear_k_dim = linear_k_dim;
+    c.linear_v_dim = linear_v_dim;
+    c.conv_kernel = conv_kernel;
+    for (int l = 0; l < layers; ++l)
+      c.layer_types[size_t(l)] = (l + 1) % full_attention_interval ? LayerType::linear_attention
+                                                                   : LayerType::full_attention;
+  }
   return c;
 }
 
@@ -54,7 +68,8 @@ void write_random_target(const std::string& dir, const RandomTargetSpec& spec) {
   auto linear = [&](std::string name, int64_t out, int64_t in) {
     return tensor(std::move(name), {out, in}, 1.0 / std::sqrt(double(in)), 0.0);
   };
-  auto norm = [&](std::string name, int64_t n) { return tensor(std::move(name), {n}, 0.1, 1.0); };
+  // hybrid RMSNorms store the offset from 1 (Qwen3.5 computes x̂ · (1 + w))
+  auto norm = [&](std::string name, int64_t n) { return tensor(std::move(name), {n}, 0.1, c.hybrid ? 0.0 : 1.0); };
 
   // group the tensors by file: file 0 gets the embedding and the first layers, the last file the final norm/head
   std::vector<std::vector<io::TensorToWrite>> files(size_t(spec.files));
@@ -64,12 +79,29 @@ void write_random_target(const std::string& dir, const RandomTargetSpec& spec) {
     auto& f = files[file_of_layer(l)];
     auto n = [&](const char* what) { return fmt::format("model.layers.{}.{}.weight", l, what); };
     f.push_back(norm(n("input_layernorm"), H));
-    f.push_back(linear(n("self_attn.q_proj"), c.heads * hd, H));
-    f.push_back(linear(n("self_attn.k_proj"), c.kv_heads * hd, H));
-    f.push_back(linear(n("self_attn.v_proj"), c.kv_heads * hd, H));
-    f.push_back(norm(n("self_attn.q_norm"), hd));
-    f.push_back(norm(n("self_attn.k_norm"), hd));
-    f.push_back(linear(n("self_attn.o_proj"), H, c.heads * hd));
+    if (c.is_linear(l)) {
+      const int64_t key_dim = int64_t(c.linear_k_heads) * c.linear_k_dim;
+      const int64_t value_dim = int64_t(c.linear_v_heads) * c.linear_v_dim, nv = c.linear_v_heads;
+      const int64_t K = c.conv_kernel;
+      auto param = [&](const char* what) { return fmt::format("model.layers.{}.linear_attn.{}", l, what); };
+      f.push_back(linear(n("linear_attn.in_proj_qkv"), 2 * key_dim + value_dim, H));
+      f.push_back(linear(n("linear_attn.in_proj_z"), value_dim, H));
+      f.push_back(linear(n("linear_attn.in_proj_b"), nv, H));
+      f.push_back(linear(n("linear_attn.in_proj_a"), nv, H));
+      f.push_back(tensor(n("linear_attn.conv1d"), {2 * key_dim + value_dim, 1, K}, 1.0 / std::sqrt(double(K)), 0.0));
+      f.push_back(tensor(param("A_log"), {nv}, 0.5, 0.0));
+      f.push_back(tensor(param("dt_bias"), {nv}, 0.5, 0.0));
+      f.push_back(tensor(n("linear_attn.norm"), {c.linear_v_dim}, 0.1, 1.0));
+      f.push_back(linear(n("linear_attn.out_proj"), H, value_dim));
+    } else {
+      const int64_t qf = c.hybrid ? 2 : 1;  // hybrid q_proj: per head [query | output gate]
+      f.push_back(linear(n("self_attn.q_proj"), qf * c.heads * hd, H));
+      f.push_back(linear(n("self_attn.k_proj"), c.kv_heads * hd, H));
+      f.push_back(linear(n("self_attn.v_proj"), c.kv_heads * hd, H));
+      f.push_back(norm(n("self_attn.q_norm"), hd));
+      f.push_back(norm(n("self_attn.k_norm"), hd));
+      f.push_back(linear(n("self_attn.o_proj"), H, c.heads * hd));
+    }
     f.push_back(norm(n("post_attention_layernorm"), H));
     f.push_back(linear(n("mlp.gate_proj"), I, H));
     f.push_back(linear(n("mlp.up_proj"), I, H));
@@ -100,7 +132,29 @@ void write_random_target(const std::string& dir, const RandomTargetSpec& spec) {
   DFLASH_CHECK(cfg.good(), "random target: cannot write {}/config.json", dir);
 }
 
+std::vector<std::string> target_option_names() {
+  return {"arch",           "hidden",         "layers",       "heads",        "kv-heads",
+          "head-dim",       "intermediate",   "vocab",        "seed",         "dtype",
+          "files",          "rope-theta",     "linear-k-heads", "linear-v-heads", "linear-k-dim",
+          "linear-v-dim",   "conv-kernel",    "full-attention-interval", "partial-rotary"};
+}
+
 void apply_target_options(const Args& a, RandomTargetSpec& s) {
+  if (a.has("arch")) {
+    const std::string arch = a.str("arch", "");
+    DFLASH_USER_CHECK(arch == "qwen3" || arch == "qwen3_5",
+                      "--arch must be qwen3 (dense) or qwen3_5 (Qwen3.5/3.6 hybrid), got '{}'", arch);
+    s.hybrid = arch == "qwen3_5";
+  }
+  s.linear_k_heads = int(a.integer("linear-k-heads", s.linear_k_heads));
+  s.linear_v_heads = int(a.integer("linear-v-heads", s.linear_v_heads));
+  s.linear_k_dim = int(a.integer("linear-k-dim", s.linear_k_dim));
+  s.linear_v_dim = int(a.integer("linear-v-dim", s.linear_v_dim));
+  s.conv_kernel = int(a.integer("conv-kernel", s.conv_kernel));
+  s.full_attention_interval = int(a.integer("full-attention-interval", s.full_attention_interval));
+  s.partial_rotary_factor = a.real("partial-rotary", s.partial_rotary_factor);
+  DFLASH_USER_CHECK(s.full_attention_interval >= 1, "--full-attention-interval must be ≥ 1, got {}",
+                    s.full_attention_interval);
   s.hidden = int(a.integer("hidden", s.hidden));
   s.layers = int(a.integer("layers", s.layers));
   s.heads = int(a.integer("heads", s.heads));

@@ -1,8 +1,10 @@
 #pragma once
-// Random Qwen3 targets in the Hugging Face format (config.json + model.safetensors, or an index over several
+// Random Qwen targets (dense Qwen3, or Qwen3.5 hybrids in the text-only Qwen3_5ForCausalLM layout) in the Hugging
+// Face format (config.json + model.safetensors, or an index over several
 // files), seeded, any size: the models of the tests, the benchmarks and the embedded default.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "lib/core/args.h"
 #include "lib/io/safetensors.h"
@@ -24,18 +26,27 @@ struct RandomTargetSpec {
   double rms_norm_eps = 1e-6;
   double rope_theta = 1e6;
   int files = 1;  // > 1: model-0000i-of-0000n.safetensors + model.safetensors.index.json, layers split over files
+  // Qwen3.5 hybrid (--arch qwen3_5): every full_attention_interval-th layer full attention, the rest Gated DeltaNet
+  bool hybrid = false;
+  int full_attention_interval = 4;
+  double partial_rotary_factor = 0.25;
+  int linear_k_heads = 2, linear_v_heads = 4, linear_k_dim = 16, linear_v_dim = 16, conv_kernel = 4;
 
   QwenConfig config() const;
 };
 
 // Creates `dir` if needed and writes the model. Every tensor is drawn from its own Rng stream (seed, tensor
 // index): linear weights N(0, 1/in), embedding and lm_head N(0, 1), norm weights 1 + N(0, 0.1²) (so that a wrong
-// norm weight shows). Throws on an invalid shape (via the config checks) or an unwritable directory.
+// norm weight shows; hybrids store N(0, 0.1²), which Qwen3.5's RMSNorm applies as 1 + w). Hybrid DeltaNet extras:
+// conv1d N(0, 1/K), A_log and dt_bias N(0, 0.5²), the gated norm 1 + N(0, 0.1²). Throws on an invalid shape (via the config checks) or an unwritable directory.
 void write_random_target(const std::string& dir, const RandomTargetSpec& spec);
 
-// Fills `spec` from the size options that are given (--hidden --layers --heads --kv-heads --head-dim
-// --intermediate --vocab --seed --files --rope-theta --dtype f32|bf16 --tie); absent ones keep spec's values.
+// Fills `spec` from the size options that are given (--arch qwen3|qwen3_5 --hidden --layers --heads --kv-heads
+// --head-dim --intermediate --vocab --seed --files --rope-theta --dtype f32|bf16 --tie; hybrids also
+// --linear-k-heads --linear-v-heads --linear-k-dim --linear-v-dim --conv-kernel --full-attention-interval
+// --partial-rotary); absent ones keep spec's values. target_option_names() lists them for an Args parser.
 // Shared by `dflash_data make-target` and the tests that make targets.
 void apply_target_options(const Args& args, RandomTargetSpec& spec);
+std::vector<std::string> target_option_names();
 
 }  // namespace dflash::model

@@ -4,28 +4,24 @@
 
 #include <fmt/format.h>
 
-#include "kernels/cpu/attention_causal.h"
 #include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rmsnorm.h"
-#include "kernels/cpu/rope.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
+#include "lib/model/target_layers.h"
 
 namespace dflash::model {
 
+std::string target_layer_tensor(const QwenConfig& c, int l, const std::string& what) {
+  return fmt::format("{}layers.{}.{}.weight", c.weight_prefix, l, what);
+}
+
 namespace {
 
-std::string layer_name(int l, const char* what) { return fmt::format("model.layers.{}.{}.weight", l, what); }
-
-// y[N, out] (=) x[N, in] · Wᵀ, tolerating an empty shard (out = 0) or an empty input (in = 0 → zeros)
-void linear(float* y, const float* x, const float* W, int N, int in, int out) {
-  if (N == 0 || out == 0) return;
-  if (in == 0) {
-    std::fill(y, y + size_t(N) * out, 0.f);
-    return;
-  }
-  cpu::linear_forward<float>(y, x, W, N, in, out);
+// Qwen3.5 RMSNorm computes x̂ · (1 + w): fold the 1 in once at load
+void fold_norm_offset(const QwenConfig& c, std::vector<float>& w) {
+  if (!c.hybrid) return;
+  for (float& x : w) x += 1.f;
 }
 
 }  // namespace
@@ -38,41 +34,110 @@ TargetModel::TargetModel(const std::string& model_dir, comm::Transport& tp, Targ
       shard_(plan_target_shard(config_, tp.size(), tp.rank(), options.mlp_grain)),
       ckpt_(model_dir) {
   const int64_t H = config_.hidden;
-  ckpt_.expect("model.embed_tokens.weight", {config_.vocab, H});
-  final_norm_ = ckpt_.read(ckpt_.expect("model.norm.weight", {H}).name);
+  ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
+  final_norm_ = ckpt_.read(ckpt_.expect(config_.weight_prefix + "norm.weight", {H}).name);
+  fold_norm_offset(config_, final_norm_);
   layers_.resize(size_t(config_.layers));
   for (int l = 0; l < config_.layers; ++l) load_layer(l);
 }
 
+// Slices of layer l's tensors: rows [b, e) of a tensor (dim 0; any rank) or columns [b, e) of a 2-D tensor.
+namespace {
+struct LayerReader {
+  const io::Checkpoint& ckpt;
+  const QwenConfig& c;
+  int l;
+  void rows(const std::string& what, std::vector<int64_t> shape, int64_t b, int64_t e, std::vector<float>& out) const {
+    const std::string n = target_layer_tensor(c, l, what);
+    ckpt.expect(n, shape);
+    int64_t row = 1;
+    for (size_t i = 1; i < shape.size(); ++i) row *= shape[i];
+    out.resize(size_t((e - b) * row));
+    ckpt.read_rows(n, b, e, out.data());
+  }
+  // rows of several ranges of one tensor, concatenated in order
+  void row_ranges(const std::string& what, std::vector<int64_t> shape,
+                  std::initializer_list<std::pair<int64_t, int64_t>> ranges, std::vector<float>& out) const {
+    out.clear();
+    std::vector<float> part;
+    for (auto [b, e] : ranges) {
+      rows(what, shape, b, e, part);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+  }
+  void cols(const std::string& what, std::vector<int64_t> shape, int64_t b, int64_t e, std::vector<float>& out) const {
+    const std::string n = target_layer_tensor(c, l, what);
+    ckpt.expect(n, shape);
+    out.resize(size_t(shape[0] * (e - b)));
+    ckpt.read_cols(n, b, e, out.data());
+  }
+};
+}  // namespace
+
 void TargetModel::load_layer(int l) {
+  const QwenConfig& c = config_;
+  const int64_t H = c.hidden;
+  TargetLayer& L = layers_[size_t(l)];
+  const LayerReader r{ckpt_, c, l};
+  r.rows("input_layernorm", {H}, 0, H, L.input_norm);
+  r.rows("post_attention_layernorm", {H}, 0, H, L.post_norm);
+  fold_norm_offset(c, L.input_norm);
+  fold_norm_offset(c, L.post_norm);
+  L.linear = c.is_linear(l);
+  if (L.linear) {
+    load_linear_attention(l, L);
+  } else {
+    load_attention(l, L);
+  }
+  r.rows("mlp.gate_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, L.wgate);
+  r.rows("mlp.up_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, L.wup);
+  r.cols("mlp.down_proj", {H, c.intermediate}, shard_.mlp_begin, shard_.mlp_end, L.wdown);
+}
+
+void TargetModel::load_attention(int l, TargetLayer& L) {
   const QwenConfig& c = config_;
   const int64_t H = c.hidden, hd = c.head_dim;
   const int64_t qd = int64_t(shard_.q_count) * hd, kvd = int64_t(shard_.kv_count) * hd;
-  TargetLayer& L = layers_[size_t(l)];
-  auto rows = [&](const char* what, std::vector<int64_t> shape, int64_t b, int64_t e, std::vector<float>& out) {
-    const std::string n = layer_name(l, what);
-    ckpt_.expect(n, shape);
-    out.resize(size_t((e - b) * (shape.size() > 1 ? shape[1] : 1)));
-    ckpt_.read_rows(n, b, e, out.data());
-  };
-  auto cols = [&](const char* what, std::vector<int64_t> shape, int64_t b, int64_t e, std::vector<float>& out) {
-    const std::string n = layer_name(l, what);
-    ckpt_.expect(n, shape);
-    out.resize(size_t(shape[0] * (e - b)));
-    ckpt_.read_cols(n, b, e, out.data());
-  };
-  rows("input_layernorm", {H}, 0, H, L.input_norm);
-  rows("post_attention_layernorm", {H}, 0, H, L.post_norm);
-  rows("self_attn.q_norm", {hd}, 0, hd, L.q_norm);
-  rows("self_attn.k_norm", {hd}, 0, hd, L.k_norm);
+  const LayerReader r{ckpt_, c, l};
+  r.rows("self_attn.q_norm", {hd}, 0, hd, L.q_norm);
+  r.rows("self_attn.k_norm", {hd}, 0, hd, L.k_norm);
+  fold_norm_offset(c, L.q_norm);
+  fold_norm_offset(c, L.k_norm);
   const int64_t q0 = int64_t(shard_.q_begin) * hd, kv0 = int64_t(shard_.kv_begin) * hd;
-  rows("self_attn.q_proj", {c.heads * hd, H}, q0, q0 + qd, L.wq);
-  rows("self_attn.k_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, L.wk);
-  rows("self_attn.v_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, L.wv);
-  cols("self_attn.o_proj", {H, c.heads * hd}, q0, q0 + qd, L.wo);
-  rows("mlp.gate_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, L.wgate);
-  rows("mlp.up_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, L.wup);
-  cols("mlp.down_proj", {H, c.intermediate}, shard_.mlp_begin, shard_.mlp_end, L.wdown);
+  // hybrid q_proj: per head [query | output gate], 2·head_dim rows each
+  const int64_t qf = c.hybrid ? 2 : 1;
+  r.rows("self_attn.q_proj", {qf * c.heads * hd, H}, qf * q0, qf * (q0 + qd), L.wq);
+  r.rows("self_attn.k_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, L.wk);
+  r.rows("self_attn.v_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, L.wv);
+  r.cols("self_attn.o_proj", {H, c.heads * hd}, q0, q0 + qd, L.wo);
+}
+
+void TargetModel::load_linear_attention(int l, TargetLayer& L) {
+  const QwenConfig& c = config_;
+  const int64_t H = c.hidden, dk = c.linear_k_dim, dv = c.linear_v_dim, K = c.conv_kernel;
+  const int64_t key_dim = c.linear_k_heads * dk, value_dim = c.linear_v_heads * dv, conv_dim = c.linear_conv_dim();
+  const GroupedSplit& s = shard_.linear;
+  const int64_t k0 = int64_t(s.group_begin) * dk, k1 = k0 + int64_t(s.group_count) * dk;
+  const int64_t v0 = int64_t(s.member_begin) * dv, v1 = v0 + int64_t(s.member_count) * dv;
+  const int64_t h0 = s.member_begin, h1 = s.member_begin + s.member_count;
+  const LayerReader r{ckpt_, c, l};
+  // channels of in_proj_qkv and conv1d: q [0, key_dim), k [key_dim, 2·key_dim), v [2·key_dim, conv_dim)
+  const std::initializer_list<std::pair<int64_t, int64_t>> channels = {
+      {k0, k1}, {key_dim + k0, key_dim + k1}, {2 * key_dim + v0, 2 * key_dim + v1}};
+  r.row_ranges("linear_attn.in_proj_qkv", {conv_dim, H}, channels, L.w_qkv);
+  r.row_ranges("linear_attn.conv1d", {conv_dim, 1, K}, channels, L.conv);
+  r.rows("linear_attn.in_proj_z", {value_dim, H}, v0, v1, L.w_z);
+  r.rows("linear_attn.in_proj_b", {c.linear_v_heads, H}, h0, h1, L.w_b);
+  r.rows("linear_attn.in_proj_a", {c.linear_v_heads, H}, h0, h1, L.w_a);
+  // A_log and dt_bias are parameters without the ".weight" suffix
+  for (auto [name, out] : {std::pair{"A_log", &L.a_log}, std::pair{"dt_bias", &L.dt_bias}}) {
+    const std::string n = fmt::format("{}layers.{}.linear_attn.{}", c.weight_prefix, l, name);
+    ckpt_.expect(n, {c.linear_v_heads});
+    out->resize(size_t(h1 - h0));
+    ckpt_.read_rows(n, h0, h1, out->data());
+  }
+  r.rows("linear_attn.norm", {dv}, 0, dv, L.gated_norm);
+  r.cols("linear_attn.out_proj", {H, value_dim}, v0, v1, L.w_out);
 }
 
 size_t TargetModel::weight_bytes() const {
@@ -80,6 +145,8 @@ size_t TargetModel::weight_bytes() const {
   for (const auto& L : layers_) {
     n += L.input_norm.size() + L.wq.size() + L.wk.size() + L.wv.size() + L.q_norm.size() + L.k_norm.size() +
          L.wo.size() + L.post_norm.size() + L.wgate.size() + L.wup.size() + L.wdown.size();
+    n += L.w_qkv.size() + L.conv.size() + L.w_z.size() + L.w_b.size() + L.w_a.size() + L.a_log.size() +
+         L.dt_bias.size() + L.gated_norm.size() + L.w_out.size();
   }
   return n * sizeof(float);
 }
@@ -93,6 +160,25 @@ void TargetModel::timed_allreduce(float* data, size_t n) {
 
 void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
                           float* final_hidden) {
+  run(tokens, S, tap_layer_ids, taps, final_hidden, nullptr);
+}
+
+void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache, float* final_hidden) {
+  const size_t L = size_t(config_.layers);
+  if (cache.keys.size() != L) {
+    DFLASH_CHECK(cache.length == 0, "target forward_cached: a cache at length {} without per-layer state",
+                 cache.length);
+    cache.keys.assign(L, {});
+    cache.values.assign(L, {});
+    cache.conv_tail.assign(L, {});
+    cache.delta_state.assign(L, {});
+  }
+  run(tokens, n, {}, nullptr, final_hidden, &cache);
+  cache.length += n;
+}
+
+void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
+                      float* final_hidden, TargetCache* cache) {
   const QwenConfig& c = config_;
   DFLASH_CHECK(S >= 1, "target forward: sequence length {} must be ≥ 1", S);
   for (int id : tap_layer_ids) {
@@ -104,47 +190,43 @@ void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& 
                  tokens[i], i, c.vocab);
   }
   Timer timer;
-  const int H = c.hidden, hd = c.head_dim, qh = shard_.q_count, kvh = shard_.kv_count;
-  const int qd = qh * hd, kvd = kvh * hd, ic = int(shard_.mlp_end - shard_.mlp_begin);
+  const int H = c.hidden, ic = int(shard_.mlp_end - shard_.mlp_begin);
   const int n_taps = int(tap_layer_ids.size());
   const float eps = float(c.rms_norm_eps);
 
   std::vector<float> x(size_t(S) * H);      // [S, H] residual stream, identical on every TP rank
   std::vector<float> h(size_t(S) * H);      // [S, H] normed input of the current sub-block
   std::vector<float> part(size_t(S) * H);   // [S, H] this rank's row-parallel partial sum, then the full sum
-  std::vector<float> q(size_t(S) * qd), k(size_t(S) * kvd), v(size_t(S) * kvd), attn(size_t(S) * qd);
   std::vector<float> gate(size_t(S) * ic), up(size_t(S) * ic);  // up then holds silu(gate)·up
-  std::vector<float> rstd(size_t(S) * std::max({qh, kvh, 1}));
+  std::vector<float> rstd(static_cast<size_t>(S));
   std::vector<int> pos(static_cast<size_t>(S));
-  for (int i = 0; i < S; ++i) pos[size_t(i)] = i;
+  const int past = cache ? cache->length : 0;
+  for (int i = 0; i < S; ++i) pos[size_t(i)] = past + i;
 
-  for (int i = 0; i < S; ++i) ckpt_.read_rows("model.embed_tokens.weight", tokens[i], tokens[i] + 1, &x[size_t(i) * H]);
+  const std::string embed = c.weight_prefix + "embed_tokens.weight";
+  for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &x[size_t(i) * H]);
 
   for (int l = 0; l < c.layers; ++l) {
     const TargetLayer& L = layers_[size_t(l)];
-    // attention: column-parallel q/k/v over this rank's heads, row-parallel o + all-reduce
+    // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
     cpu::rmsnorm_forward<float>(h.data(), rstd.data(), x.data(), L.input_norm.data(), S, H, eps);
-    linear(q.data(), h.data(), L.wq.data(), S, H, qd);
-    linear(k.data(), h.data(), L.wk.data(), S, H, kvd);
-    linear(v.data(), h.data(), L.wv.data(), S, H, kvd);
-    cpu::rmsnorm_forward<float>(q.data(), rstd.data(), q.data(), L.q_norm.data(), S * qh, hd, eps);
-    cpu::rmsnorm_forward<float>(k.data(), rstd.data(), k.data(), L.k_norm.data(), S * kvh, hd, eps);
-    cpu::rope_forward<float>(q.data(), q.data(), pos.data(), S, qh, hd, c.rope_theta);
-    cpu::rope_forward<float>(k.data(), k.data(), pos.data(), S, kvh, hd, c.rope_theta);
-    // local Q head j belongs to global KV head (q_begin + j) / g, i.e. local KV head j / (qh / kvh) — true for both
-    // the whole-group split (qh = kvh·g) and replication (kvh = 1)
-    cpu::attention_causal_forward<float>(attn.data(), q.data(), k.data(), v.data(), S, qh, kvh, hd,
-                                         options_.attention_block);
-    linear(part.data(), attn.data(), L.wo.data(), S, qd, H);
+    const size_t li = size_t(l);
+    if (L.linear) {
+      gated_deltanet_forward(part.data(), h.data(), S, L, c, shard_, cache ? &cache->conv_tail[li] : nullptr,
+                             cache ? &cache->delta_state[li] : nullptr);
+    } else {
+      attention_forward(part.data(), h.data(), pos.data(), S, L, c, shard_, options_.attention_block,
+                        cache ? &cache->keys[li] : nullptr, cache ? &cache->values[li] : nullptr);
+    }
     timed_allreduce(part.data(), part.size());
     cpu::residual_forward<float>(x.data(), x.data(), part.data(), x.size());
 
     // MLP: column-parallel gate/up over this rank's channels, row-parallel down + all-reduce
     cpu::rmsnorm_forward<float>(h.data(), rstd.data(), x.data(), L.post_norm.data(), S, H, eps);
-    linear(gate.data(), h.data(), L.wgate.data(), S, H, ic);
-    linear(up.data(), h.data(), L.wup.data(), S, H, ic);
+    shard_linear(gate.data(), h.data(), L.wgate.data(), S, H, ic);
+    shard_linear(up.data(), h.data(), L.wup.data(), S, H, ic);
     cpu::swiglu_forward<float>(up.data(), gate.data(), up.data(), up.size());
-    linear(part.data(), up.data(), L.wdown.data(), S, ic, H);
+    shard_linear(part.data(), up.data(), L.wdown.data(), S, ic, H);
     timed_allreduce(part.data(), part.size());
     cpu::residual_forward<float>(x.data(), x.data(), part.data(), x.size());
 
@@ -167,7 +249,7 @@ TargetVocab load_target_vocab(const std::string& model_dir) {
   TargetVocab v;
   v.vocab = c.vocab;
   v.hidden = c.hidden;
-  v.embedding = ckpt.read(ckpt.expect("model.embed_tokens.weight", {c.vocab, c.hidden}).name);
+  v.embedding = ckpt.read(ckpt.expect(c.weight_prefix + "embed_tokens.weight", {c.vocab, c.hidden}).name);
   v.tied = c.tie_word_embeddings;
   if (!v.tied) {
     DFLASH_CHECK(ckpt.has("lm_head.weight"),

@@ -1,5 +1,6 @@
 #pragma once
-// The frozen Qwen3 target, tensor-parallel over one TP group, forward only, fp32 on CPU.
+// The frozen Qwen target (dense Qwen3, or the Qwen3.5 / Qwen3.6 hybrids of Gated DeltaNet and gated full
+// attention layers), tensor-parallel over one TP group, forward only, fp32 on CPU.
 //
 // Per decoder layer (Megatron naming): column-parallel q/k/v (this rank's heads) and gate/up (its intermediate
 // channels), row-parallel o/down (the matching input columns) each followed by one all-reduce of the [S, H]
@@ -32,10 +33,12 @@ struct TargetStats {
 };
 
 // One decoder layer's slices on this rank (shapes with the shard's local sizes: qd = q_count·head_dim,
-// kvd = kv_count·head_dim, ic = mlp_end − mlp_begin).
+// kvd = kv_count·head_dim, ic = mlp_end − mlp_begin; DeltaNet: nk key heads of dk, nv value heads of dv held).
+// Hybrid RMSNorm weights are stored here as 1 + w (Qwen3.5 scales by 1 + w), so one rmsnorm kernel serves both.
 struct TargetLayer {
+  bool linear = false;            // Gated DeltaNet layer (else full attention)
   std::vector<float> input_norm;  // [H]
-  std::vector<float> wq;          // [qd, H]   rows of q_proj
+  std::vector<float> wq;          // [qd, H] rows of q_proj; hybrid: [q_count, 2, head_dim] rows = query, gate
   std::vector<float> wk, wv;      // [kvd, H]  rows of k_proj, v_proj
   std::vector<float> q_norm;      // [head_dim]
   std::vector<float> k_norm;      // [head_dim]
@@ -43,6 +46,24 @@ struct TargetLayer {
   std::vector<float> post_norm;   // [H]
   std::vector<float> wgate, wup;  // [ic, H]   rows of gate_proj, up_proj
   std::vector<float> wdown;       // [H, ic]   columns of down_proj
+  // Gated DeltaNet (linear_attn.*)
+  std::vector<float> w_qkv;             // [2·nk·dk + nv·dv, H] rows of in_proj_qkv: this rank's q | k | v channels
+  std::vector<float> conv;              // [2·nk·dk + nv·dv, K] the same channels of conv1d.weight [C, 1, K]
+  std::vector<float> w_z;               // [nv·dv, H] rows of in_proj_z (output gate)
+  std::vector<float> w_b, w_a;          // [nv, H] rows of in_proj_b (β), in_proj_a (decay)
+  std::vector<float> a_log, dt_bias;    // [nv]
+  std::vector<float> gated_norm;        // [dv] linear_attn.norm.weight (plain w)
+  std::vector<float> w_out;             // [H, nv·dv] columns of out_proj
+};
+
+// What an incremental forward carries between calls for one sequence on one rank: per full attention layer the
+// keys and values of every position so far (this rank's KV heads, after k_norm and RoPE), per Gated DeltaNet layer
+// the last K−1 rows of its conv input and its recurrent state. Empty = a fresh sequence.
+struct TargetCache {
+  int length = 0;                               // positions already processed
+  std::vector<std::vector<float>> keys, values;  // [layer] → [length, kv_count, head_dim]
+  std::vector<std::vector<float>> conv_tail;     // [layer] → [K−1, local conv channels] (zeros before position 0)
+  std::vector<std::vector<float>> delta_state;   // [layer] → [local value heads, dk, dv]
 };
 
 class TargetModel {
@@ -64,8 +85,18 @@ class TargetModel {
   void forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
                float* final_hidden);
 
+  // Collective. tokens[n] at positions cache.length .. cache.length + n − 1, after everything `cache` holds (a
+  // default-constructed cache starts a sequence); appends them to the cache. final_hidden[n, H] (=) the final
+  // normed state of those positions, the same as forward() over the whole sequence gives for them (to rounding).
+  void forward_cached(const int32_t* tokens, int n, TargetCache& cache, float* final_hidden);
+
  private:
+  // positions start at cache ? cache->length : 0; cache (optional) is read and extended
+  void run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden,
+           TargetCache* cache);
   void load_layer(int l);
+  void load_attention(int l, TargetLayer& L);
+  void load_linear_attention(int l, TargetLayer& L);
   void timed_allreduce(float* data, size_t n);
 
   std::string dir_;
@@ -78,6 +109,9 @@ class TargetModel {
   std::vector<float> final_norm_;  // [H]
   TargetStats stats_;
 };
+
+// HF tensor name of layer l's `what` (".weight" appended) under the config's weight prefix.
+std::string target_layer_tensor(const QwenConfig& c, int l, const std::string& what);
 
 // The target's vocabulary matrices as fp32, for drafter ranks: embedding [V, H] and lm_head [V, H]
 // (tied checkpoints: lm_head is the embedding, stored once). Reads nothing else from the checkpoint.

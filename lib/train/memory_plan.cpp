@@ -7,6 +7,7 @@
 #include "lib/comm/shard.h"
 #include "lib/model/drafter.h"
 #include "lib/model/drafter_params.h"
+#include "lib/model/target.h"
 #include "lib/model/target_shard.h"
 
 namespace dflash::train {
@@ -17,18 +18,12 @@ double RankMemory::total() const {
   return t;
 }
 
-int64_t dense_target_rank_params(const model::QwenConfig& c, int tp) {
-  int64_t best = 0;
-  for (int r = 0; r < tp; ++r) {
-    const model::TargetShard s = model::plan_target_shard(c, tp, r, 128);
-    const int64_t H = c.hidden, D = c.head_dim;
-    const int64_t attn = H * D * (2 * int64_t(s.q_count) + 2 * int64_t(s.kv_count)) + 2 * D;  // q, o, k, v + norms
-    const int64_t mlp = 3 * H * (s.mlp_end - s.mlp_begin);
-    const int64_t per_layer = attn + mlp + 2 * H;
-    const int64_t head = int64_t(c.vocab) * H * (c.tie_word_embeddings ? 1 : 2) + H;
-    best = std::max(best, int64_t(c.layers) * per_layer + head);
-  }
-  return best;
+int64_t target_rank_params(const model::QwenConfig& c, int tp) {
+  double best = 0;
+  for (int r = 0; r < tp; ++r)
+    best = std::max(best, model::shard_cost(c, model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain), 1)
+                              .weight_params);
+  return int64_t(best);
 }
 
 GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {

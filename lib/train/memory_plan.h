@@ -42,9 +42,9 @@ struct GpuMemoryPlan {
 
 GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in);
 
-// Parameters of the largest dense Qwen3 target TP shard (attention by KV groups, MLP by 128-channel tiles,
-// embedding and lm_head whole on every rank: each TP rank embeds and computes the final hidden state).
-int64_t dense_target_rank_params(const model::QwenConfig& c, int tp);
+// Linear-weight parameters of the largest target TP shard (dense or hybrid, as lib/model/target_shard splits it;
+// the embedding is read from the memory-mapped file per forward and the lm_head lives on the drafter ranks).
+int64_t target_rank_params(const model::QwenConfig& c, int tp);
 
 // The plan as a table, then one line per GPU model: "fits on an H200 (141 GB): 62.1 of 141.0 GB, 56 % free".
 // gpus: (name, bytes) of the cards to compare with.

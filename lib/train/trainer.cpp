@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -17,7 +19,10 @@
 #include "lib/io/dataset.h"
 #include "lib/model/qwen_config.h"
 #include "lib/model/drafter_export.h"
+#include "lib/model/target.h"
+#include "lib/model/target_shard.h"
 #include "lib/train/checkpointing.h"
+#include "lib/train/memory_plan.h"
 #include "lib/train/cli.h"
 #include "lib/train/data_facts.h"
 #include "lib/train/job_identity.h"
@@ -36,22 +41,34 @@ namespace {
 int run_check(const TrainConfig& cfg) {
   const int world = cfg.layout.target_tp * cfg.layout.target_groups + cfg.layout.drafter_dp;
   const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
-  const TargetWeightsSummary weights = check_target_weights(cfg.target.path, target);
+  // a target folder with config.json only (planning a run before downloading the weights): the plan is printed,
+  // the result says INCOMPLETE and the exit code is 2; weights present are checked in full
+  const bool has_weights = std::filesystem::exists(std::filesystem::path(cfg.target.path) / "model.safetensors") ||
+                           std::filesystem::exists(std::filesystem::path(cfg.target.path) / "model.safetensors.index.json");
+  TargetWeightsSummary weights;
+  if (has_weights) weights = check_target_weights(cfg.target.path, target);
   const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/false);  // scan_data_facts checks every token
   const RunPlan plan = make_run_plan(cfg, target, data.size());
   const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
   check_data_facts(facts, cfg);
-  const DrafterParams<float> params(plan.drafter);
+  const std::vector<ParamInfo> layout = drafter_param_layout(plan.drafter);  // counted, not allocated
+  const size_t drafter_params = layout.back().offset + layout.back().numel;
   std::printf("%s\n", format_config_table(cfg).c_str());
   auto size = [](double bytes) {
     return bytes >= 1024.0 * 1024 * 1024 ? fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024))
                                          : fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
   };
-  const double target_params = double(target.layers) *
-                                   (double(target.hidden) * target.head_dim * (target.heads * 2 + target.kv_heads * 2) +
-                                    3.0 * target.hidden * target.intermediate) +
-                               double(target.vocab) * target.hidden;
-  std::printf("check: OK\n");
+  // the largest TP rank's linear weights (the embedding is read per forward, not held)
+  double target_params = 0;
+  for (int r = 0; r < cfg.layout.target_tp; ++r) {
+    const auto shard = model::plan_target_shard(target, cfg.layout.target_tp, r, model::TargetOptions{}.mlp_grain);
+    target_params = std::max(target_params, model::shard_cost(target, shard, 1).weight_params);
+  }
+  if (has_weights)
+    std::printf("check: OK\n");
+  else
+    std::printf("check: INCOMPLETE: %s holds config.json but no model.safetensors(.index.json): the plan below comes "
+                "from config.json; the job needs the weights\n", cfg.target.path.c_str());
   std::printf("  ranks          mpirun -np %d (%d target TP x %d groups + %d drafter DP)\n", world,
               cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp);
   std::printf("  target         %s: %d layers, H %d, %d Q / %d KV heads, vocab %d; taps %s\n", cfg.target.path.c_str(),
@@ -59,11 +76,14 @@ int run_check(const TrainConfig& cfg) {
               fmt::format("{}", fmt::join(plan.tap_ids, ",")).c_str());
   std::string dtypes;
   for (const auto& [dtype, count] : weights.dtypes) dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count, dtype);
-  std::printf("  target weights %lld tensors with the shapes config.json implies (%s), %.3g parameters\n",
-              (long long)weights.tensors, dtypes.c_str(), double(weights.parameters));
+  if (has_weights)
+    std::printf("  target weights %lld tensors with the shapes config.json implies (%s), %.3g parameters\n",
+                (long long)weights.tensors, dtypes.c_str(), double(weights.parameters));
+  else
+    std::printf("  target weights NOT CHECKED (none present)\n");
   std::printf("  drafter        %d layers, %d Q / %d KV heads x %d, I %d, block %d: %zu parameters\n",
               plan.drafter.layers, plan.drafter.heads, plan.drafter.kv_heads, plan.drafter.head_dim,
-              plan.drafter.intermediate, plan.drafter.block_size, params.flat.size());
+              plan.drafter.intermediate, plan.drafter.block_size, drafter_params);
   std::printf("  data           %s: %lld sequences, %lld tokens; %lld steps per epoch, %lld steps\n",
               cfg.data.path.c_str(), (long long)data.size(), (long long)data.total_tokens(),
               (long long)plan.steps_per_epoch, (long long)plan.total_steps);
@@ -75,9 +95,24 @@ int run_check(const TrainConfig& cfg) {
               facts.identity().c_str());
   std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "
               "grads + AdamW %s, loss scratch %s\n",
-              size(target_params * 4 / cfg.layout.target_tp).c_str(),
+              size(target_params * 4).c_str(),
               size(double(target.vocab) * target.hidden * 4 * (target.tie_word_embeddings ? 1 : 2)).c_str(),
-              size(double(params.flat.size()) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
+              size(double(drafter_params) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
+  if (cfg.run.device == "cuda") {
+    MemoryPlanInputs m;
+    m.target = target;
+    m.target_rank_params = int64_t(target_params);
+    m.target_tp = cfg.layout.target_tp;
+    m.drafter = plan.drafter;
+    m.max_seq_len = int(cfg.data.max_seq_len > 0 ? std::min<int64_t>(cfg.data.max_seq_len, facts.longest) : facts.longest);
+    m.anchors_per_seq = cfg.loss.anchors_per_seq;
+    m.chunk_size = cfg.loss.chunk_size;
+    m.kl = cfg.loss.kl_weight != 0;
+    m.bf16 = true;
+    m.packets_in_flight = cfg.layout.packets_in_flight;
+    std::printf("  per-GPU memory (run.device cuda, bf16 activations, S = %d):\n%s", m.max_seq_len,
+                format_gpu_memory_plan(gpu_memory_plan(m), default_gpus()).c_str());
+  }
   const std::string resume = resolve_resume_dir(cfg);
   if (!resume.empty()) {
     const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan, facts.identity()));
@@ -86,7 +121,7 @@ int run_check(const TrainConfig& cfg) {
     std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
                                                                    : "none: would start at step 0");
   }
-  return 0;
+  return has_weights ? 0 : 2;
 }
 
 // dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]: no MPI job needed.

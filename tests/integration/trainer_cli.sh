@@ -106,10 +106,12 @@ case "$case" in
     # --check is a plain process: it works where MPI cannot even start (an unusable transport)
     OMPI_MCA_pml=bogus "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --check >"$out/no_mpi.log" 2>&1 ||
       { cat "$out/no_mpi.log"; fail "--check needed MPI"; }
-    # a target folder holding only config.json, a mask token the data trains on, a block longer than every sequence
+    # a target folder holding only config.json (never OK: INCOMPLETE, exit 2), a mask token the data trains on, a
+    # block longer than every sequence
     mkdir -p "$out/bare" && cp "$tiny/target/config.json" "$out/bare/"
-    expect_error "checkpoint $out/bare" "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
-      --set "target.path=$out/bare" --check
+    expect_error "check: INCOMPLETE: $out/bare holds config.json but no model.safetensors" "$bin" \
+      "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set "target.path=$out/bare" --check
+    grep -q "check: OK" "$out/log" && fail "a folder without weights reported check: OK"
     expect_error "trained position(s) hold drafter.mask_token_id = 5 " "$bin" "$src/mpi_launch/configs/tiny.yaml" \
       "${common[@]}" --set drafter.mask_token_id=5 --check
     expect_error "drafter.block_size = 200 is longer than every sequence" "$bin" "$src/mpi_launch/configs/tiny.yaml" \

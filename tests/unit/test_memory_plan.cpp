@@ -21,7 +21,8 @@ MemoryPlanInputs seed_inputs(bool bf16) {
   in.target.intermediate = 25600;
   in.target.vocab = 248320;
   in.target_tp = 5;
-  in.target_rank_params = dense_target_rank_params(in.target, 5);
+  in.target.layer_types.assign(64, model::LayerType::full_attention);
+  in.target_rank_params = target_rank_params(in.target, 5);
   DrafterConfig& d = in.drafter;
   d.hidden = 5120;
   d.layers = 5;
