@@ -46,6 +46,14 @@ case "$case" in
     done
     grep -q "\[rank 0 | target | 0\]" "$out/run/logs/rank_00.log" || fail "rank 0 log lacks its prefix"
     grep -q "\[rank 5 | drafter | 0\]" "$out/run/logs/rank_05.log" || fail "rank 5 log lacks its prefix"
+    # the run's picture: dflash_logs plot writes a well-formed SVG with a line per series
+    "$build/apps/dflash_logs" plot "$out/run" | tee "$out/plot.log"
+    grep -q "wrote $out/run/metrics.svg: 3 records (steps 10..30)" "$out/plot.log" || fail "plot did not report"
+    python3 -c 'import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); \
+      n = sum(1 for e in r.iter() if e.tag.endswith("polyline")); print(n, "polylines"); sys.exit(n < 15)' \
+      "$out/run/metrics.svg" || fail "metrics.svg is not a well-formed SVG with its lines"
+    "$build/apps/dflash_logs" "$out/run" | tee "$out/summary.log"
+    grep -q "STRAGGLER" "$out/summary.log" && fail "a finished run has no straggler"
     echo "PASS (learns)"
     ;;
   equivalence)
