@@ -23,6 +23,7 @@
 #include "lib/train/job_identity.h"
 #include "lib/train/log.h"
 #include "lib/train/run_lock.h"
+#include "lib/train/signal_margin.h"
 #include "lib/train/signals.h"
 #include "lib/train/target_check.h"
 #include "lib/train/run_plan.h"
@@ -78,6 +79,16 @@ int run_check(const TrainConfig& cfg) {
               size(target_params * 4 / cfg.layout.target_tp).c_str(),
               size(double(target.vocab) * target.hidden * 4 * (target.tie_word_embeddings ? 1 : 2)).c_str(),
               size(double(params.flat.size()) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
+  const SignalMargin margin = recommend_signal_margin(cfg.run.out_dir);
+  if (margin.measured) {
+    std::printf("  slurm          #SBATCH --signal=USR1@%d (2 x (step %.1f s + checkpoint save %.1f s, measured in "
+                "this out_dir) + 60 s)\n",
+                margin.margin_seconds, margin.step_seconds, margin.save_seconds);
+  } else {
+    std::printf("  slurm          #SBATCH --signal=USR1@%d for a start; nothing measured yet in %s: run --check "
+                "again after some steps and a checkpoint to size it\n",
+                margin.margin_seconds, cfg.run.out_dir.c_str());
+  }
   const std::string resume = resolve_resume_dir(cfg);
   if (!resume.empty()) {
     const io::LoadedCheckpoint c = io::load_checkpoint(resume, checkpoint_expectation(cfg, plan, facts.identity()));

@@ -109,6 +109,8 @@ case "$case" in
     [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"
     grep -q "target weights 91 tensors with the shapes config.json implies" "$out/log" || fail "weights not verified"
     grep -q "trained        3072 tokens with loss_mask 1" "$out/log" || fail "no trained-token count"
+    grep -q "slurm          #SBATCH --signal=USR1@600 for a start; nothing measured yet" "$out/log" ||
+      fail "no slurm signal margin"
     expect_error "drafter.mask_token_id = 600 is outside the target vocabulary" "$bin" \
       "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set drafter.mask_token_id=600 --check
     # --check is a plain process: it works where MPI cannot even start (an unusable transport)
