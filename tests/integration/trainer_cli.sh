@@ -237,6 +237,15 @@ case "$case" in
     grep -q "resuming from .*at step $step" "$out/run/logs/rank_05.log" || fail "resume did not continue at $step"
     echo "PASS (sigterm): checkpoint at step $step, resumed from it"
     ;;
+  disk_full)
+    # a full disk under metrics.jsonl (/dev/full: every write fails with ENOSPC): the job stops at the first
+    # record with an error naming the file and the step, instead of training on with nothing recorded
+    mkdir -p "$out/run"
+    ln -s /dev/full "$out/run/metrics.jsonl"
+    expect_error "writing $out/run/metrics.jsonl failed at step 2: No space left on device" "$mpirun_sh" -np 8 \
+      "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=50 --set log.every=2
+    ! grep -q "step 4/50" "$out/log" || fail "training went on after the failed write"
+    ;;
   watchdog)
     # SIGSTOP of one drafter rank: the ranks waiting on it log, within run.watchdog_seconds (8 s here: above the
     # longest legitimate wait of this tiny run on a loaded 2-core machine), which rank they are and what they wait
