@@ -2,7 +2,7 @@
 # Fresh machine to a trained tiny drafter: installs dependencies (when missing), builds in Release, makes the tiny
 # random Qwen3 target and its target-regenerated data (data/make_tiny.sh), then trains with 8 MPI ranks on this
 # machine (5 target TP + 3 drafter DP; mpi_launch/configs/tiny.yaml). Outputs: runs/tiny_data/, runs/tiny/
-# (logs/rank_XX.log, metrics.jsonl, config.resolved.yaml, drafter_final.safetensors).
+# (logs/rank_XX.log, metrics.jsonl, config.resolved.yaml, ckpt/, drafter_final.safetensors).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DFLASH_BUILD_DIR:-$root/build}"
@@ -13,4 +13,6 @@ cd "$root"
 if [[ ! -f runs/tiny_data/train.h5 ]]; then
   bash data/make_tiny.sh "$build" runs/tiny_data
 fi
-DFLASH_BIN="$build/apps/dflash_mpi" bash mpi_launch/run_local.sh -np 8 mpi_launch/configs/tiny.yaml "$@"
+# a checkpoint every 200 steps (and at the end), so the result can be exported: dflash_mpi --export
+DFLASH_BIN="$build/apps/dflash_mpi" bash mpi_launch/run_local.sh -np 8 mpi_launch/configs/tiny.yaml \
+  --set ckpt.every=200 "$@"

@@ -1,28 +1,46 @@
 // dflash_logs RUN_DIR [--merge] [--level warn] [--rank R] [--tail N] [--garbled]: reads a run's per-rank logs.
-// Without --merge: one summary line per rank (line, warning and error counts, last line) — the first look after a
-// failed or hanging job. With --merge: the lines of every rank interleaved by time. --garbled: the lines not in
-// the log format (a torn write after a crash), as file:line.
+// Without --merge: one summary line per rank (line, warning and error counts, age of its last line, stragglers)
+// — the first look after a failed or hanging job. With --merge: the lines of every rank interleaved by time.
+// --garbled: the lines not in the log format (a torn write after a crash), as file:line.
+// dflash_logs plot RUN_DIR [--out FILE.svg]: a picture of metrics.jsonl (lib/train/metrics_plot.h).
 #include <cstdio>
 #include <exception>
 
 #include "lib/core/args.h"
+#include "lib/core/atomic_file.h"
 #include "lib/train/log_reader.h"
+#include "lib/train/metrics_plot.h"
 
 namespace {
 constexpr const char* kUsage =
     "usage: dflash_logs RUN_DIR [--merge] [--level debug|info|warn|error] [--rank R] [--tail N] [--garbled]\n"
-    "  RUN_DIR     the run's out_dir (it holds logs/rank_XX.log)\n"
-    "  (no option) one summary line per rank: line, warning and error counts, its last line\n"
+    "       dflash_logs plot RUN_DIR [--out FILE.svg]\n"
+    "  RUN_DIR     the run's out_dir (it holds logs/rank_XX.log and metrics.jsonl)\n"
+    "  (no option) one summary line per rank: line, warning and error counts, age of its last line, its last\n"
+    "              line; a rank whose last line is over 60 s older than the newest is flagged STRAGGLER\n"
     "  --merge     the lines of every rank interleaved by time (implied by --level, --rank, --tail)\n"
     "  --level L   only lines at or above level L\n"
     "  --rank R    only world rank R\n"
     "  --tail N    only the last N lines\n"
-    "  --garbled   list the lines not in the log format (torn writes after a crash) as file:line\n";
+    "  --garbled   list the lines not in the log format (torn writes after a crash) as file:line\n"
+    "  plot        an SVG of loss and its parts, accuracy by block position, tau, lr, grad norm, tokens/s and the\n"
+    "              drafters' waiting share over steps; --out FILE.svg (default RUN_DIR/metrics.svg)\n";
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    const dflash::Args args(argc, argv, {"level", "rank", "tail"}, {"merge", "garbled"}, kUsage);
+    const dflash::Args args(argc, argv, {"level", "rank", "tail", "out"}, {"merge", "garbled"}, kUsage);
+    if (args.positional().size() == 2 && args.positional()[0] == "plot") {
+      const std::string run_dir = args.positional()[1];
+      int skipped = 0;
+      const auto series = dflash::train::read_metrics(run_dir, &skipped);
+      const std::string out = args.str("out", run_dir + "/metrics.svg");
+      dflash::write_file_atomic(out, dflash::train::plot_metrics_svg(series, "dflash run " + run_dir));
+      std::printf("wrote %s: %zu records (steps %.0f..%.0f)%s\n", out.c_str(), series.steps.size(),
+                  series.steps.front(), series.steps.back(),
+                  skipped ? (" ; skipped " + std::to_string(skipped) + " unreadable line(s)").c_str() : "");
+      return 0;
+    }
     if (args.positional().size() != 1) {
       std::fputs(kUsage, stderr);
       return 2;

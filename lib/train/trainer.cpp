@@ -28,6 +28,7 @@
 #include "lib/train/job_identity.h"
 #include "lib/train/log.h"
 #include "lib/train/run_lock.h"
+#include "lib/train/signal_margin.h"
 #include "lib/train/signals.h"
 #include "lib/train/target_check.h"
 #include "lib/train/run_plan.h"
@@ -112,6 +113,16 @@ int run_check(const TrainConfig& cfg) {
     m.packets_in_flight = cfg.layout.packets_in_flight;
     std::printf("  per-GPU memory (run.device cuda, bf16 activations, S = %d):\n%s", m.max_seq_len,
                 format_gpu_memory_plan(gpu_memory_plan(m), default_gpus()).c_str());
+  }
+  const SignalMargin margin = recommend_signal_margin(cfg.run.out_dir);
+  if (margin.measured) {
+    std::printf("  slurm          #SBATCH --signal=USR1@%d (2 x (step %.1f s + checkpoint save %.1f s, measured in "
+                "this out_dir) + 60 s)\n",
+                margin.margin_seconds, margin.step_seconds, margin.save_seconds);
+  } else {
+    std::printf("  slurm          #SBATCH --signal=USR1@%d for a start; nothing measured yet in %s: run --check "
+                "again after some steps and a checkpoint to size it\n",
+                margin.margin_seconds, cfg.run.out_dir.c_str());
   }
   const std::string resume = resolve_resume_dir(cfg);
   if (!resume.empty()) {

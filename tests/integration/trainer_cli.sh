@@ -46,6 +46,14 @@ case "$case" in
     done
     grep -q "\[rank 0 | target | 0\]" "$out/run/logs/rank_00.log" || fail "rank 0 log lacks its prefix"
     grep -q "\[rank 5 | drafter | 0\]" "$out/run/logs/rank_05.log" || fail "rank 5 log lacks its prefix"
+    # the run's picture: dflash_logs plot writes a well-formed SVG with a line per series
+    "$build/apps/dflash_logs" plot "$out/run" | tee "$out/plot.log"
+    grep -q "wrote $out/run/metrics.svg: 3 records (steps 10..30)" "$out/plot.log" || fail "plot did not report"
+    python3 -c 'import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); \
+      n = sum(1 for e in r.iter() if e.tag.endswith("polyline")); print(n, "polylines"); sys.exit(n < 15)' \
+      "$out/run/metrics.svg" || fail "metrics.svg is not a well-formed SVG with its lines"
+    "$build/apps/dflash_logs" "$out/run" | tee "$out/summary.log"
+    grep -q "STRAGGLER" "$out/summary.log" && fail "a finished run has no straggler"
     echo "PASS (learns)"
     ;;
   equivalence)
@@ -101,6 +109,8 @@ case "$case" in
     [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"
     grep -q "target weights 91 tensors with the shapes config.json implies" "$out/log" || fail "weights not verified"
     grep -q "trained        3072 tokens with loss_mask 1" "$out/log" || fail "no trained-token count"
+    grep -q "slurm          #SBATCH --signal=USR1@600 for a start; nothing measured yet" "$out/log" ||
+      fail "no slurm signal margin"
     expect_error "drafter.mask_token_id = 600 is outside the target vocabulary" "$bin" \
       "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set drafter.mask_token_id=600 --check
     # --check is a plain process: it works where MPI cannot even start (an unusable transport)
@@ -228,6 +238,15 @@ case "$case" in
       --set log.every=1 --set ckpt.resume=auto --stop-after-steps 2 >"$out/resume.log"
     grep -q "resuming from .*at step $step" "$out/run/logs/rank_05.log" || fail "resume did not continue at $step"
     echo "PASS (sigterm): checkpoint at step $step, resumed from it"
+    ;;
+  disk_full)
+    # a full disk under metrics.jsonl (/dev/full: every write fails with ENOSPC): the job stops at the first
+    # record with an error naming the file and the step, instead of training on with nothing recorded
+    mkdir -p "$out/run"
+    ln -s /dev/full "$out/run/metrics.jsonl"
+    expect_error "writing $out/run/metrics.jsonl failed at step 2: No space left on device" "$mpirun_sh" -np 8 \
+      "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=50 --set log.every=2
+    ! grep -q "step 4/50" "$out/log" || fail "training went on after the failed write"
     ;;
   watchdog)
     # SIGSTOP of one drafter rank: the ranks waiting on it log, within run.watchdog_seconds (8 s here: above the
