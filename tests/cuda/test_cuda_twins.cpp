@@ -51,6 +51,10 @@ Gpu& gpu() {
   static Gpu g;
   return g;
 }
+template <typename T>
+std::vector<T> zeros(size_t n) {
+  return std::vector<T>(n);
+}
 Backend<float>& cpu() { return cpu_backend<float>(); }
 ExecContext& hx() { return host_exec_context(); }
 
@@ -209,7 +213,7 @@ TEST_CASE("cuda twin elementwise: gather, scatter, embedding, SwiGLU, residual, 
     cpu().residual_forward(hx(), res.data(), gate.data(), up.data(), n);
     cpu().accumulate(hx(), acc.data(), up.data(), n);
     cpu().scale(hx(), scl.data(), -0.37, n);
-    Dev<float> ggate(gate), gup(up), gdh(dh), gh(std::vector<float>(n)), gdg(acc0), gdu(acc0), gres(std::vector<float>(n)),
+    Dev<float> ggate(gate), gup(up), gdh(dh), gh(zeros<float>(n)), gdg(acc0), gdu(acc0), gres(zeros<float>(n)),
         gacc(acc0), gscl(acc0);
     auto& be = *gpu().f32;
     be.swiglu_forward(gpu().ex(), gh.p(), ggate.p(), gup.p(), n);
@@ -236,7 +240,7 @@ TEST_CASE("cuda twin norm_rope: RMSNorm forward/backward (dx +=, dw += determini
     std::vector<float> y(x.size()), rstd(rows), dx = dx0, dw = dw0;
     cpu().rmsnorm_forward(hx(), y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6);
     cpu().rmsnorm_backward(hx(), dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, dim);
-    Dev<float> gx(x), gw(w), gdy(dy), gy(std::vector<float>(x.size())), grstd(std::vector<float>(rows)), gdx(dx0),
+    Dev<float> gx(x), gw(w), gdy(dy), gy(std::vector<float>(x.size())), grstd(zeros<float>(rows)), gdx(dx0),
         gdw(dw0);
     auto& be = *gpu().f32;
     be.rmsnorm_forward(gpu().ex(), gy.p(), grstd.p(), gx.p(), gw.p(), rows, dim, 1e-6);
@@ -376,8 +380,8 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k)
 
   Dev<float> gz(z), gu(u), gw(w);
   Dev<int32_t> glab(labels);
-  Dev<VocabLossRow> grows(std::vector<VocabLossRow>(n));
-  Dev<VocabLossRowValues> gvals(std::vector<VocabLossRowValues>(n));
+  Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
+  Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
   auto& be = *gpu().f32;
   be.vocab_loss_row_stats(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), tau, 5, grows.p(),
                           gvals.p());
@@ -483,7 +487,7 @@ TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 ac
     std::vector<float> y(x.size()), rstd(rows);
     cpu().rmsnorm_forward(hx(), y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6);
     Dev<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gy(std::vector<bf16>(x.size()));
-    Dev<float> grstd(std::vector<float>(rows));
+    Dev<float> grstd(zeros<float>(rows));
     be.rmsnorm_forward(gpu().ex(), gy.p(), grstd.p(), gx.p(), gw.p(), rows, dim, 1e-6);
     require_rel(grstd.get(), rstd, (dim + 8) * kU, 0, "rstd (fp32 statistics)");
     require_rel(to_f32(gy.get()), y, kB + (dim + 16) * kU, 1e-30, "y bf16 (one rounding)");
@@ -523,8 +527,8 @@ TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 ac
     Dev<bf16> gz(to_bf16(z)), gu(to_bf16(u));
     Dev<float> gw(w);
     Dev<int32_t> glab(labels);
-    Dev<VocabLossRow> grows(std::vector<VocabLossRow>(n));
-    Dev<VocabLossRowValues> gvals(std::vector<VocabLossRowValues>(n));
+    Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
+    Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
     be.vocab_loss_row_stats(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), 1.0, 5, grows.p(), gvals.p());
     const auto vals_g = gvals.get();
     for (int i = 0; i < n; ++i) {  // the statistics are fp32 math on the same (bf16-exact) values: float ulp level
