@@ -9,7 +9,7 @@
 
 using namespace dflash;
 
-TEST_CASE("cuda backend factory: cuda_available never throws; no device or no CUDA build is a clear error") {
+TEST_CASE("cuda backend factory: cuda_available never throws, and no device or no CUDA build is a clear error") {
   bool available = true;
   CHECK_NOTHROW(available = kernels::cuda_available());
   if (available) {
