@@ -18,6 +18,11 @@ if(NOT DFLASH_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES "90;100;120" CACHE STRING "CUDA architectures to build for")
     endif()
     enable_language(CUDA)
+    # A build folder configured before this default existed cached the toolkit's own default (52 or 75, too old
+    # for bf16 tensor cores); nobody picks those for this project on purpose, so they are replaced.
+    if(CMAKE_CUDA_ARCHITECTURES STREQUAL "52" OR CMAKE_CUDA_ARCHITECTURES STREQUAL "75")
+      set(CMAKE_CUDA_ARCHITECTURES "90;100;120" CACHE STRING "CUDA architectures to build for" FORCE)
+    endif()
     set(CMAKE_CUDA_STANDARD 17)   # CMake 3.25 has no C++20 flags for nvcc; device code needs only 17
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(DFLASH_WITH_CUDA ON)
