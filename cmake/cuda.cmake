@@ -1,5 +1,7 @@
 # Detects the CUDA toolkit (nvcc, cuBLASLt, NCCL) for DFLASH_CUDA=AUTO|ON|OFF and sets DFLASH_WITH_CUDA.
 # The CUDA backend compiles and links wherever the toolkit is installed; it runs only where a GPU is.
+# Architectures: sm_90 (H100/H200), sm_100 (B200), sm_120 (RTX PRO 6000 Blackwell) by default; override with
+# -DCMAKE_CUDA_ARCHITECTURES=90 (or the CUDAARCHS environment variable), e.g. to build faster for one GPU.
 set(DFLASH_WITH_CUDA OFF)
 if(NOT DFLASH_CUDA STREQUAL "OFF")
   include(CheckLanguage)
@@ -12,12 +14,20 @@ if(NOT DFLASH_CUDA STREQUAL "OFF")
   find_path(DFLASH_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
   if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND AND TARGET CUDA::cublasLt
      AND DFLASH_NCCL_LIBRARY AND DFLASH_NCCL_INCLUDE_DIR)
-    enable_language(CUDA)
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
-      set(CMAKE_CUDA_ARCHITECTURES 90)   # Hopper (H100/H200); override with -DCMAKE_CUDA_ARCHITECTURES
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+      set(CMAKE_CUDA_ARCHITECTURES "90;100;120" CACHE STRING "CUDA architectures to build for")
     endif()
+    enable_language(CUDA)
+    # A build folder configured before this default existed cached the toolkit's own default (52 or 75, too old
+    # for bf16 tensor cores); nobody picks those for this project on purpose, so they are replaced.
+    if(CMAKE_CUDA_ARCHITECTURES STREQUAL "52" OR CMAKE_CUDA_ARCHITECTURES STREQUAL "75")
+      set(CMAKE_CUDA_ARCHITECTURES "90;100;120" CACHE STRING "CUDA architectures to build for" FORCE)
+    endif()
+    set(CMAKE_CUDA_STANDARD 17)   # CMake 3.25 has no C++20 flags for nvcc; device code needs only 17
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(DFLASH_WITH_CUDA ON)
-    message(STATUS "dflash: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, NCCL ${DFLASH_NCCL_LIBRARY})")
+    message(STATUS "dflash: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures "
+                   "${CMAKE_CUDA_ARCHITECTURES}, NCCL ${DFLASH_NCCL_LIBRARY})")
   elseif(DFLASH_CUDA STREQUAL "ON")
     message(FATAL_ERROR "DFLASH_CUDA=ON but the CUDA toolkit is incomplete: nvcc='${CMAKE_CUDA_COMPILER}', "
                         "cuBLASLt found=${CUDAToolkit_FOUND}, NCCL='${DFLASH_NCCL_LIBRARY}'. "

@@ -153,5 +153,9 @@ template <typename T>
 std::unique_ptr<Backend<T>> make_cuda_backend();
 // True when this build has the CUDA backend and a CUDA device is visible.
 bool cuda_available();
+// Makes GPU (node_local_rank mod visible devices) current on the calling thread and returns its ordinal: ranks of
+// one node spread over its GPUs, and share them when there are more ranks than GPUs. Throws (a user error naming
+// the fix) without the CUDA backend or without a device.
+int bind_cuda_device(int node_local_rank);
 
 }  // namespace dflash::kernels

@@ -15,5 +15,10 @@ template std::unique_ptr<Backend<float>> make_cuda_backend<float>();
 
 bool cuda_available() { return false; }
 
+int bind_cuda_device(int) {
+  DFLASH_USER_FAIL("run.device: cuda, but this dflash_mpi was built without the CUDA backend; rebuild with the CUDA "
+                   "toolkit installed (cmake -DDFLASH_CUDA=ON) or set run.device: cpu");
+}
+
 }  // namespace dflash::kernels
 #endif

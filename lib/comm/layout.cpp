@@ -19,6 +19,15 @@ std::string RankLayout::describe() const {
   return fmt::format("[rank {} | drafter | dp {}]", world_rank, dp_rank);
 }
 
+int node_local_rank(MPI_Comm world) {
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  return local;
+}
+
 RankLayout make_rank_layout(int target_tp, int target_groups, int drafter_dp, int world_size, int world_rank) {
   DFLASH_USER_CHECK(target_tp >= 1 && target_groups >= 1 && drafter_dp >= 1,
                "rank layout: target_tp ({}), target_groups ({}) and drafter_dp ({}) must all be ≥ 1", target_tp,

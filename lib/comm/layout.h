@@ -30,6 +30,10 @@ struct RankLayout {
   std::string describe() const;
 };
 
+// This process's rank among the ranks of its node (MPI_Comm_split_type SHARED; collective over `world`): which GPU of
+// the node it binds.
+int node_local_rank(MPI_Comm world);
+
 // The layout for one world rank. Throws dflash::Error (naming the numbers and the fix) when a size is < 1,
 // world_size != target_tp * target_groups + drafter_dp, drafter_dp < target_groups (a group would feed nobody),
 // or world_rank is outside [0, world_size).

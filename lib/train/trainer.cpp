@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "kernels/backend.h"
 #include "lib/comm/layout.h"
 #include "lib/comm/mpi_transport.h"
 #include "lib/config/config.h"
@@ -228,10 +229,13 @@ int dflash_mpi_main(int argc, char** argv) {
     const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
                                                      cfg.layout.drafter_dp, size, rank);
     who = layout.describe();
-    DFLASH_USER_CHECK(cfg.run.device == "cpu",
-                 "run.device = {}: this build trains on the CPU only (the CUDA backend is not implemented yet); set "
-                 "run.device: cpu",
-                 cfg.run.device);
+    // run.device cuda: every rank binds a GPU of its node by node-local rank (several ranks may share one); the
+    // drafter step runs on it, the target forward still on the CPU (docs/backend.md)
+    const int local_rank = comm::node_local_rank(MPI_COMM_WORLD);
+    if (cfg.run.device == "cuda") {
+      const int gpu = kernels::bind_cuda_device(local_rank);
+      if (layout.role == comm::Role::Drafter) std::printf("%s: drafter step on GPU %d\n", who.c_str(), gpu);
+    }
     DFLASH_USER_CHECK(cfg.layout.transport == "mpi",
                  "layout.transport = {}: only the MPI transport is implemented; set layout.transport: mpi",
                  cfg.layout.transport);

@@ -127,6 +127,16 @@ case "$case" in
     expect_error "drafter.block_size = 200 is longer than every sequence" "$bin" "$src/mpi_launch/configs/tiny.yaml" \
       "${common[@]}" --set drafter.block_size=200 --check
     ;;
+  cuda_device)
+    # run.device cuda: on a machine with a GPU the drafter step runs on it (mpi_launch/gpu_check.sh runs that job);
+    # without one (or without the CUDA backend) every rank stops with an error naming the fix, never a hang
+    if "$build/tests/cuda/dflash_cuda_tests" --list-test-cases >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+      echo "skipped: a CUDA device is present (gpu_check.sh runs the tiny job on it)"; exit 77
+    fi
+    expect_error "run.device: cuda, but" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
+      --set run.device=cuda
+    grep -q "set run.device: cpu" "$out/log" || fail "the error does not name the fix"
+    ;;
   world_mismatch)
     expect_error "the world has 7 ranks" "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}"
     ;;

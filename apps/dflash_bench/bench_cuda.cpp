@@ -1,0 +1,417 @@
+// dflash_bench cuda [loss|drafter|all]: the CUDA backend's vocab loss and a drafter forward+backward, each against
+// the bound made of its own cuBLASLt GEMMs, timed alone in the same run at the same shapes (ratio = bound / time:
+// 1.0 would mean every non-GEMM kernel is free). Prints "skipped: ..." and exits 0 without a GPU or without the
+// CUDA backend, so scripts can call it anywhere.
+//   loss:    per chunk of C rows: z = X_c Wᵀ, u = Y_c Wᵀ (target logits, KL), row statistics, row gradient in
+//            place, dX_c = dZ W. fused: 3 vocab GEMMs per chunk; recompute: a statistics pass (2 GEMMs) then
+//            the gradient pass recomputes z and u (3 more): 5. The LM head W is frozen (no dW GEMM).
+//   drafter: `layers` DFlash layers over NB = anchors·block rows and a context of S positions (pre-norm
+//            attention with q/k norm and RoPE, SwiGLU MLP), forward then backward with fp32 weight gradients;
+//            the attention's share of the total is reported. Not the lib/model drafter (which moves onto the
+//            backend separately): the same kernel sequence, for timing only.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/dflash_bench/bench.h"
+#include "kernels/backend.h"
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/core/rng.h"
+#include "lib/core/timer.h"
+
+#if DFLASH_WITH_CUDA
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/context.h"
+#endif
+
+namespace dflash::bench {
+
+#if DFLASH_WITH_CUDA
+namespace {
+
+using kernels::Backend;
+using bf16 = __nv_bfloat16;
+
+// A device array of n elements of U (uninitialised unless filled).
+template <typename U>
+struct Dev {
+  Buffer buf;
+  size_t n = 0;
+  Dev() = default;
+  explicit Dev(size_t count) : buf(MemoryKind::device, std::max<size_t>(count, 1) * sizeof(U)), n(count) {}
+  U* p() const { return buf.as<U>(); }
+};
+
+template <typename T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return __float2bfloat16(x);
+  else
+    return x;
+}
+
+// Fills a device array with sd·N(0,1) values: one host slice of 2^22 normals, uploaded over and over from a
+// rotating offset (timing needs realistic magnitudes, not 10^9 fresh draws, which would take a minute).
+template <typename T, typename B>
+void fill_normal(B& be, ExecContext& ctx, Dev<T>& d, double sd, uint64_t seed) {
+  const size_t slice = size_t(1) << 22;
+  Rng rng(seed);
+  std::vector<T> h(2 * slice);
+  for (size_t i = 0; i < slice; ++i) h[i] = h[i + slice] = from_float<T>(float(sd * rng.normal()));
+  for (size_t off = 0, k = 0; off < d.n; off += slice, ++k) {
+    const size_t m = std::min(slice, d.n - off);
+    be.upload(ctx, d.p() + off, h.data() + (k * 7919) % slice, m * sizeof(T));
+  }
+  be.synchronize(ctx);
+}
+
+template <typename U, typename B>
+void upload_vec(B& be, ExecContext& ctx, Dev<U>& d, const std::vector<U>& h) {
+  be.upload(ctx, d.p(), h.data(), h.size() * sizeof(U));
+}
+
+// Best-of-reps wall seconds of fn(), synchronised on the stream, after one warm-up run.
+template <typename B, typename F>
+double time_best(B& be, ExecContext& ctx, int reps, F fn) {
+  fn();
+  be.synchronize(ctx);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    Timer t;
+    fn();
+    be.synchronize(ctx);
+    best = std::min(best, t.seconds());
+  }
+  return best;
+}
+
+// ------------------------------- vocab loss -------------------------------
+
+template <typename T>
+int loss_bench(Backend<T>& be, ExecContext& ctx, const Args& args, const char* precision) {
+  const int T_rows = int(args.integer("T", 32768)), H = int(args.integer("H", 5120)), V = int(args.integer("V", 248320));
+  const int C = std::min(int(args.integer("chunk", 2048)), T_rows), reps = int(args.integer("reps", 2));
+  DFLASH_USER_CHECK(T_rows >= 1 && H >= 1 && V >= 2 && C >= 1 && reps >= 1,
+                    "dflash_bench cuda loss: --T, --H, --chunk, --reps must be ≥ 1 and --V ≥ 2");
+  const kernels::VocabLossCoeffs coeffs{1.0, 1.0, 0.1, 1.0};
+  Dev<T> W(size_t(V) * H), X(size_t(T_rows) * H), Y(size_t(T_rows) * H), dX(size_t(T_rows) * H);
+  Dev<T> z(size_t(C) * V), u(size_t(C) * V);  // the loss's scratch: 2 · chunk · V logits
+  Dev<int32_t> labels(T_rows);
+  Dev<float> weights(T_rows);
+  Dev<kernels::VocabLossRow> rows(T_rows);
+  Dev<kernels::VocabLossRowValues> values(T_rows);
+  fill_normal(be, ctx, W, 3.0 / std::sqrt(double(H)), 1);
+  fill_normal(be, ctx, X, 1.0, 2);
+  fill_normal(be, ctx, Y, 1.0, 3);
+  {
+    Rng rng(4);
+    std::vector<int32_t> l(T_rows);
+    std::vector<float> w(T_rows);
+    for (int r = 0; r < T_rows; ++r) {
+      l[r] = int32_t(rng.below(uint64_t(V)));
+      w[r] = float(std::exp(-(r % 31) / 7.0));
+    }
+    upload_vec(be, ctx, labels, l);
+    upload_vec(be, ctx, weights, w);
+  }
+  const double grad_scale = 1.0 / T_rows;
+  auto logits = [&](int r0, int n, const Dev<T>& in, Dev<T>& out) {
+    be.linear_forward(ctx, out.p(), in.p() + size_t(r0) * H, W.p(), n, H, V);
+  };
+  auto dx_gemm = [&](int r0, int n) {  // dX_c = dZ · W
+    be.gemm(ctx, false, false, n, H, V, 1.0, z.p(), V, W.p(), H, 0.0, dX.p() + size_t(r0) * H, H);
+  };
+  auto stats = [&](int r0, int n) {
+    be.vocab_loss_row_stats(ctx, z.p(), u.p(), n, V, labels.p() + r0, weights.p() + r0, coeffs.tau, 5, rows.p() + r0,
+                            values.p() + r0);
+  };
+  auto grad = [&](int r0, int n) {
+    be.vocab_loss_row_grad(ctx, z.p(), u.p(), n, V, labels.p() + r0, weights.p() + r0, rows.p() + r0, grad_scale,
+                           coeffs);
+  };
+  auto run = [&](bool recompute, bool gemms_only) {
+    for (int r0 = 0; r0 < T_rows; r0 += C) {
+      const int n = std::min(C, T_rows - r0);
+      logits(r0, n, X, z);
+      logits(r0, n, Y, u);
+      if (!gemms_only) stats(r0, n);
+      if (!recompute) {
+        if (!gemms_only) grad(r0, n);
+        dx_gemm(r0, n);
+      }
+    }
+    if (!recompute) return;
+    for (int r0 = 0; r0 < T_rows; r0 += C) {
+      const int n = std::min(C, T_rows - r0);
+      logits(r0, n, X, z);
+      logits(r0, n, Y, u);
+      if (!gemms_only) grad(r0, n);
+      dx_gemm(r0, n);
+    }
+  };
+  std::printf("cuda loss: %s T=%d H=%d V=%d chunk=%d (CE + KL τ=1 + CAP 0.1), best of %d\n", precision, T_rows, H, V,
+              C, reps);
+  for (bool recompute : {false, true}) {
+    const double bound = time_best(be, ctx, reps, [&] { run(recompute, true); });
+    const double total = time_best(be, ctx, reps, [&] { run(recompute, false); });
+    const int gemms = recompute ? 5 : 3;
+    const double flops = gemms * 2.0 * T_rows * double(H) * V;
+    std::printf("  %-9s time %.3f s (%.1f TFLOP/s)  GEMMs alone %.3f s (%.1f TFLOP/s)  ratio %.3f\n",
+                recompute ? "recompute" : "fused", total, flops / total * 1e-12, bound, flops / bound * 1e-12,
+                bound / total);
+  }
+  std::printf("  scratch   logits 2 x chunk x V x %zu B = %.1f MiB (flat in T) + row state %.1f MiB\n", sizeof(T),
+              2.0 * C * V * sizeof(T) / 1048576.0,
+              double(T_rows) * (sizeof(kernels::VocabLossRow) + sizeof(kernels::VocabLossRowValues)) / 1048576.0);
+  return 0;
+}
+
+// ------------------------------- drafter -------------------------------
+
+struct DrafterShape {
+  int S, N, B, H, layers, NH, KVH, D, I, taps, window;
+  int NB() const { return N * B; }
+};
+
+// One DFlash layer's weights (T), fp32 weight gradients and saved activations.
+template <typename T>
+struct Layer {
+  Dev<T> w_in, w_post, q_norm, k_norm, Wq, Wk, Wv, Wo, Wg, Wu, Wd;
+  Dev<float> dw_in, dw_post, dq_norm, dk_norm, dWq, dWk, dWv, dWo, dWg, dWu, dWd;
+  // activations
+  Dev<T> h, xn, q_raw, q_n, q, kb_raw, kb_n, kb, vb, kc_raw, kc_n, kc, vc, attn, h1, xn2, gate, up, a;
+  Dev<float> rstd_in, rstd_q, rstd_kb, rstd_kc, rstd_post, lse;
+};
+
+template <typename T>
+int drafter_bench(Backend<T>& be, ExecContext& ctx, const Args& args, const char* precision) {
+  DrafterShape s;
+  s.S = int(args.integer("seq", 32768));
+  s.N = int(args.integer("anchors", 1024));
+  s.B = int(args.integer("block", 32));
+  s.H = int(args.integer("hidden", 5120));
+  s.layers = int(args.integer("layers", 5));
+  s.NH = int(args.integer("heads", 32));
+  s.KVH = int(args.integer("kv-heads", 8));
+  s.D = int(args.integer("head-dim", 128));
+  s.I = int(args.integer("intermediate", 17408));
+  s.taps = int(args.integer("taps", 5));
+  s.window = int(args.integer("window", 0));
+  const int reps = int(args.integer("reps", 2));
+  DFLASH_USER_CHECK(s.S >= 2 && s.N >= 1 && s.B >= 1 && s.H >= 1 && s.layers >= 1 && s.KVH >= 1 &&
+                        s.NH % s.KVH == 0 && s.D >= 2 && s.D % 2 == 0 && s.I >= 1 && s.taps >= 1 && reps >= 1,
+                    "dflash_bench cuda drafter: need --heads a multiple of --kv-heads, an even --head-dim, --seq ≥ 2 "
+                    "and every size ≥ 1");
+  const int NB = s.NB(), QD = s.NH * s.D, KD = s.KVH * s.D;
+  const double eps = 1e-6, theta = 1e6;
+
+  // Shared inputs: taps [S, taps·H] → ctx [S, H] through fc (frozen here), block hidden [NB, H], anchors, positions.
+  Dev<T> taps(size_t(s.S) * s.taps * s.H), fc(size_t(s.H) * s.taps * s.H), ctx_h(size_t(s.S) * s.H);
+  Dev<T> h0(size_t(NB) * s.H), dh(size_t(NB) * s.H), dctx(size_t(s.S) * s.H), dxn(size_t(NB) * s.H);
+  Dev<T> dq(size_t(NB) * QD), dkb(size_t(NB) * KD), dvb(size_t(NB) * KD), dkc(size_t(s.S) * KD), dvc(size_t(s.S) * KD);
+  Dev<T> dq_n(size_t(NB) * QD), dkb_n(size_t(NB) * KD), dkc_n(size_t(s.S) * KD);
+  Dev<T> dq_raw(size_t(NB) * QD), dkb_raw(size_t(NB) * KD), dkc_raw(size_t(s.S) * KD);
+  Dev<T> dattn(size_t(NB) * QD), dgate(size_t(NB) * s.I), dup(size_t(NB) * s.I), da(size_t(NB) * s.I), dxn2(size_t(NB) * s.H);
+  Dev<int32_t> anchors(s.N), pos_blk(NB), pos_ctx(s.S);
+  fill_normal(be, ctx, taps, 1.0, 10);
+  fill_normal(be, ctx, fc, 1.0 / std::sqrt(double(s.taps) * s.H), 11);
+  fill_normal(be, ctx, h0, 1.0, 12);
+  {
+    Rng rng(13);
+    std::vector<int32_t> a(s.N), pb(NB), pc(s.S);
+    for (int i = 0; i < s.N; ++i) a[i] = int32_t(rng.below(uint64_t(s.S - 1)) + 1);
+    std::sort(a.begin(), a.end());
+    for (int r = 0; r < NB; ++r) pb[r] = a[r / s.B] + r % s.B;
+    for (int i = 0; i < s.S; ++i) pc[i] = i;
+    upload_vec(be, ctx, anchors, a);
+    upload_vec(be, ctx, pos_blk, pb);
+    upload_vec(be, ctx, pos_ctx, pc);
+  }
+  std::vector<Layer<T>> L(s.layers);
+  for (int l = 0; l < s.layers; ++l) {
+    Layer<T>& y = L[l];
+    auto w = [&](Dev<T>& d, size_t n, double sd, uint64_t seed) {
+      d = Dev<T>(n);
+      fill_normal(be, ctx, d, sd, seed);
+    };
+    auto g = [&](Dev<float>& d, size_t n) {
+      d = Dev<float>(n);
+      be.zero(ctx, d.p(), n * sizeof(float));
+    };
+    const uint64_t sd0 = 100 + 20 * l;
+    w(y.w_in, s.H, 0.1, sd0), w(y.w_post, s.H, 0.1, sd0 + 1), w(y.q_norm, s.D, 0.1, sd0 + 2), w(y.k_norm, s.D, 0.1, sd0 + 3);
+    w(y.Wq, size_t(QD) * s.H, 0.02, sd0 + 4), w(y.Wk, size_t(KD) * s.H, 0.02, sd0 + 5), w(y.Wv, size_t(KD) * s.H, 0.02, sd0 + 6);
+    w(y.Wo, size_t(s.H) * QD, 0.02, sd0 + 7), w(y.Wg, size_t(s.I) * s.H, 0.02, sd0 + 8), w(y.Wu, size_t(s.I) * s.H, 0.02, sd0 + 9);
+    w(y.Wd, size_t(s.H) * s.I, 0.02, sd0 + 10);
+    g(y.dw_in, s.H), g(y.dw_post, s.H), g(y.dq_norm, s.D), g(y.dk_norm, s.D), g(y.dWq, size_t(QD) * s.H);
+    g(y.dWk, size_t(KD) * s.H), g(y.dWv, size_t(KD) * s.H), g(y.dWo, size_t(s.H) * QD), g(y.dWg, size_t(s.I) * s.H);
+    g(y.dWu, size_t(s.I) * s.H), g(y.dWd, size_t(s.H) * s.I);
+    for (Dev<T>* d : {&y.h, &y.xn, &y.h1, &y.xn2}) *d = Dev<T>(size_t(NB) * s.H);
+    for (Dev<T>* d : {&y.q_raw, &y.q_n, &y.q, &y.attn}) *d = Dev<T>(size_t(NB) * QD);
+    for (Dev<T>* d : {&y.kb_raw, &y.kb_n, &y.kb, &y.vb}) *d = Dev<T>(size_t(NB) * KD);
+    for (Dev<T>* d : {&y.kc_raw, &y.kc_n, &y.kc, &y.vc}) *d = Dev<T>(size_t(s.S) * KD);
+    for (Dev<T>* d : {&y.gate, &y.up, &y.a}) *d = Dev<T>(size_t(NB) * s.I);
+    y.rstd_in = Dev<float>(NB), y.rstd_post = Dev<float>(NB), y.rstd_q = Dev<float>(size_t(NB) * s.NH);
+    y.rstd_kb = Dev<float>(size_t(NB) * s.KVH), y.rstd_kc = Dev<float>(size_t(s.S) * s.KVH), y.lse = Dev<float>(size_t(NB) * s.NH);
+  }
+  kernels::DFlashAttentionShape ash{s.N, s.B, s.S, s.NH, s.KVH, s.D, s.window};
+  // gradient scratch starts at zero: the GEMM-only and attention-only timings accumulate into it without the
+  // zeroing kernels, and must not start from whatever bytes cudaMalloc returned (NaN patterns)
+  for (Dev<T>* d : {&dctx, &dxn, &dq, &dkb, &dvb, &dkc, &dvc, &dq_n, &dkb_n, &dkc_n, &dq_raw, &dkb_raw, &dkc_raw,
+                    &dattn, &dgate, &dup, &da, &dxn2})
+    be.zero(ctx, d->p(), d->n * sizeof(T));
+  for (Layer<T>& y : L)
+    for (Dev<T>* d : {&y.h, &y.xn, &y.q_raw, &y.q_n, &y.q, &y.kb_raw, &y.kb_n, &y.kb, &y.vb, &y.kc_raw, &y.kc_n,
+                      &y.kc, &y.vc, &y.attn, &y.h1, &y.xn2, &y.gate, &y.up, &y.a})
+      be.zero(ctx, d->p(), d->n * sizeof(T));
+
+  // what: 0 = everything, 1 = GEMMs only (the bound), 2 = attention only (its share)
+  auto step = [&](int what) {
+    const bool gemm = what != 2, other = what == 0, attn = what != 1;
+    if (gemm) be.linear_forward(ctx, ctx_h.p(), taps.p(), fc.p(), s.S, s.taps * s.H, s.H);
+    for (int l = 0; l < s.layers; ++l) {
+      Layer<T>& y = L[l];
+      const Dev<T>& hin = l == 0 ? h0 : L[l - 1].h1;  // (the MLP residual is folded into h1 for timing)
+      if (other) be.rmsnorm_forward(ctx, y.xn.p(), y.rstd_in.p(), hin.p(), y.w_in.p(), NB, s.H, eps);
+      if (gemm) {
+        be.linear_forward(ctx, y.q_raw.p(), y.xn.p(), y.Wq.p(), NB, s.H, QD);
+        be.linear_forward(ctx, y.kb_raw.p(), y.xn.p(), y.Wk.p(), NB, s.H, KD);
+        be.linear_forward(ctx, y.vb.p(), y.xn.p(), y.Wv.p(), NB, s.H, KD);
+        be.linear_forward(ctx, y.kc_raw.p(), ctx_h.p(), y.Wk.p(), s.S, s.H, KD);
+        be.linear_forward(ctx, y.vc.p(), ctx_h.p(), y.Wv.p(), s.S, s.H, KD);
+      }
+      if (other) {
+        be.rmsnorm_forward(ctx, y.q_n.p(), y.rstd_q.p(), y.q_raw.p(), y.q_norm.p(), NB * s.NH, s.D, eps);
+        be.rmsnorm_forward(ctx, y.kb_n.p(), y.rstd_kb.p(), y.kb_raw.p(), y.k_norm.p(), NB * s.KVH, s.D, eps);
+        be.rmsnorm_forward(ctx, y.kc_n.p(), y.rstd_kc.p(), y.kc_raw.p(), y.k_norm.p(), s.S * s.KVH, s.D, eps);
+        be.rope_forward(ctx, y.q.p(), y.q_n.p(), pos_blk.p(), NB, s.NH, s.D, theta);
+        be.rope_forward(ctx, y.kb.p(), y.kb_n.p(), pos_blk.p(), NB, s.KVH, s.D, theta);
+        be.rope_forward(ctx, y.kc.p(), y.kc_n.p(), pos_ctx.p(), s.S, s.KVH, s.D, theta);
+      }
+      if (attn)
+        be.dflash_attention_forward(ctx, y.attn.p(), y.lse.p(), y.q.p(), y.kc.p(), y.vc.p(), y.kb.p(), y.vb.p(),
+                                    anchors.p(), ash);
+      if (gemm) be.linear_forward(ctx, y.h.p(), y.attn.p(), y.Wo.p(), NB, QD, s.H);
+      if (other) {
+        be.residual_forward(ctx, y.h.p(), y.h.p(), hin.p(), size_t(NB) * s.H);
+        be.rmsnorm_forward(ctx, y.xn2.p(), y.rstd_post.p(), y.h.p(), y.w_post.p(), NB, s.H, eps);
+      }
+      if (gemm) {
+        be.linear_forward(ctx, y.gate.p(), y.xn2.p(), y.Wg.p(), NB, s.H, s.I);
+        be.linear_forward(ctx, y.up.p(), y.xn2.p(), y.Wu.p(), NB, s.H, s.I);
+      }
+      if (other) be.swiglu_forward(ctx, y.a.p(), y.gate.p(), y.up.p(), size_t(NB) * s.I);
+      if (gemm) be.linear_forward(ctx, y.h1.p(), y.a.p(), y.Wd.p(), NB, s.I, s.H);
+      if (other) be.residual_forward(ctx, y.h1.p(), y.h1.p(), y.h.p(), size_t(NB) * s.H);
+    }
+    // backward from dL/dh = a fixed tensor (the loss's dX)
+    if (other) be.zero(ctx, dctx.p(), dctx.n * sizeof(T));
+    for (int l = s.layers - 1; l >= 0; --l) {
+      Layer<T>& y = L[l];
+      const Dev<T>& hin = l == 0 ? h0 : L[l - 1].h1;
+      if (other) {
+        for (Dev<T>* d : {&da, &dxn2, &dattn, &dxn, &dgate, &dup, &dq_n, &dkb_n, &dkc_n, &dq_raw, &dkb_raw, &dkc_raw,
+                          &dq, &dkb, &dvb, &dkc, &dvc})
+          be.zero(ctx, d->p(), d->n * sizeof(T));
+      }
+      if (gemm) be.linear_backward(ctx, da.p(), y.dWd.p(), dh.p(), y.a.p(), y.Wd.p(), NB, s.I, s.H);
+      if (other) be.swiglu_backward(ctx, dgate.p(), dup.p(), da.p(), y.gate.p(), y.up.p(), size_t(NB) * s.I);
+      if (gemm) {
+        be.linear_backward(ctx, dxn2.p(), y.dWg.p(), dgate.p(), y.xn2.p(), y.Wg.p(), NB, s.H, s.I);
+        be.linear_backward(ctx, dxn2.p(), y.dWu.p(), dup.p(), y.xn2.p(), y.Wu.p(), NB, s.H, s.I);
+      }
+      if (other) be.rmsnorm_backward(ctx, dh.p(), y.dw_post.p(), dxn2.p(), y.h.p(), y.w_post.p(), y.rstd_post.p(), NB, s.H);
+      if (gemm) be.linear_backward(ctx, dattn.p(), y.dWo.p(), dh.p(), y.attn.p(), y.Wo.p(), NB, QD, s.H);
+      if (attn)
+        be.dflash_attention_backward(ctx, dq.p(), dkc.p(), dvc.p(), dkb.p(), dvb.p(), dattn.p(), y.attn.p(), y.lse.p(),
+                                     y.q.p(), y.kc.p(), y.vc.p(), y.kb.p(), y.vb.p(), anchors.p(), ash);
+      if (other) {
+        be.rope_backward(ctx, dq_n.p(), dq.p(), pos_blk.p(), NB, s.NH, s.D, theta);
+        be.rope_backward(ctx, dkb_n.p(), dkb.p(), pos_blk.p(), NB, s.KVH, s.D, theta);
+        be.rope_backward(ctx, dkc_n.p(), dkc.p(), pos_ctx.p(), s.S, s.KVH, s.D, theta);
+        be.rmsnorm_backward(ctx, dq_raw.p(), y.dq_norm.p(), dq_n.p(), y.q_raw.p(), y.q_norm.p(), y.rstd_q.p(), NB * s.NH, s.D);
+        be.rmsnorm_backward(ctx, dkb_raw.p(), y.dk_norm.p(), dkb_n.p(), y.kb_raw.p(), y.k_norm.p(), y.rstd_kb.p(), NB * s.KVH, s.D);
+        be.rmsnorm_backward(ctx, dkc_raw.p(), y.dk_norm.p(), dkc_n.p(), y.kc_raw.p(), y.k_norm.p(), y.rstd_kc.p(), s.S * s.KVH, s.D);
+      }
+      if (gemm) {
+        be.linear_backward(ctx, dxn.p(), y.dWq.p(), dq_raw.p(), y.xn.p(), y.Wq.p(), NB, s.H, QD);
+        be.linear_backward(ctx, dxn.p(), y.dWk.p(), dkb_raw.p(), y.xn.p(), y.Wk.p(), NB, s.H, KD);
+        be.linear_backward(ctx, dxn.p(), y.dWv.p(), dvb.p(), y.xn.p(), y.Wv.p(), NB, s.H, KD);
+        be.linear_backward(ctx, dctx.p(), y.dWk.p(), dkc_raw.p(), ctx_h.p(), y.Wk.p(), s.S, s.H, KD);
+        be.linear_backward(ctx, dctx.p(), y.dWv.p(), dvc.p(), ctx_h.p(), y.Wv.p(), s.S, s.H, KD);
+      }
+      if (other) be.rmsnorm_backward(ctx, dh.p(), y.dw_in.p(), dxn.p(), hin.p(), y.w_in.p(), y.rstd_in.p(), NB, s.H);
+    }
+  };
+  fill_normal(be, ctx, dh, 1e-3, 14);
+  std::printf("cuda drafter: %s seq=%d anchors=%d block=%d (NB=%d) hidden=%d layers=%d heads=%d/%d head_dim=%d "
+              "intermediate=%d taps=%d window=%d, best of %d\n",
+              precision, s.S, s.N, s.B, NB, s.H, s.layers, s.NH, s.KVH, s.D, s.I, s.taps, s.window, reps);
+  const double bound = time_best(be, ctx, reps, [&] { step(1); });
+  const double attn_t = time_best(be, ctx, reps, [&] { step(2); });
+  const double total = time_best(be, ctx, reps, [&] { step(0); });
+  // GEMM FLOPs: fc + per layer (q, k, v on blocks, k, v on context, o, gate, up, down) × (1 fwd + 2 bwd)
+  const double layer_fwd = 2.0 * NB * s.H * (QD + 2.0 * KD) + 2.0 * s.S * s.H * 2.0 * KD + 2.0 * NB * QD * s.H +
+                           3 * 2.0 * NB * s.H * double(s.I);
+  const double flops = 2.0 * s.S * s.taps * double(s.H) * s.H + 3.0 * s.layers * layer_fwd;
+  std::printf("  total     %.3f s  GEMMs alone %.3f s (%.1f TFLOP/s)  ratio %.3f\n", total, bound,
+              flops / bound * 1e-12, bound / total);
+  std::printf("  attention fwd+bwd alone %.3f s = %.1f%% of the total (flash-style CUDA-core kernels)\n", attn_t,
+              100.0 * attn_t / total);
+  return 0;
+}
+
+template <typename T>
+int run_all(Backend<T>& be, ExecContext& ctx, const std::string& what, const Args& args, const char* precision) {
+  if (what == "loss" || what == "all") loss_bench(be, ctx, args, precision);
+  if (what == "drafter" || what == "all") drafter_bench(be, ctx, args, precision);
+  return 0;
+}
+
+}  // namespace
+#endif
+
+int run_cuda(int argc, char** argv) {
+  Args args(argc, argv,
+            {"precision", "T", "H", "V", "chunk", "reps", "seq", "anchors", "block", "hidden", "layers", "heads",
+             "kv-heads", "head-dim", "intermediate", "taps", "window"},
+            {"help"});
+  if (args.has("help")) {
+    std::printf(
+        "dflash_bench cuda [loss|drafter|all] [--precision bf16|fp32] [--reps 2]\n"
+        "  loss:    [--T 32768] [--H 5120] [--V 248320] [--chunk 2048]\n"
+        "  drafter: [--seq 32768] [--anchors 1024] [--block 32] [--hidden 5120] [--layers 5] [--heads 32]\n"
+        "           [--kv-heads 8] [--head-dim 128] [--intermediate 17408] [--taps 5] [--window 0]\n"
+        "Times the CUDA backend against its own cuBLASLt GEMMs alone (same run, same shapes).\n"
+        "Prints 'skipped: ...' and exits 0 where there is no GPU or no CUDA backend.\n");
+    return 0;
+  }
+  const std::string what = args.positional().empty() ? "all" : args.positional()[0];
+  DFLASH_USER_CHECK(what == "loss" || what == "drafter" || what == "all",
+                    "dflash_bench cuda: unknown benchmark '{}': use loss, drafter or all", what);
+  const std::string precision = args.str("precision", "bf16");
+  DFLASH_USER_CHECK(precision == "bf16" || precision == "fp32",
+                    "dflash_bench cuda: --precision must be bf16 or fp32 (got '{}')", precision);
+#if !DFLASH_WITH_CUDA
+  std::printf("skipped: this build has no CUDA backend\n");
+  return 0;
+#else
+  if (!kernels::cuda_available()) {
+    std::printf("skipped: no CUDA device\n");
+    return 0;
+  }
+  kernels::cuda::CudaContext context(0);
+  if (precision == "bf16") {
+    auto be = kernels::make_cuda_backend_bf16();
+    return run_all(*be, context.exec(), what, args, "bf16");
+  }
+  auto be = kernels::make_cuda_backend<float>();
+  return run_all(*be, context.exec(), what, args, "fp32");
+#endif
+}
+
+}  // namespace dflash::bench

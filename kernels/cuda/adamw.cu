@@ -1,0 +1,66 @@
+// The optimizer's kernels on fp32 master weights: AdamW (cuda_math::adamw_update, the CPU's formula), the
+// deterministic Σ x² of the global gradient norm, and the gradient scale.
+#include "kernels/cuda/adamw_math.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace dflash::kernels::cuda {
+
+namespace {
+
+__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
+                             size_t n, AdamWCoeffs k) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float p = params[i], mi = m[i], vi = v[i];
+    cuda_math::adamw_update(p, grads[i], mi, vi, decay_mask[i] != 0, k);
+    params[i] = p;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+__global__ void scale_f32_kernel(float* x, float s, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) x[i] *= s;
+}
+
+// Deterministic: a fixed grid (kSumSquaresBlocks × kThreads, whatever n), each thread a fixed stride, each block a
+// fixed tree, then one block reduces the partials in a fixed tree. Same bits on every run and every GPU.
+__global__ void sum_squares_partial_kernel(const float* x, size_t n, double* partials) {
+  SumD acc;
+  for (size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += size_t(kSumSquaresBlocks) * kThreads)
+    acc.v += double(x[i]) * double(x[i]);
+  const SumD total = block_merge(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total.v;
+}
+
+__global__ void sum_squares_final_kernel(const double* partials, double* result) {
+  SumD acc;
+  for (int i = threadIdx.x; i < kSumSquaresBlocks; i += kThreads) acc.v += partials[i];
+  const SumD total = block_merge(acc);
+  if (threadIdx.x == 0) result[0] = total.v;
+}
+
+}  // namespace
+
+void launch_adamw(cudaStream_t st, float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
+                  size_t n, const AdamWCoeffs& k) {
+  if (!n) return;
+  adamw_kernel<<<grid_for(n), kThreads, 0, st>>>(params, grads, m, v, decay_mask, n, k);
+  DFLASH_CUDA_LAUNCHED("adamw_kernel");
+}
+
+void launch_scale_f32(cudaStream_t st, float* x, float s, size_t n) {
+  if (!n) return;
+  scale_f32_kernel<<<grid_for(n), kThreads, 0, st>>>(x, s, n);
+  DFLASH_CUDA_LAUNCHED("scale_f32_kernel");
+}
+
+void launch_sum_squares(cudaStream_t st, const float* x, size_t n, double* partials, double* result) {
+  sum_squares_partial_kernel<<<kSumSquaresBlocks, kThreads, 0, st>>>(x, n, partials);
+  DFLASH_CUDA_LAUNCHED("sum_squares_partial_kernel");
+  sum_squares_final_kernel<<<1, kThreads, 0, st>>>(partials, result);
+  DFLASH_CUDA_LAUNCHED("sum_squares_final_kernel");
+}
+
+}  // namespace dflash::kernels::cuda

@@ -1,0 +1,243 @@
+// The CUDA backend: the kernel contracts of kernels/backend.h over cuBLASLt (gemm_lt) and the kernels of
+// kernels/cuda/*.cu (launch.h). T = float (the fp32 path) or bf16 (fp32 accumulation; A = float).
+// Every call is enqueued on the ExecContext's stream (a CudaContext's, kernels/cuda/context.h); launch and CUDA
+// failures become dflash::Error here, in host code. Unverified on GPU (this code was compiled, never run on one).
+// Scratch (rmsnorm dw partials, attention delta, sum_squares partials) comes from the context's workspace arena
+// when it has room, else from a buffer the backend owns: a backend must not be used from two streams at once.
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/launch.h"
+#include "lib/core/error.h"
+
+namespace dflash::kernels {
+
+namespace {
+
+using cuda::bf16;
+using cuda::DType;
+
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, bf16> ? DType::bf16 : DType::f32;
+}
+
+cudaStream_t stream_of(ExecContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+// Device scratch for one call: from the context's arena (rewound when this object dies: later work on the same
+// stream is ordered after the kernels that used it) or from the backend's own growing buffer.
+class Scratch {
+ public:
+  Scratch(ExecContext& ctx, Buffer& own, std::mutex& own_mutex, size_t bytes) {
+    Arena* a = ctx.workspace;
+    if (a && a->kind() == MemoryKind::device && a->capacity() - a->used() >= Arena::footprint(bytes)) {
+      arena_ = a;
+      mark_ = a->mark();
+      ptr_ = a->alloc_bytes(bytes);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(own_mutex);
+    if (own.bytes() < bytes) {
+      // the old buffer may still be in use by queued kernels of this stream
+      DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+      own = Buffer(MemoryKind::device, bytes);
+    }
+    ptr_ = own.data();
+  }
+  ~Scratch() {
+    if (arena_) arena_->rewind(mark_);
+  }
+  template <typename U>
+  U* as() const { return static_cast<U*>(ptr_); }
+
+ private:
+  Arena* arena_ = nullptr;
+  Arena::Mark mark_ = 0;
+  void* ptr_ = nullptr;
+};
+
+template <typename T>
+class CudaBackend final : public Backend<T> {
+ public:
+  using A = acc_t<T>;
+  static_assert(std::is_same_v<A, float>, "the CUDA backend keeps statistics and weight gradients in fp32");
+
+  // The backend's own stream, cuBLASLt handle and workspace, on the calling thread's current device.
+  CudaBackend() : own_(std::make_unique<cuda::CudaContext>(current_device())) {}
+
+  const char* name() const override { return "cuda"; }
+  MemoryKind memory() const override { return MemoryKind::device; }
+  ExecContext& context() override { return own_->exec(); }
+
+  void upload(ExecContext& ctx, void* dst, const void* src, size_t bytes) override {
+    if (bytes) DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ctx)));
+  }
+  // Synchronises before returning (simple over fast): the host may read dst right away.
+  void download(ExecContext& ctx, void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(ctx)));
+    DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+  }
+  void copy(ExecContext& ctx, void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src)
+      DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(ctx)));
+  }
+  void zero(ExecContext& ctx, void* dst, size_t bytes) override {
+    if (bytes) DFLASH_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_of(ctx)));
+  }
+  void synchronize(ExecContext& ctx) override { DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx))); }
+  void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) override {
+    cuda::launch_gather_rows(stream_of(ctx), out, in, rows, n, dim);
+  }
+  void scatter_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) override {
+    cuda::launch_scatter_rows(stream_of(ctx), out, in, rows, n, dim);
+  }
+
+  void gemm(ExecContext& ctx, bool ta, bool tb, int M, int N, int K, double alpha, const T* a, int lda, const T* b,
+            int ldb, double beta, T* c, int ldc) override {
+    gemm_.run(ctx, dtype_of<T>(), dtype_of<T>(), ta, tb, M, N, K, float(alpha), a, lda, b, ldb, float(beta), c, ldc);
+  }
+  void linear_forward(ExecContext& ctx, T* y, const T* x, const T* W, int N, int in, int out) override {
+    gemm_.run(ctx, dtype_of<T>(), dtype_of<T>(), false, true, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+  }
+  // dW is fp32 whatever T is: bf16 products accumulate in fp32 and add into the fp32 gradient.
+  void linear_backward(ExecContext& ctx, T* dx, A* dW, const T* dy, const T* x, const T* W, int N, int in,
+                       int out) override {
+    if (dx) gemm_.run(ctx, dtype_of<T>(), dtype_of<T>(), false, false, N, in, out, 1.0f, dy, out, W, in, 1.0f, dx, in);
+    if (dW) gemm_.run(ctx, dtype_of<T>(), DType::f32, true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+  }
+
+  void rmsnorm_forward(ExecContext& ctx, T* y, A* rstd, const T* x, const T* w, int rows, int dim,
+                       double eps) override {
+    cuda::launch_rmsnorm_forward(stream_of(ctx), y, rstd, x, w, rows, dim, float(eps));
+  }
+  void rmsnorm_backward(ExecContext& ctx, T* dx, A* dw, const T* dy, const T* x, const T* w, const A* rstd, int rows,
+                        int dim) override {
+    const size_t bytes = dw ? sizeof(float) * size_t(cuda::rmsnorm_dw_chunks(rows)) * size_t(dim) : 0;
+    Scratch partials(ctx, scratch_, scratch_mutex_, bytes > 0 ? bytes : 1);
+    cuda::launch_rmsnorm_backward(stream_of(ctx), dx, dw, dy, x, w, rstd, rows, dim, partials.as<float>());
+  }
+  void rope_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
+                    double theta) override {
+    cuda::launch_rope(stream_of(ctx), y, x, pos, rows, heads, head_dim, theta, false);
+  }
+  void rope_backward(ExecContext& ctx, T* dx, const T* dy, const int32_t* pos, int rows, int heads, int head_dim,
+                     double theta) override {
+    cuda::launch_rope(stream_of(ctx), dx, dy, pos, rows, heads, head_dim, theta, true);
+  }
+  void swiglu_forward(ExecContext& ctx, T* h, const T* gate, const T* up, size_t n) override {
+    cuda::launch_swiglu_forward(stream_of(ctx), h, gate, up, n);
+  }
+  void swiglu_backward(ExecContext& ctx, T* dgate, T* dup, const T* dh, const T* gate, const T* up,
+                       size_t n) override {
+    cuda::launch_swiglu_backward(stream_of(ctx), dgate, dup, dh, gate, up, n);
+  }
+  void residual_forward(ExecContext& ctx, T* out, const T* a, const T* b, size_t n) override {
+    cuda::launch_residual(stream_of(ctx), out, a, b, n);
+  }
+  void accumulate(ExecContext& ctx, T* y, const T* x, size_t n) override {
+    cuda::launch_accumulate(stream_of(ctx), y, x, n);
+  }
+  void scale(ExecContext& ctx, T* x, double s, size_t n) override {
+    cuda::launch_scale(stream_of(ctx), x, float(s), n);
+  }
+  void embedding_forward(ExecContext& ctx, T* out, const T* table, const int32_t* ids, int rows, int dim,
+                         int vocab) override {
+    cuda::launch_gather_rows(stream_of(ctx), out, table, ids, rows, dim);
+  }
+
+  void dflash_attention_forward(ExecContext& ctx, T* out, A* lse, const T* q, const T* k_ctx, const T* v_ctx,
+                                const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                const DFlashAttentionShape& shape) override {
+    check_head_dim(shape.head_dim);
+    cuda::launch_dflash_attention_forward(stream_of(ctx), out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, shape);
+  }
+  void dflash_attention_backward(ExecContext& ctx, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk, const T* dout,
+                                 const T* out, const A* lse, const T* q, const T* k_ctx, const T* v_ctx,
+                                 const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                 const DFlashAttentionShape& shape) override {
+    check_head_dim(shape.head_dim);
+    const size_t queries = size_t(shape.n_blocks) * shape.block * shape.heads;
+    Scratch delta(ctx, scratch_, scratch_mutex_, sizeof(float) * (queries > 0 ? queries : 1));
+    cuda::launch_dflash_attention_backward(stream_of(ctx), dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q,
+                                           k_ctx, v_ctx, k_blk, v_blk, anchors, shape, delta.as<float>());
+  }
+  void attention_causal_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int S, int q_heads,
+                                int kv_heads, int head_dim) override {
+    check_head_dim(head_dim);
+    cuda::launch_attention_causal_forward(stream_of(ctx), out, q, k, v, S, q_heads, kv_heads, head_dim);
+  }
+
+  void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,
+                            const A* weights, double tau, int top_k, VocabLossRow* rows,
+                            VocabLossRowValues* values) override {
+    cuda::launch_vocab_loss_row_stats(stream_of(ctx), z, u, n, V, labels, weights, tau, top_k, rows, values);
+  }
+  void vocab_loss_row_grad(ExecContext& ctx, T* z, const T* u, int n, int V, const int32_t* labels, const A* weights,
+                           const VocabLossRow* rows, double grad_scale, const VocabLossCoeffs& coeffs) override {
+    cuda::launch_vocab_loss_row_grad(stream_of(ctx), z, u, n, V, labels, weights, rows, grad_scale, coeffs);
+  }
+
+  void adamw_step(ExecContext& ctx, float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
+                  size_t n, const AdamWCoeffs& k) override {
+    cuda::launch_adamw(stream_of(ctx), params, grads, m, v, decay_mask, n, k);
+  }
+  // Synchronises (the result is a host double).
+  double sum_squares(ExecContext& ctx, const float* x, size_t n) override {
+    Scratch partials(ctx, scratch_, scratch_mutex_, sizeof(double) * (cuda::kSumSquaresBlocks + 1));
+    double* d = partials.as<double>();
+    cuda::launch_sum_squares(stream_of(ctx), x, n, d, d + cuda::kSumSquaresBlocks);
+    double result = 0;
+    download(ctx, &result, d + cuda::kSumSquaresBlocks, sizeof result);
+    return result;
+  }
+  void scale_master(ExecContext& ctx, float* x, double s, size_t n) override {
+    cuda::launch_scale_f32(stream_of(ctx), x, float(s), n);
+  }
+
+ private:
+  static void check_head_dim(int head_dim) {
+    DFLASH_CHECK(head_dim >= 1 && head_dim <= cuda::kMaxHeadDim,
+                 "CUDA attention: head_dim {} is outside what the warp-per-query kernels support (1..{})", head_dim,
+                 cuda::kMaxHeadDim);
+  }
+
+  static int current_device() {
+    int d = 0;
+    DFLASH_CUDA_CHECK(cudaGetDevice(&d));
+    return d;
+  }
+
+  std::unique_ptr<cuda::CudaContext> own_;
+  cuda::LtGemm gemm_;
+  Buffer scratch_;
+  std::mutex scratch_mutex_;
+};
+
+void require_device() {
+  DFLASH_USER_CHECK(cuda_available(),
+                    "run.device: cuda, but no CUDA device is visible (cudaGetDeviceCount found none); check "
+                    "nvidia-smi and CUDA_VISIBLE_DEVICES, or set run.device: cpu");
+}
+
+}  // namespace
+
+template <typename T>
+std::unique_ptr<Backend<T>> make_cuda_backend() {
+  require_device();
+  return std::make_unique<CudaBackend<T>>();
+}
+template std::unique_ptr<Backend<float>> make_cuda_backend<float>();
+
+std::unique_ptr<Backend<__nv_bfloat16>> make_cuda_backend_bf16() {
+  require_device();
+  return std::make_unique<CudaBackend<bf16>>();
+}
+
+}  // namespace dflash::kernels

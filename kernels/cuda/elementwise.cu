@@ -1,0 +1,125 @@
+// Elementwise and row-copy kernels: gather/scatter rows (also the embedding gather), SwiGLU, residual, accumulate,
+// scale. Grid-stride loops, arithmetic in float. Simple over fast: no vectorised loads.
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/norm_math.h"
+
+namespace dflash::kernels::cuda {
+
+namespace {
+
+// One block per row: out[i] = in[rows[i]] (gather) or out[rows[i]] = in[i] (scatter).
+template <typename T, bool Scatter>
+__global__ void copy_rows_kernel(T* out, const T* in, const int32_t* rows, int dim) {
+  const size_t i = blockIdx.x;
+  const size_t src = Scatter ? i : size_t(rows[i]);
+  const size_t dst = Scatter ? size_t(rows[i]) : i;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) out[dst * dim + d] = in[src * dim + d];
+}
+
+template <typename T>
+__global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    h[i] = from_f<T>(cuda_math::swiglu(to_f(gate[i]), to_f(up[i])));
+}
+
+template <typename T>
+__global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float dg, du;
+    cuda_math::swiglu_grad(to_f(dh[i]), to_f(gate[i]), to_f(up[i]), dg, du);
+    dgate[i] = from_f<T>(to_f(dgate[i]) + dg);
+    dup[i] = from_f<T>(to_f(dup[i]) + du);
+  }
+}
+
+template <typename T>
+__global__ void residual_kernel(T* out, const T* a, const T* b, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+}
+
+template <typename T>
+__global__ void accumulate_kernel(T* y, const T* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    y[i] = from_f<T>(to_f(y[i]) + to_f(x[i]));
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, float s, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    x[i] = from_f<T>(to_f(x[i]) * s);
+}
+
+template <typename T>
+__global__ void scale_matrix_kernel(T* c, int cols, int ld, float beta) {
+  T* row = c + size_t(blockIdx.x) * ld;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) row[j] = beta == 0.0f ? from_f<T>(0.0f) : from_f<T>(to_f(row[j]) * beta);
+}
+
+}  // namespace
+
+template <typename T>
+void launch_gather_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim) {
+  if (n <= 0 || dim <= 0) return;
+  copy_rows_kernel<T, false><<<n, kThreads, 0, st>>>(out, in, rows, dim);
+  DFLASH_CUDA_LAUNCHED("copy_rows_kernel (gather)");
+}
+template <typename T>
+void launch_scatter_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim) {
+  if (n <= 0 || dim <= 0) return;
+  copy_rows_kernel<T, true><<<n, kThreads, 0, st>>>(out, in, rows, dim);
+  DFLASH_CUDA_LAUNCHED("copy_rows_kernel (scatter)");
+}
+template <typename T>
+void launch_swiglu_forward(cudaStream_t st, T* h, const T* gate, const T* up, size_t n) {
+  if (!n) return;
+  swiglu_forward_kernel<T><<<grid_for(n), kThreads, 0, st>>>(h, gate, up, n);
+  DFLASH_CUDA_LAUNCHED("swiglu_forward_kernel");
+}
+template <typename T>
+void launch_swiglu_backward(cudaStream_t st, T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n) {
+  if (!n) return;
+  swiglu_backward_kernel<T><<<grid_for(n), kThreads, 0, st>>>(dgate, dup, dh, gate, up, n);
+  DFLASH_CUDA_LAUNCHED("swiglu_backward_kernel");
+}
+template <typename T>
+void launch_residual(cudaStream_t st, T* out, const T* a, const T* b, size_t n) {
+  if (!n) return;
+  residual_kernel<T><<<grid_for(n), kThreads, 0, st>>>(out, a, b, n);
+  DFLASH_CUDA_LAUNCHED("residual_kernel");
+}
+template <typename T>
+void launch_accumulate(cudaStream_t st, T* y, const T* x, size_t n) {
+  if (!n) return;
+  accumulate_kernel<T><<<grid_for(n), kThreads, 0, st>>>(y, x, n);
+  DFLASH_CUDA_LAUNCHED("accumulate_kernel");
+}
+template <typename T>
+void launch_scale(cudaStream_t st, T* x, float s, size_t n) {
+  if (!n) return;
+  scale_kernel<T><<<grid_for(n), kThreads, 0, st>>>(x, s, n);
+  DFLASH_CUDA_LAUNCHED("scale_kernel");
+}
+template <typename T>
+void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, float beta) {
+  if (rows <= 0 || cols <= 0 || beta == 1.0f) return;
+  scale_matrix_kernel<T><<<rows, kThreads, 0, st>>>(c, cols, ld, beta);
+  DFLASH_CUDA_LAUNCHED("scale_matrix_kernel");
+}
+
+#define DFLASH_INSTANTIATE(T)                                                                             \
+  template void launch_gather_rows<T>(cudaStream_t, T*, const T*, const int32_t*, int, int);               \
+  template void launch_scatter_rows<T>(cudaStream_t, T*, const T*, const int32_t*, int, int);              \
+  template void launch_swiglu_forward<T>(cudaStream_t, T*, const T*, const T*, size_t);                    \
+  template void launch_swiglu_backward<T>(cudaStream_t, T*, T*, const T*, const T*, const T*, size_t);     \
+  template void launch_residual<T>(cudaStream_t, T*, const T*, const T*, size_t);                          \
+  template void launch_accumulate<T>(cudaStream_t, T*, const T*, size_t);                                  \
+  template void launch_scale<T>(cudaStream_t, T*, float, size_t);                                          \
+  template void launch_scale_matrix<T>(cudaStream_t, T*, int, int, int, float);
+DFLASH_INSTANTIATE(float)
+DFLASH_INSTANTIATE(bf16)
+#undef DFLASH_INSTANTIATE
+
+}  // namespace dflash::kernels::cuda

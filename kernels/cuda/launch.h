@@ -1,0 +1,87 @@
+#pragma once
+// Host-side launchers of the CUDA kernels (one .cu file per family), called by backend_cuda.cpp. Each launches on
+// `stream`, checks the launch (dflash::Error on failure) and returns without synchronising. T is float or bf16;
+// statistics, fp32 gradients and optimizer state are float whatever T is (A = acc_t<T> = float).
+// Pointers are device memory; nothing here validates shapes (the backend and lib/model do).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention_shape.h"
+#include "kernels/backend.h"
+#include "kernels/vocab_loss_rows.h"
+
+namespace dflash::kernels::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- elementwise.cu ----
+template <typename T>
+void launch_gather_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim);
+template <typename T>
+void launch_scatter_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim);
+template <typename T>
+void launch_swiglu_forward(cudaStream_t st, T* h, const T* gate, const T* up, size_t n);
+template <typename T>
+void launch_swiglu_backward(cudaStream_t st, T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n);
+template <typename T>
+void launch_residual(cudaStream_t st, T* out, const T* a, const T* b, size_t n);
+template <typename T>
+void launch_accumulate(cudaStream_t st, T* y, const T* x, size_t n);
+template <typename T>
+void launch_scale(cudaStream_t st, T* x, float s, size_t n);
+// c[rows, cols] (row stride ld) *= beta (beta = 0: set to 0): a GEMM with K = 0.
+template <typename T>
+void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, float beta);
+
+// ---- norm_rope.cu ----
+template <typename T>
+void launch_rmsnorm_forward(cudaStream_t st, T* y, float* rstd, const T* x, const T* w, int rows, int dim, float eps);
+// partials: device scratch of rmsnorm_dw_chunks(rows) · dim floats (used only when dw is non-null).
+int rmsnorm_dw_chunks(int rows);
+template <typename T>
+void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
+                             const float* rstd, int rows, int dim, float* partials);
+// backward: dx (+=) Rᵀ dy; forward: y (=) R x.
+template <typename T>
+void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
+                 double theta, bool backward);
+
+// ---- attention_dflash.cu / attention_causal.cu ----
+constexpr int kMaxHeadDim = 256;  // the warp-per-query kernels keep head_dim / 32 floats per lane
+template <typename T>
+void launch_dflash_attention_forward(cudaStream_t st, T* out, float* lse, const T* q, const T* k_ctx, const T* v_ctx,
+                                     const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                     const DFlashAttentionShape& s);
+// delta: device scratch [n_blocks·block, heads] floats (rowsum(dO ⊙ O), shared by the two backward kernels).
+template <typename T>
+void launch_dflash_attention_backward(cudaStream_t st, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk,
+                                      const T* dout, const T* out, const float* lse, const T* q, const T* k_ctx,
+                                      const T* v_ctx, const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                      const DFlashAttentionShape& s, float* delta);
+template <typename T>
+void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int S,
+                                     int q_heads, int kv_heads, int head_dim);
+
+// ---- vocab_loss_rows.cu ----
+template <typename T>
+void launch_vocab_loss_row_stats(cudaStream_t st, const T* z, const T* u, int n, int V, const int32_t* labels,
+                                 const float* weights, double tau, int top_k, VocabLossRow* rows,
+                                 VocabLossRowValues* values);
+template <typename T>
+void launch_vocab_loss_row_grad(cudaStream_t st, T* z, const T* u, int n, int V, const int32_t* labels,
+                                const float* weights, const VocabLossRow* rows, double grad_scale,
+                                const VocabLossCoeffs& coeffs);
+
+// ---- adamw.cu ----
+void launch_adamw(cudaStream_t st, float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
+                  size_t n, const AdamWCoeffs& k);
+void launch_scale_f32(cudaStream_t st, float* x, float s, size_t n);
+// Σ x² in double: kSumSquaresBlocks fixed partials, then one fixed reduction into result[0] (device memory).
+// partials: device scratch of kSumSquaresBlocks doubles.
+constexpr int kSumSquaresBlocks = 512;
+void launch_sum_squares(cudaStream_t st, const float* x, size_t n, double* partials, double* result);
+
+}  // namespace dflash::kernels::cuda

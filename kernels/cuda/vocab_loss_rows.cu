@@ -1,0 +1,127 @@
+// The vocab-loss row passes on logits in device memory (T = float or bf16; exponentials in float, sums over the
+// vocabulary in double, as on the CPU). One thread block per row; the per-element and per-row math is
+// cuda_math (loss_math.h), which the CPU tests check against kernels/cpu/vocab_loss_rows.h. Reductions are fixed
+// trees (deterministic). Unverified on GPU; simple over fast: up to three passes over the row from global memory.
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/loss_math.h"
+
+namespace dflash::kernels::cuda {
+
+namespace {
+
+using cuda_math::RowMax;
+using cuda_math::RowPass2In;
+using cuda_math::RowSums;
+
+template <typename T>
+__global__ void row_stats_kernel(const T* z, const T* u, int V, const int32_t* labels, const float* weights,
+                                 double tau, int top_k, VocabLossRow* rows, VocabLossRowValues* values) {
+  const int row = blockIdx.x, tid = threadIdx.x;
+  if (!(weights[row] > 0)) {  // rows with w = 0 are skipped: values zeroed, statistics untouched
+    if (tid == 0) values[row] = VocabLossRowValues{};
+    return;
+  }
+  const T* zr = z + size_t(row) * V;
+  const T* ur = u ? u + size_t(row) * V : nullptr;
+  const int y = labels[row];
+
+  RowMax mx;
+  for (int v = tid; v < V; v += kThreads) mx.add(to_f(zr[v]), ur ? to_f(ur[v]) : -INFINITY);
+  mx = block_merge(mx);
+
+  RowPass2In in;
+  in.zmax = mx.z;
+  in.umax = mx.u;
+  in.zy = to_f(zr[y]);
+  in.y = y;
+  in.tau1 = tau == 1.0;
+  in.inv_tau = float(1.0 / tau);
+  in.has_u = ur != nullptr;
+  RowSums sums;
+  if (isfinite(mx.z)) {  // block-uniform: every thread holds the same merged maximum
+    for (int v = tid; v < V; v += kThreads) sums.add(in, v, to_f(zr[v]), ur ? to_f(ur[v]) : 0.0f);
+    sums = block_merge(sums);
+  }
+
+  SumD excl;
+  if (isfinite(mx.z) && cuda_math::needs_excl_pass(mx, sums, y)) {  // block-uniform as well
+    const float second = sums.second(mx.z);
+    for (int v = tid; v < V; v += kThreads) excl.v += cuda_math::excl_term(v, to_f(zr[v]), sums.argmax, second);
+    excl = block_merge(excl);
+  }
+
+  if (tid == 0) {
+    VocabLossRow s = rows[row];
+    VocabLossRowValues out;
+    cuda_math::finish_row_stats(mx, sums, excl.v, in.zy, y, tau, top_k, ur != nullptr, s, out);
+    out.scored = 1;
+    rows[row] = s;
+    values[row] = out;
+  }
+}
+
+template <typename T>
+__global__ void row_grad_kernel(T* z, const T* u, int V, const int32_t* labels, const float* weights,
+                                const VocabLossRow* rows, double grad_scale, VocabLossCoeffs k) {
+  // raw bytes: a __shared__ variable cannot have GradRow's member initialisers; thread 0 writes it whole
+  __shared__ alignas(cuda_math::GradRow) unsigned char g_raw[sizeof(cuda_math::GradRow)];
+  cuda_math::GradRow& g_sh = *reinterpret_cast<cuda_math::GradRow*>(g_raw);
+  const int row = blockIdx.x, tid = threadIdx.x;
+  T* zr = z + size_t(row) * V;
+  const T* ur = u ? u + size_t(row) * V : nullptr;
+  if (tid == 0) {
+    const double c = grad_scale * double(weights[row]);
+    const int y = labels[row];
+    if (c == 0) {  // the statistics of a skipped row are not read (its argmax may be stale)
+      cuda_math::GradRow g;
+      g.zero = true;
+      g_sh = g;
+    } else {
+      const VocabLossRow s = rows[row];
+      const int m = s.argmax;
+      g_sh = cuda_math::grad_row_coeffs(s, y, to_f(zr[y]), to_f(zr[m]), ur ? to_f(ur[y]) : 0.0f,
+                                        ur ? to_f(ur[m]) : 0.0f, ur != nullptr, c, k);
+    }
+  }
+  __syncthreads();
+  const cuda_math::GradRow g = g_sh;
+  for (int v = tid; v < V; v += kThreads) zr[v] = from_f<T>(cuda_math::grad_element(g, to_f(zr[v]), ur ? to_f(ur[v]) : 0.0f));
+  __syncthreads();
+  if (tid == 0 && !g.zero) {
+    zr[g.y] = from_f<T>(float(g.at_y));
+    zr[g.m] = from_f<T>(float(g.at_m));
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void launch_vocab_loss_row_stats(cudaStream_t st, const T* z, const T* u, int n, int V, const int32_t* labels,
+                                 const float* weights, double tau, int top_k, VocabLossRow* rows,
+                                 VocabLossRowValues* values) {
+  if (n <= 0) return;
+  row_stats_kernel<T><<<n, kThreads, 0, st>>>(z, u, V, labels, weights, tau, top_k, rows, values);
+  DFLASH_CUDA_LAUNCHED("row_stats_kernel");
+}
+
+template <typename T>
+void launch_vocab_loss_row_grad(cudaStream_t st, T* z, const T* u, int n, int V, const int32_t* labels,
+                                const float* weights, const VocabLossRow* rows, double grad_scale,
+                                const VocabLossCoeffs& coeffs) {
+  if (n <= 0) return;
+  row_grad_kernel<T><<<n, kThreads, 0, st>>>(z, u, V, labels, weights, rows, grad_scale, coeffs);
+  DFLASH_CUDA_LAUNCHED("row_grad_kernel");
+}
+
+#define DFLASH_INSTANTIATE(T)                                                                                    \
+  template void launch_vocab_loss_row_stats<T>(cudaStream_t, const T*, const T*, int, int, const int32_t*,       \
+                                               const float*, double, int, VocabLossRow*, VocabLossRowValues*);   \
+  template void launch_vocab_loss_row_grad<T>(cudaStream_t, T*, const T*, int, int, const int32_t*, const float*, \
+                                              const VocabLossRow*, double, const VocabLossCoeffs&);
+DFLASH_INSTANTIATE(float)
+DFLASH_INSTANTIATE(bf16)
+#undef DFLASH_INSTANTIATE
+
+}  // namespace dflash::kernels::cuda

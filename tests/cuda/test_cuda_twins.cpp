@@ -1,0 +1,603 @@
+// Every CUDA kernel against the CPU backend on the same random inputs (run only where a GPU is; main.cpp skips
+// otherwise). Test-case names start with "cuda twin <family>:" (tests/cuda/CMakeLists.txt filters on them).
+//
+// Tolerances (u = 2^-24, fp32 unit roundoff; every comparison is |gpu − cpu| ≤ bound):
+//   * A sum of n products computed in any order has error ≤ n·u·Σ|terms| on each side (Higham, recursive
+//     summation; tree orders do better), so two fp32 results differ by at most 2·n·u·Σ|terms|. GEMMs use that
+//     bound per element from the exact Σ|a||b|; row reductions (RMSNorm, attention) use n = the reduction length.
+//   * Elementwise transcendental kernels: device expf/sqrtf are within 2 ulp, glibc's within 1: a few ulp.
+//   * bf16 (8 significant bits): each rounding of a value to bf16 adds a relative 2^-8 (half an ulp at 2^-7);
+//     inputs are rounded to bf16 first and the CPU reference runs in fp32 on the rounded values, so only the
+//     kernel's own roundings count: depth d roundings → d·2^-8 relative, plus the fp32 accumulation bound above.
+#include <doctest/doctest.h>
+
+#if DFLASH_WITH_CUDA
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/context.h"
+#include "lib/core/rng.h"
+
+using namespace dflash;
+using namespace dflash::kernels;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+constexpr double kU = 0x1.0p-24;  // fp32 unit roundoff
+constexpr double kB = 0x1.0p-8;   // bf16 relative rounding
+
+std::vector<float> randn(size_t n, uint64_t seed, double sd = 1.0) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(sd * rng.normal());
+  return v;
+}
+
+// One CUDA context and the two backends under test, shared by all test cases of the process.
+struct Gpu {
+  cuda::CudaContext context{0};
+  std::unique_ptr<Backend<float>> f32 = make_cuda_backend<float>();
+  std::unique_ptr<Backend<bf16>> b16 = make_cuda_backend_bf16();
+  ExecContext& ex() { return context.exec(); }
+};
+Gpu& gpu() {
+  static Gpu g;
+  return g;
+}
+template <typename T>
+std::vector<T> zeros(size_t n) {
+  return std::vector<T>(n);
+}
+Backend<float>& cpu() { return cpu_backend<float>(); }
+ExecContext& hx() { return host_exec_context(); }
+
+// Device copy of a host vector.
+template <typename T>
+struct Dev {
+  Buffer buf;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : buf(MemoryKind::device, std::max<size_t>(1, h.size()) * sizeof(T)), n(h.size()) {
+    gpu().f32->upload(gpu().ex(), buf.data(), h.data(), n * sizeof(T));
+  }
+  T* p() const { return buf.as<T>(); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    gpu().f32->download(gpu().ex(), h.data(), buf.data(), n * sizeof(T));
+    return h;
+  }
+};
+
+// |got − want| ≤ tol[i] (or one tolerance for all), reporting the worst element.
+void require_within(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& tol,
+                    const char* what) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    const double t = tol.size() == 1 ? tol[0] : tol[i];
+    if (!(d <= t)) {
+      INFO(what << ": element " << i << " of " << got.size() << ": gpu " << got[i] << " cpu " << want[i]
+                << " |diff| " << d << " > tolerance " << t);
+      REQUIRE(d <= t);
+    }
+  }
+}
+void require_rel(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol,
+                 const char* what) {
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = atol + rtol * std::fabs(double(want[i]));
+  require_within(got, want, tol, what);
+}
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __float2bfloat16(x[i]);
+  return y;
+}
+std::vector<float> to_f32(const std::vector<bf16>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __bfloat162float(x[i]);
+  return y;
+}
+// x rounded to bf16 and back: the values both sides compute on in the bf16 tests.
+std::vector<float> bf16_round(const std::vector<float>& x) { return to_f32(to_bf16(x)); }
+
+// Per-element GEMM tolerance: 2·K·u·(|α| Σ_k |a_ik b_kj| + |β c_ij|) + a floor for K = 0 / exact zeros.
+std::vector<double> gemm_tolerance(bool ta, bool tb, int M, int N, int K, double alpha, const std::vector<float>& a,
+                                   int lda, const std::vector<float>& b, int ldb, double beta,
+                                   const std::vector<float>& c, int ldc, double extra_rel = 0) {
+  std::vector<double> tol(c.size(), 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) {
+        const double av = ta ? a[size_t(k) * lda + i] : a[size_t(i) * lda + k];
+        const double bv = tb ? b[size_t(j) * ldb + k] : b[size_t(k) * ldb + j];
+        s += std::fabs(av * bv);
+      }
+      const double mag = std::fabs(alpha) * s + std::fabs(beta * c[size_t(i) * ldc + j]);
+      tol[size_t(i) * ldc + j] = 2.0 * (K + 2) * kU * mag + extra_rel * mag + 1e-30;
+    }
+  return tol;
+}
+
+}  // namespace
+
+// ============================== GEMM ==============================
+
+TEST_CASE("cuda twin gemm: row-major C = alpha op(A) op(B) + beta C, every transpose, padded strides") {
+  struct Shape {
+    int M, N, K;
+  };
+  for (Shape sh : {Shape{1, 1, 1}, Shape{17, 33, 65}, Shape{128, 96, 256}, Shape{5, 300, 7}, Shape{64, 64, 0}}) {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.5}}) {
+          const int M = sh.M, N = sh.N, K = sh.K;
+          const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+          const int lda = a_cols + 3, ldb = b_cols + 1, ldc = N + 2;  // padded rows: strides are honoured
+          const auto a = randn(size_t(std::max(a_rows, 1)) * lda, 1), b = randn(size_t(std::max(b_rows, 1)) * ldb, 2);
+          const auto c0 = randn(size_t(M) * ldc, 3);
+          std::vector<float> want = c0;
+          cpu().gemm(hx(), ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
+          Dev<float> da(a), db(b), dc(c0);
+          gpu().f32->gemm(gpu().ex(), ta, tb, M, N, K, alpha, da.p(), lda, db.p(), ldb, beta, dc.p(), ldc);
+          INFO("M " << M << " N " << N << " K " << K << " ta " << ta << " tb " << tb << " alpha " << alpha);
+          require_within(dc.get(), want, gemm_tolerance(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c0, ldc),
+                         "gemm");
+        }
+  }
+}
+
+TEST_CASE("cuda twin gemm: linear_forward and linear_backward (dx += dy W, dW += dyᵀ x, null skips)") {
+  const int N = 37, in = 48, out = 20;
+  const auto x = randn(size_t(N) * in, 4), W = randn(size_t(out) * in, 5), dy = randn(size_t(N) * out, 6);
+  const auto dx0 = randn(x.size(), 7), dW0 = randn(W.size(), 8);
+  std::vector<float> y(size_t(N) * out), dx = dx0, dW = dW0;
+  cpu().linear_forward(hx(), y.data(), x.data(), W.data(), N, in, out);
+  cpu().linear_backward(hx(), dx.data(), dW.data(), dy.data(), x.data(), W.data(), N, in, out);
+  Dev<float> gx(x), gW(W), gdy(dy), gy(y), gdx(dx0), gdW(dW0);
+  gpu().f32->linear_forward(gpu().ex(), gy.p(), gx.p(), gW.p(), N, in, out);
+  gpu().f32->linear_backward(gpu().ex(), gdx.p(), gdW.p(), gdy.p(), gx.p(), gW.p(), N, in, out);
+  require_within(gy.get(), y, gemm_tolerance(false, true, N, out, in, 1, x, in, W, in, 0, y, out), "y");
+  require_within(gdx.get(), dx, gemm_tolerance(false, false, N, in, out, 1, dy, out, W, in, 1, dx0, in), "dx");
+  require_within(gdW.get(), dW, gemm_tolerance(true, false, out, in, N, 1, dy, out, x, in, 1, dW0, in), "dW");
+  // frozen weight: dW null, dx still accumulates; no dx: only dW
+  Dev<float> gdx2(dx0), gdW2(dW0);
+  gpu().f32->linear_backward(gpu().ex(), gdx2.p(), nullptr, gdy.p(), gx.p(), gW.p(), N, in, out);
+  gpu().f32->linear_backward(gpu().ex(), nullptr, gdW2.p(), gdy.p(), gx.p(), gW.p(), N, in, out);
+  require_within(gdx2.get(), dx, gemm_tolerance(false, false, N, in, out, 1, dy, out, W, in, 1, dx0, in), "dx only");
+  require_within(gdW2.get(), dW, gemm_tolerance(true, false, out, in, N, 1, dy, out, x, in, 1, dW0, in), "dW only");
+}
+
+// ============================== elementwise ==============================
+
+TEST_CASE("cuda twin elementwise: gather, scatter, embedding, SwiGLU, residual, accumulate, scale") {
+  const int rows = 9, dim = 300, vocab = 50;
+  const auto table = randn(size_t(vocab) * dim, 9);
+  const std::vector<int32_t> ids = {0, 49, 3, 3, 17, 48, 1, 25, 0};
+  const std::vector<int32_t> perm = {8, 2, 5, 0, 7, 1, 4, 6, 3};  // distinct (scatter)
+  Dev<float> gt(table);
+  Dev<int32_t> gids(ids), gperm(perm);
+
+  std::vector<float> emb(size_t(rows) * dim);
+  cpu().embedding_forward(hx(), emb.data(), table.data(), ids.data(), rows, dim, vocab);
+  Dev<float> gemb(std::vector<float>(emb.size(), -1.f));
+  gpu().f32->embedding_forward(gpu().ex(), gemb.p(), gt.p(), gids.p(), rows, dim, vocab);
+  require_within(gemb.get(), emb, {0.0}, "embedding (exact copy)");
+
+  std::vector<float> gat(emb.size());
+  cpu().gather_rows(hx(), gat.data(), table.data(), perm.data(), rows, dim);
+  Dev<float> ggat(std::vector<float>(emb.size(), 0.f));
+  gpu().f32->gather_rows(gpu().ex(), ggat.p(), gt.p(), gperm.p(), rows, dim);
+  require_within(ggat.get(), gat, {0.0}, "gather_rows");
+
+  auto sc = randn(size_t(rows + 2) * dim, 10);  // two rows the scatter must leave alone
+  std::vector<float> sc_cpu = sc;
+  cpu().scatter_rows(hx(), sc_cpu.data(), emb.data(), perm.data(), rows, dim);
+  Dev<float> gsc(sc);
+  gpu().f32->scatter_rows(gpu().ex(), gsc.p(), gemb.p(), gperm.p(), rows, dim);
+  require_within(gsc.get(), sc_cpu, {0.0}, "scatter_rows");
+
+  for (size_t n : {size_t(1), size_t(1000), size_t(70001)}) {
+    const auto gate = randn(n, 11, 4.0), up = randn(n, 12), dh = randn(n, 13), acc0 = randn(n, 14);
+    std::vector<float> h(n), dg = acc0, du = acc0, res(n), acc = acc0, scl = acc0;
+    cpu().swiglu_forward(hx(), h.data(), gate.data(), up.data(), n);
+    cpu().swiglu_backward(hx(), dg.data(), du.data(), dh.data(), gate.data(), up.data(), n);
+    cpu().residual_forward(hx(), res.data(), gate.data(), up.data(), n);
+    cpu().accumulate(hx(), acc.data(), up.data(), n);
+    cpu().scale(hx(), scl.data(), -0.37, n);
+    Dev<float> ggate(gate), gup(up), gdh(dh), gh(zeros<float>(n)), gdg(acc0), gdu(acc0), gres(zeros<float>(n)),
+        gacc(acc0), gscl(acc0);
+    auto& be = *gpu().f32;
+    be.swiglu_forward(gpu().ex(), gh.p(), ggate.p(), gup.p(), n);
+    be.swiglu_backward(gpu().ex(), gdg.p(), gdu.p(), gdh.p(), ggate.p(), gup.p(), n);
+    be.residual_forward(gpu().ex(), gres.p(), ggate.p(), gup.p(), n);
+    be.accumulate(gpu().ex(), gacc.p(), gup.p(), n);
+    be.scale(gpu().ex(), gscl.p(), -0.37, n);
+    // expf/division: ≤ 4 ulp of each factor, products of ≤ 5 factors: 16·u relative to the product; the += adds
+    // one rounding of the sum. |silu'(g)| ≤ 1.1 and |σ| ≤ 1 bound the products by |dh|·|up|·1.1 and |dh|·|g|.
+    require_rel(gh.get(), h, 16 * kU, 1e-30, "swiglu");
+    std::vector<double> tg(n), tu(n);
+    for (size_t i = 0; i < n; ++i) {
+      tg[i] = 16 * kU * (1.1 * std::fabs(dh[i] * up[i])) + 2 * kU * std::fabs(dg[i]) + 2 * kU * std::fabs(acc0[i]);
+      tu[i] = 16 * kU * std::fabs(dh[i] * gate[i]) + 2 * kU * std::fabs(du[i]) + 2 * kU * std::fabs(acc0[i]);
+    }
+    require_within(gdg.get(), dg, tg, "dgate");
+    require_within(gdu.get(), du, tu, "dup");
+    require_within(gres.get(), res, {0.0}, "residual (one rounding, same as CPU)");
+    require_within(gacc.get(), acc, {0.0}, "accumulate");
+    require_within(gscl.get(), scl, {0.0}, "scale");
+  }
+}
+
+// ============================== RMSNorm, RoPE ==============================
+
+TEST_CASE("cuda twin norm_rope: RMSNorm forward/backward (dx +=, dw += deterministic) and RoPE") {
+  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{7, 33}, std::pair{300, 1000}, std::pair{4100, 64}}) {
+    const auto x = randn(size_t(rows) * dim, 20), w = randn(dim, 21), dy = randn(x.size(), 22);
+    const auto dx0 = randn(x.size(), 23), dw0 = randn(dim, 24);
+    std::vector<float> y(x.size()), rstd(rows), dx = dx0, dw = dw0;
+    cpu().rmsnorm_forward(hx(), y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6);
+    cpu().rmsnorm_backward(hx(), dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, dim);
+    Dev<float> gx(x), gw(w), gdy(dy), gy(std::vector<float>(x.size())), grstd(zeros<float>(rows)), gdx(dx0),
+        gdw(dw0);
+    auto& be = *gpu().f32;
+    be.rmsnorm_forward(gpu().ex(), gy.p(), grstd.p(), gx.p(), gw.p(), rows, dim, 1e-6);
+    be.rmsnorm_backward(gpu().ex(), gdx.p(), gdw.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), rows, dim);
+    INFO("rows " << rows << " dim " << dim);
+    // Σ x² over dim terms (all positive): 2·dim·u relative, halved by the sqrt, + 4 ulp for the rest
+    const double r_fwd = (dim + 8) * kU;
+    require_rel(grstd.get(), rstd, r_fwd, 0, "rstd");
+    require_rel(gy.get(), y, r_fwd + 4 * kU, 1e-30, "y");
+    // dx: a signed Σ over dim terms: bound relative to Σ|terms| ~ |g|·|n|·dim / dim; use the row scale
+    require_rel(gdx.get(), dx, 8 * (dim + 8) * kU, 8 * (dim + 8) * kU * 10, "dx");
+    // dw: a signed Σ over rows of t_r = dy·x·rstd: the CPU sums in row order (error ≤ rows·u·Σ|t|), the GPU sums
+    // chunks of ⌈rows/64⌉ rows then the ≤ 64 partials (≤ (⌈rows/64⌉ + 64)·u·Σ|t|), + the += rounding
+    std::vector<double> tdw(dim);
+    const int chunks = std::min(rows, 64), chunk_rows = (rows + chunks - 1) / chunks;
+    for (int i = 0; i < dim; ++i) {
+      double abs_sum = 0;
+      for (int r = 0; r < rows; ++r) abs_sum += std::fabs(double(dy[size_t(r) * dim + i]) * x[size_t(r) * dim + i] * rstd[r]);
+      tdw[i] = (rows + chunk_rows + chunks + 4) * kU * abs_sum * 1.01 + 2 * kU * (std::fabs(dw[i]) + std::fabs(dw0[i]));
+    }
+    require_within(gdw.get(), dw, tdw, "dw");
+    // deterministic: the same call twice gives the same bits
+    Dev<float> gdw2(dw0);
+    be.rmsnorm_backward(gpu().ex(), gdx.p(), gdw2.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), rows, dim);
+    require_within(gdw2.get(), gdw.get(), {0.0}, "dw run to run");
+    // y may alias x
+    Dev<float> galias(x);
+    be.rmsnorm_forward(gpu().ex(), galias.p(), grstd.p(), galias.p(), gw.p(), rows, dim, 1e-6);
+    require_within(galias.get(), gy.get(), {0.0}, "y aliasing x");
+  }
+  const int rows = 40, heads = 3, D = 128;
+  std::vector<int32_t> pos(rows);
+  for (int r = 0; r < rows; ++r) pos[r] = r * 2531 % 100003;  // up to ~1e5: the angles need double
+  const auto x = randn(size_t(rows) * heads * D, 30), dx0 = randn(x.size(), 31);
+  std::vector<float> y(x.size()), dx = dx0;
+  cpu().rope_forward(hx(), y.data(), x.data(), pos.data(), rows, heads, D, 1e6);
+  cpu().rope_backward(hx(), dx.data(), x.data(), pos.data(), rows, heads, D, 1e6);
+  Dev<float> gx(x), gy(std::vector<float>(x.size())), gdx(dx0);
+  Dev<int32_t> gpos(pos);
+  gpu().f32->rope_forward(gpu().ex(), gy.p(), gx.p(), gpos.p(), rows, heads, D, 1e6);
+  gpu().f32->rope_backward(gpu().ex(), gdx.p(), gx.p(), gpos.p(), rows, heads, D, 1e6);
+  // device double pow/cos/sin within 1–2 ulp of glibc's, then the same float rotation: a few float ulp
+  require_rel(gy.get(), y, 8 * kU, 8 * kU * 4, "rope forward");
+  require_rel(gdx.get(), dx, 8 * kU, 8 * kU * 8, "rope backward");
+}
+
+// ============================== attention ==============================
+
+namespace {
+
+struct AttnCase {
+  DFlashAttentionShape s;
+  std::vector<int32_t> anchors;
+};
+
+void dflash_twin(const AttnCase& c) {
+  const auto& s = c.s;
+  const size_t NB = size_t(s.n_blocks) * s.block, NH = s.heads, KVH = s.kv_heads, D = s.head_dim;
+  const auto q = randn(NB * NH * D, 40), kc = randn(size_t(s.ctx_len) * KVH * D, 41),
+             vc = randn(size_t(s.ctx_len) * KVH * D, 42), kb = randn(NB * KVH * D, 43), vb = randn(NB * KVH * D, 44),
+             dout = randn(NB * NH * D, 45);
+  std::vector<float> out(NB * NH * D), lse(NB * NH);
+  cpu().dflash_attention_forward(hx(), out.data(), lse.data(), q.data(), kc.data(), vc.data(), kb.data(), vb.data(),
+                                 c.anchors.data(), s);
+  const auto dq0 = randn(q.size(), 46), dkc0 = randn(kc.size(), 47), dvc0 = randn(vc.size(), 48),
+             dkb0 = randn(kb.size(), 49), dvb0 = randn(vb.size(), 50);
+  std::vector<float> dq = dq0, dkc = dkc0, dvc = dvc0, dkb = dkb0, dvb = dvb0;
+  cpu().dflash_attention_backward(hx(), dq.data(), dkc.data(), dvc.data(), dkb.data(), dvb.data(), dout.data(),
+                                  out.data(), lse.data(), q.data(), kc.data(), vc.data(), kb.data(), vb.data(),
+                                  c.anchors.data(), s);
+  Dev<float> gq(q), gkc(kc), gvc(vc), gkb(kb), gvb(vb), gdout(dout), gout(std::vector<float>(out.size())),
+      glse(std::vector<float>(lse.size())), gdq(dq0), gdkc(dkc0), gdvc(dvc0), gdkb(dkb0), gdvb(dvb0);
+  Dev<int32_t> ganch(c.anchors);
+  auto& be = *gpu().f32;
+  be.dflash_attention_forward(gpu().ex(), gout.p(), glse.p(), gq.p(), gkc.p(), gvc.p(), gkb.p(), gvb.p(), ganch.p(), s);
+  // the backward gets the CPU's out/lse so that its check is independent of the forward's
+  Dev<float> cout(out), clse(lse);
+  be.dflash_attention_backward(gpu().ex(), gdq.p(), gdkc.p(), gdvc.p(), gdkb.p(), gdvb.p(), gdout.p(), cout.p(),
+                               clse.p(), gq.p(), gkc.p(), gvc.p(), gkb.p(), gvb.p(), ganch.p(), s);
+  // keys ≤ S + block; a score is a D-term dot (|q·k| ≲ 4√D for unit normals), exp amplifies its absolute error
+  // by |p|; the output is a convex combination of |v| ≲ 5: 2·(keys + D)·u·(scale·Σ|qk| + 5), loosened ×4.
+  const double keys = double(s.ctx_len + s.block);
+  const double t_out = 8.0 * (keys + D) * kU * (std::sqrt(double(D)) * 4 + 5);
+  INFO("NB " << NB << " S " << s.ctx_len << " NH " << NH << " KVH " << KVH << " D " << D << " window " << s.window);
+  require_within(gout.get(), out, {t_out}, "out");
+  require_within(glse.get(), lse, {t_out}, "lse");
+  // gradients: sums over ≤ keys (dq) or ≤ NB·G queries (dk, dv) of terms ≲ 25·|q|: the same bound over the
+  // longer reduction, relative to the +=-operand's magnitude as well
+  const double n_red = std::max(keys, double(NB) * (NH / KVH));
+  const double t_grad = 8.0 * (n_red + D) * kU * (std::sqrt(double(D)) * 4 + 5) * 25;
+  require_within(gdq.get(), dq, {t_grad}, "dq");
+  require_within(gdkc.get(), dkc, {t_grad}, "dk_ctx");
+  require_within(gdvc.get(), dvc, {t_grad}, "dv_ctx");
+  require_within(gdkb.get(), dkb, {t_grad}, "dk_blk");
+  require_within(gdvb.get(), dvb, {t_grad}, "dv_blk");
+}
+
+}  // namespace
+
+TEST_CASE("cuda twin attention: DFlash forward/backward (full, sliding, GQA, anchors at 0 and near S)") {
+  // {n_blocks, block, ctx_len, heads, kv_heads, head_dim, window}
+  dflash_twin({{4, 3, 9, 4, 2, 4, 0}, {0, 4, 5, 9}});
+  dflash_twin({{4, 3, 9, 4, 2, 4, 4}, {0, 4, 5, 9}});
+  dflash_twin({{3, 4, 8, 2, 1, 5, 1}, {2, 7, 1}});
+  dflash_twin({{5, 16, 300, 8, 2, 128, 0}, {0, 1, 150, 299, 300}});    // tiles of 32 keys, D = 128
+  dflash_twin({{5, 16, 300, 8, 2, 128, 64}, {0, 1, 150, 299, 300}});   // sliding window across tiles
+  dflash_twin({{3, 7, 77, 6, 3, 33, 0}, {76, 13, 40}});               // ragged D and block
+  dflash_twin({{2, 32, 200, 4, 4, 256, 0}, {100, 200}});               // the largest head_dim supported
+}
+
+TEST_CASE("cuda twin attention: causal GQA attention of the target (prefill)") {
+  for (auto [S, NH, KVH, D] : {std::tuple{1, 2, 1, 4}, std::tuple{100, 8, 2, 128}, std::tuple{65, 3, 3, 33}}) {
+    const auto q = randn(size_t(S) * NH * D, 60), k = randn(size_t(S) * KVH * D, 61), v = randn(size_t(S) * KVH * D, 62);
+    std::vector<float> out(q.size());
+    cpu().attention_causal_forward(hx(), out.data(), q.data(), k.data(), v.data(), S, NH, KVH, D);
+    Dev<float> gq(q), gk(k), gv(v), gout(std::vector<float>(q.size()));
+    gpu().f32->attention_causal_forward(gpu().ex(), gout.p(), gq.p(), gk.p(), gv.p(), S, NH, KVH, D);
+    const double t_out = 8.0 * (S + D) * kU * (std::sqrt(double(D)) * 4 + 5);
+    INFO("S " << S << " NH " << NH << " KVH " << KVH << " D " << D);
+    require_within(gout.get(), out, {t_out}, "causal out");
+  }
+}
+
+// ============================== vocab loss ==============================
+
+namespace {
+
+// Per-element tolerance of the row gradient: each element is a sum of ≤ 4 terms coefficient × exp (float): each
+// term within 8 ulp (2 ulp exp with a few ulp in its argument, 1 per product), so 16·u·Σ|terms| + the output
+// rounding (extra_rel: 2^-8 for bf16); the label and argmax (formed in double, rounded once): 4·u + extra_rel.
+std::vector<double> grad_tolerance(const std::vector<float>& z, const float* u, int n, int V,
+                                   const std::vector<int32_t>& labels, const std::vector<float>& w,
+                                   const std::vector<VocabLossRow>& rows, double grad_scale,
+                                   const VocabLossCoeffs& k, double extra_rel) {
+  std::vector<double> tol(size_t(n) * V, 1e-30);
+  for (int i = 0; i < n; ++i) {
+    const double c = grad_scale * w[i];
+    if (c == 0) continue;  // exact zeros
+    const VocabLossRow& s = rows[i];
+    const float* zr = &z[size_t(i) * V];
+    const float* ur = u ? u + size_t(i) * V : nullptr;
+    const double p_m = std::exp(-s.z_logsum);
+    for (int v = 0; v < V; ++v) {
+      const double p = std::exp((zr[v] - s.z_max) - s.z_logsum);
+      double mag = std::fabs(c * k.ce) * p;
+      if (ur && k.kl != 0) {
+        mag += std::fabs(c * k.kl * k.tau) * std::exp((zr[v] - s.z_max) / k.tau - s.zt_logsum);
+        mag += std::fabs(c * k.kl * k.tau) * std::exp((ur[v] - s.u_max) / k.tau - s.ut_logsum);
+      }
+      if (s.cap_active && k.cap != 0) mag += std::fabs(c * k.cap) * p_m * std::exp((zr[v] - s.excl_max) - s.excl_logsum);
+      tol[size_t(i) * V + v] = 16 * kU * mag * (1 + extra_rel) + extra_rel * mag + 1e-30;
+    }
+    for (int v : {labels[i], s.argmax}) {
+      const double exact_ish = std::fabs(c) * 4;  // |at_y|, |at_m| ≤ c·(ce + 2·kl·τ + cap) ≤ 4c here
+      tol[size_t(i) * V + v] = (4 * kU + extra_rel) * exact_ish;
+    }
+  }
+  return tol;
+}
+
+void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k) {
+  auto z = randn(size_t(n) * V, 70, 3.0), u = randn(size_t(n) * V, 71, 3.0);
+  std::vector<int32_t> labels(n);
+  std::vector<float> w(n);
+  Rng rng(72);
+  for (int i = 0; i < n; ++i) {
+    labels[i] = int32_t(rng.below(V));
+    w[i] = i % 5 == 3 ? 0.0f : float(0.5 + rng.uniform());  // some rows skipped
+  }
+  if (n > 1) z[size_t(1) * V + labels[1]] = 40.f;           // a correct row
+  if (n > 2) z[size_t(2) * V + (labels[2] + 1) % V] = 90.f;  // a lone maximum: CAP's own pass
+  const float* up = with_u ? u.data() : nullptr;
+  std::vector<VocabLossRow> rows(n);
+  std::vector<VocabLossRowValues> vals(n);
+  cpu().vocab_loss_row_stats(hx(), z.data(), up, n, V, labels.data(), w.data(), tau, 5, rows.data(), vals.data());
+  std::vector<float> grad = z;
+  cpu().vocab_loss_row_grad(hx(), grad.data(), up, n, V, labels.data(), w.data(), rows.data(), 0.25, k);
+
+  Dev<float> gz(z), gu(u), gw(w);
+  Dev<int32_t> glab(labels);
+  Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
+  Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
+  auto& be = *gpu().f32;
+  be.vocab_loss_row_stats(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), tau, 5, grows.p(),
+                          gvals.p());
+  const auto rows_g = grows.get();
+  const auto vals_g = gvals.get();
+  // Same float exponential polynomial (≤ 2 ulp apart with FMA), double sums in another order: every statistic
+  // within a few float ulp relative of its magnitude.
+  auto near = [](double a, double b, double scale) { return std::fabs(a - b) <= 64 * kU * (std::fabs(b) + scale); };
+  for (int i = 0; i < n; ++i) {
+    INFO("row " << i << " V " << V << " u " << with_u << " tau " << tau);
+    CHECK(vals_g[i].scored == vals[i].scored);
+    CHECK(vals_g[i].finite == vals[i].finite);
+    CHECK(vals_g[i].correct == vals[i].correct);
+    CHECK(vals_g[i].topk == vals[i].topk);
+    CHECK(near(vals_g[i].ce, vals[i].ce, 1));
+    CHECK(near(vals_g[i].kl, vals[i].kl, 1));
+    CHECK(near(vals_g[i].cap, vals[i].cap, 1));
+    if (!vals[i].scored) continue;
+    CHECK(rows_g[i].argmax == rows[i].argmax);
+    CHECK(rows_g[i].z_max == rows[i].z_max);
+    CHECK(near(rows_g[i].z_logsum, rows[i].z_logsum, 1));
+    CHECK(near(rows_g[i].excl_logsum, rows[i].excl_logsum, 1));
+    CHECK(near(rows_g[i].zt_logsum, rows[i].zt_logsum, 1));
+    CHECK(near(rows_g[i].one_minus_py, rows[i].one_minus_py, 0));
+  }
+  // gradient from the CPU's statistics (isolates the gradient kernel)
+  Dev<VocabLossRow> crows(rows);
+  be.vocab_loss_row_grad(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), crows.p(), 0.25, k);
+  require_within(gz.get(), grad, grad_tolerance(z, up, n, V, labels, w, rows, 0.25, k, 0), "d logits");
+}
+
+}  // namespace
+
+TEST_CASE("cuda twin vocab_loss: row statistics and row gradient (CE, KL with temperature, CAP)") {
+  vocab_twin(1, 7, false, 1.0, {1, 0, 0, 1});
+  vocab_twin(9, 1000, true, 1.0, {1, 1, 0.1, 1});
+  vocab_twin(9, 32003, true, 2.0, {1, 0.5, 0.2, 2});
+  vocab_twin(6, 4099, false, 1.0, {1, 0, 0.3, 1});
+}
+
+// ============================== optimizer ==============================
+
+TEST_CASE("cuda twin optimizer: AdamW, sum_squares (deterministic, double), scale_master") {
+  for (size_t n : {size_t(1), size_t(1000), size_t(3000017)}) {
+    auto p = randn(n, 80), g = randn(n, 81), m = randn(n, 82, 0.1), v = randn(n, 83, 0.1);
+    for (auto& x : v) x *= x;
+    std::vector<uint8_t> mask(n);
+    for (size_t i = 0; i < n; ++i) mask[i] = uint8_t(i % 3 != 0);
+    AdamWCoeffs k;
+    k.step_size = 1e-3f / (1 - 0.9f);
+    k.inv_sqrt_bc2 = 1.0f / std::sqrt(1 - 0.95f);
+    k.decay = 1e-4f;
+    Dev<float> gp(p), gg(g), gm(m), gv(v);
+    Dev<uint8_t> gmask(mask);
+    const auto p_old = p, m_old = m;
+    cpu().adamw_step(hx(), p.data(), g.data(), m.data(), v.data(), mask.data(), n, k);
+    gpu().f32->adamw_step(gpu().ex(), gp.p(), gg.p(), gm.p(), gv.p(), gmask.p(), n, k);
+    // The same formula; nvcc may fuse multiply-adds. Each result is a short sum of terms, each within a few ulp
+    // (sqrt and division 1 ulp each, the v it reads 1 ulp): 8·u·Σ|terms| (terms can cancel, so not 8·u·|result|).
+    std::vector<double> tm(n), tp(n);
+    for (size_t i = 0; i < n; ++i) {
+      tm[i] = 8 * kU * (k.beta1 * std::fabs(m_old[i]) + (1 - k.beta1) * std::fabs(g[i]));
+      const double step = k.step_size * std::fabs(m[i]) / (std::sqrt(double(v[i])) * k.inv_sqrt_bc2 + k.eps);
+      tp[i] = 8 * kU * (std::fabs(p_old[i]) * (1 + k.decay) + step + 2 * tm[i] * step / std::max(1e-30, double(std::fabs(m[i]))));
+    }
+    require_within(gm.get(), m, tm, "m");
+    require_rel(gv.get(), v, 8 * kU, 1e-30, "v (a sum of positive terms)");
+    require_within(gp.get(), p, tp, "params");
+
+    const double ss_cpu = cpu().sum_squares(hx(), g.data(), n);
+    const double ss1 = gpu().f32->sum_squares(gpu().ex(), gg.p(), n), ss2 = gpu().f32->sum_squares(gpu().ex(), gg.p(), n);
+    CHECK(std::memcmp(&ss1, &ss2, sizeof ss1) == 0);  // deterministic to the bit
+    // n positive double terms in two orders: 2·n·2^-53 relative
+    CHECK(std::fabs(ss1 - ss_cpu) <= 2.0 * double(n) * 0x1.0p-53 * ss_cpu);
+
+    std::vector<float> s = g;
+    cpu().scale_master(hx(), s.data(), 0.125, n);
+    gpu().f32->scale_master(gpu().ex(), gg.p(), 0.125, n);
+    require_within(gg.get(), s, {0.0}, "scale_master (exact)");
+  }
+}
+
+// ============================== bf16 ==============================
+
+TEST_CASE("cuda twin bf16: GEMMs (bf16 in, fp32 accumulate, bf16 or fp32 out) against fp32 on the rounded inputs") {
+  const int N = 70, in = 96, out = 40;
+  const auto x = bf16_round(randn(size_t(N) * in, 90)), W = bf16_round(randn(size_t(out) * in, 91)),
+             dy = bf16_round(randn(size_t(N) * out, 92)), dx0 = bf16_round(randn(x.size(), 93)),
+             dW0 = randn(W.size(), 94);
+  std::vector<float> y(size_t(N) * out), dx = dx0, dW = dW0;
+  cpu().linear_forward(hx(), y.data(), x.data(), W.data(), N, in, out);
+  cpu().linear_backward(hx(), dx.data(), dW.data(), dy.data(), x.data(), W.data(), N, in, out);
+  Dev<bf16> gx(to_bf16(x)), gW(to_bf16(W)), gdy(to_bf16(dy)), gy(std::vector<bf16>(y.size())), gdx(to_bf16(dx0));
+  Dev<float> gdW(dW0);
+  auto& be = *gpu().b16;
+  be.linear_forward(gpu().ex(), gy.p(), gx.p(), gW.p(), N, in, out);
+  be.linear_backward(gpu().ex(), gdx.p(), gdW.p(), gdy.p(), gx.p(), gW.p(), N, in, out);
+  // one rounding of the result to bf16 (depth 1): 2^-8 relative of the exact value's magnitude
+  require_within(to_f32(gy.get()), y, gemm_tolerance(false, true, N, out, in, 1, x, in, W, in, 0, y, out, kB), "y bf16");
+  require_within(to_f32(gdx.get()), dx, gemm_tolerance(false, false, N, in, out, 1, dy, out, W, in, 1, dx0, in, kB),
+                 "dx bf16");
+  // fp32 output: no bf16 rounding after the products (bf16 × bf16 is exact in fp32)
+  require_within(gdW.get(), dW, gemm_tolerance(true, false, out, in, N, 1, dy, out, x, in, 1, dW0, in), "dW fp32");
+}
+
+TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 activations") {
+  auto& be = *gpu().b16;
+  {
+    const int rows = 33, dim = 512;
+    const auto x = bf16_round(randn(size_t(rows) * dim, 95)), w = bf16_round(randn(dim, 96));
+    std::vector<float> y(x.size()), rstd(rows);
+    cpu().rmsnorm_forward(hx(), y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6);
+    Dev<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gy(std::vector<bf16>(x.size()));
+    Dev<float> grstd(zeros<float>(rows));
+    be.rmsnorm_forward(gpu().ex(), gy.p(), grstd.p(), gx.p(), gw.p(), rows, dim, 1e-6);
+    require_rel(grstd.get(), rstd, (dim + 8) * kU, 0, "rstd (fp32 statistics)");
+    require_rel(to_f32(gy.get()), y, kB + (dim + 16) * kU, 1e-30, "y bf16 (one rounding)");
+  }
+  {
+    const DFlashAttentionShape s{4, 16, 100, 8, 2, 128, 0};
+    const std::vector<int32_t> anchors = {0, 37, 99, 100};
+    const size_t NB = 64, NH = 8, KVH = 2, D = 128;
+    const auto q = bf16_round(randn(NB * NH * D, 97)), kc = bf16_round(randn(size_t(s.ctx_len) * KVH * D, 98)),
+               vc = bf16_round(randn(size_t(s.ctx_len) * KVH * D, 99)), kb = bf16_round(randn(NB * KVH * D, 100)),
+               vb = bf16_round(randn(NB * KVH * D, 101));
+    std::vector<float> out(q.size()), lse(NB * NH);
+    cpu().dflash_attention_forward(hx(), out.data(), lse.data(), q.data(), kc.data(), vc.data(), kb.data(), vb.data(),
+                                   anchors.data(), s);
+    Dev<bf16> gq(to_bf16(q)), gkc(to_bf16(kc)), gvc(to_bf16(vc)), gkb(to_bf16(kb)), gvb(to_bf16(vb)),
+        gout(std::vector<bf16>(q.size()));
+    Dev<float> glse(std::vector<float>(lse.size()));
+    Dev<int32_t> ganch(anchors);
+    be.dflash_attention_forward(gpu().ex(), gout.p(), glse.p(), gq.p(), gkc.p(), gvc.p(), gkb.p(), gvb.p(), ganch.p(), s);
+    const double t_acc = 8.0 * (s.ctx_len + s.block + D) * kU * (std::sqrt(double(D)) * 4 + 5);
+    require_within(glse.get(), lse, {t_acc}, "lse (fp32 statistics)");
+    std::vector<double> tol(out.size());
+    for (size_t i = 0; i < out.size(); ++i) tol[i] = t_acc + kB * std::fabs(out[i]);  // one rounding of out
+    require_within(to_f32(gout.get()), out, tol, "out bf16");
+  }
+  {
+    const int n = 4, V = 5003;
+    const auto z = bf16_round(randn(size_t(n) * V, 102, 3.0)), u = bf16_round(randn(size_t(n) * V, 103, 3.0));
+    const std::vector<int32_t> labels = {0, 5002, 17, 2500};
+    const std::vector<float> w = {1, 0.5, 0, 2};
+    const VocabLossCoeffs k{1, 1, 0.2, 1};
+    std::vector<VocabLossRow> rows(n);
+    std::vector<VocabLossRowValues> vals(n);
+    cpu().vocab_loss_row_stats(hx(), z.data(), u.data(), n, V, labels.data(), w.data(), 1.0, 5, rows.data(), vals.data());
+    std::vector<float> grad = z;
+    cpu().vocab_loss_row_grad(hx(), grad.data(), u.data(), n, V, labels.data(), w.data(), rows.data(), 0.5, k);
+    Dev<bf16> gz(to_bf16(z)), gu(to_bf16(u));
+    Dev<float> gw(w);
+    Dev<int32_t> glab(labels);
+    Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
+    Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
+    be.vocab_loss_row_stats(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), 1.0, 5, grows.p(), gvals.p());
+    const auto vals_g = gvals.get();
+    for (int i = 0; i < n; ++i) {  // the statistics are fp32 math on the same (bf16-exact) values: float ulp level
+      INFO("row " << i);
+      CHECK(vals_g[i].correct == vals[i].correct);
+      CHECK(std::fabs(vals_g[i].ce - vals[i].ce) <= 64 * kU * (std::fabs(vals[i].ce) + 1));
+      CHECK(std::fabs(vals_g[i].kl - vals[i].kl) <= 64 * kU * (std::fabs(vals[i].kl) + 1));
+      CHECK(std::fabs(vals_g[i].cap - vals[i].cap) <= 64 * kU * (std::fabs(vals[i].cap) + 1));
+    }
+    Dev<VocabLossRow> crows(rows);
+    be.vocab_loss_row_grad(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), crows.p(), 0.5, k);
+    require_within(to_f32(gz.get()), grad, grad_tolerance(z, u.data(), n, V, labels, w, rows, 0.5, k, kB),
+                   "d logits bf16 (one rounding)");
+  }
+}
+
+#endif  // DFLASH_WITH_CUDA
