@@ -246,70 +246,86 @@ def start_server(tok_dir, name, **opts):
     fail("the test server did not start within 60 s")
 
 
-def case_regenerate():
-    tok_dir, tok = make_tokenizer()
+def regen_rows(n):
+    """n conversations: prompt-only, one old answer with a system turn, two turns (the second prompt carries the
+    first regenerated answer)."""
     topics = ["the sea", "a cat", "the wind", "the stars", "a dog", "the river", "a house", "the fox"]
     rows = []
-    for i in range(24):
+    for i in range(n):
         t = topics[i % 8]
-        if i % 3 == 0:     # prompt only: one answer is generated
+        if i % 3 == 0:
             rows.append(msgs(("user", f"Tell me a story about {t}, number {i}.")))
-        elif i % 3 == 1:   # one old answer, replaced
+        elif i % 3 == 1:
             rows.append(msgs(("system", "Be short."), ("user", f"Write a poem about {t}, {i}."),
                              ("assistant", "an old answer")))
-        else:              # two turns: the second prompt carries the first regenerated answer
+        else:
             rows.append(msgs(("user", f"What is {t}? {i}"), ("assistant", "old"), ("user", "Tell me more."),
                              ("assistant", "old too")))
+    return rows
+
+
+def kill_and_resume(tok_dir, tok, rows, src, url_ref, url_run, kill_after, max_tokens, concurrency):
+    """One uninterrupted run against url_ref; one run against url_run killed (SIGKILL) once kill_after rows are in
+    its journal, then resumed with the same command and tokenized (--h5). The two outputs must be identical, one
+    row per input row, every assistant turn regenerated, the masks on the generated answers."""
+    n = len(rows)
+    ref = os.path.join(A.work, "ref.jsonl")
+    prep("regenerate", src, "--server", url_ref, "--out", ref, "--max-tokens", max_tokens, "--concurrency",
+         concurrency, pattern=f"wrote {ref}: {n} rows")
+    out = os.path.join(A.work, "regen.jsonl")
+    h5 = os.path.join(A.work, "regen.h5")
+    args = ["regenerate", src, "--server", url_run, "--out", out, "--max-tokens", max_tokens, "--concurrency",
+            concurrency, "--h5", h5, "--tokenizer", tok_dir]
+    env = dict(os.environ, PYTHONPATH=os.path.join(A.src, "data", "prep"))
+    p = subprocess.Popen([sys.executable, "-m", "dflash_prep", *map(str, args)], env=env)
+    journal = out + ".journal"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if os.path.exists(journal) and sum(1 for _ in open(journal)) >= kill_after + 1:   # + the header line
+            break
+        expect(p.poll() is None, "regenerate ended before it could be killed")
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    done = sum(1 for _ in open(journal)) - 1
+    print(f"killed with {done} rows in the journal")
+    expect(kill_after <= done < n, f"{done} rows in the journal at the kill")
+    o = prep(*args, pattern=f"resuming: {done} rows already in")
+    expect(f"{n} rows, {done} done, {n - done} to generate" in o, "the resume does not skip the done rows")
+    expect(not os.path.exists(journal), "the journal was not removed at the end")
+    got, want = open(out).read(), open(ref).read()
+    expect(got == want, "the resumed output differs from the uninterrupted run")
+    res = [json.loads(x) for x in got.splitlines()]
+    expect([r["key"] for r in res] == list(range(1, n + 1)), f"keys {[r['key'] for r in res]}")
+    for r, row in zip(res, rows):
+        turns = [m["role"] for m in r["messages"]]
+        want_turns = [m["role"] for m in row["messages"]] + (["assistant"] if row["messages"][-1]["role"] == "user"
+                                                             else [])
+        expect(turns == want_turns, f"key {r['key']}: roles {turns}, expected {want_turns}")
+        answers = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        expect(all(a.strip() and a not in ("old", "old too", "an old answer") for a in answers),
+               f"key {r['key']}: an answer was not regenerated: {answers}")
+    seqs = read_h5(h5)
+    expect(len(seqs) == n, f"{len(seqs)} sequences in {h5}")
+    for i in range(n):
+        answers = [m["content"].strip() + "<|im_end|>" for m in res[i]["messages"] if m["role"] == "assistant"]
+        got_segs = [s.strip() for s in masked_segments(tok, *seqs[i])]
+        expect(got_segs == answers, f"sequence {i}: masked {got_segs}, expected {answers}")
+    return res
+
+
+def case_regenerate():
+    """Against server.py (http.server + a deterministic trigram rule; one server answers every 5th request with
+    HTTP 503 and sleeps 0.15 s per request, so the run can be killed in the middle)."""
+    tok_dir, tok = make_tokenizer()
+    rows = regen_rows(24)
     src = write_jsonl("prompts.jsonl", rows)
     fast, url_fast = start_server(tok_dir, "fast")
     slow, url_slow = start_server(tok_dir, "slow", delay=0.15, fail_every=5)
     try:
-        # reference: one uninterrupted run
-        ref = os.path.join(A.work, "ref.jsonl")
-        prep("regenerate", src, "--server", url_fast, "--out", ref, "--max-tokens", 24, "--concurrency", 4,
-             pattern="wrote " + ref + ": 24 rows")
-        # interrupted: killed (SIGKILL) once 8 rows are in the journal, then resumed with the same command
-        out = os.path.join(A.work, "regen.jsonl")
-        h5 = os.path.join(A.work, "regen.h5")
-        args = ["regenerate", src, "--server", url_slow, "--out", out, "--max-tokens", 24, "--concurrency", 4,
-                "--h5", h5, "--tokenizer", tok_dir]
-        env = dict(os.environ, PYTHONPATH=os.path.join(A.src, "data", "prep"))
-        p = subprocess.Popen([sys.executable, "-m", "dflash_prep", *map(str, args)], env=env)
-        journal = out + ".journal"
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if os.path.exists(journal) and sum(1 for _ in open(journal)) >= 9:   # header + 8 rows
-                break
-            expect(p.poll() is None, "regenerate ended before it could be killed")
-            time.sleep(0.05)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        done = sum(1 for _ in open(journal)) - 1
-        print(f"killed with {done} rows in the journal")
-        expect(8 <= done < 24, f"{done} rows in the journal at the kill")
-        o = prep(*args, pattern=f"resuming: {done} rows already in")
-        expect(f"24 rows, {done} done, {24 - done} to generate" in o, "the resume does not skip the done rows")
-        expect(not os.path.exists(journal), "the journal was not removed at the end")
-        got, want = open(out).read(), open(ref).read()
-        expect(got == want, "the resumed output differs from the uninterrupted run")
-        res = [json.loads(x) for x in got.splitlines()]
-        expect([r["key"] for r in res] == list(range(1, 25)), f"keys {[r['key'] for r in res]}")
-        for r, row in zip(res, rows):
-            turns = [m["role"] for m in r["messages"]]
-            want_turns = [m["role"] for m in row["messages"]] + (["assistant"] if row["messages"][-1]["role"] ==
-                                                                 "user" else [])
-            expect(turns == want_turns, f"key {r['key']}: roles {turns}, expected {want_turns}")
-            answers = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
-            expect(all(a and a not in ("old", "old too", "an old answer") for a in answers),
-                   f"key {r['key']}: an answer was not regenerated: {answers}")
-        # the first answer of a two-turn row differs from its second: the history was sent along
+        res = kill_and_resume(tok_dir, tok, rows, src, url_fast, url_slow, kill_after=8, max_tokens=24,
+                              concurrency=4)
         expect(res[2]["messages"][1]["content"] != res[2]["messages"][3]["content"], "two equal turns")
-        seqs = read_h5(h5)
-        expect(len(seqs) == 24, f"{len(seqs)} sequences in {h5}")
-        for i in range(24):
-            answers = [m["content"].strip() + "<|im_end|>" for m in res[i]["messages"] if m["role"] == "assistant"]
-            got_segs = [s.strip() for s in masked_segments(tok, *seqs[i])]
-            expect(got_segs == answers, f"sequence {i}: masked {got_segs}, expected {answers}")
         # a row the server refuses (HTTP 400) is a reject with its line, not a lost or endless row
         bad = write_jsonl("bad.jsonl", [msgs(("user", "Hello")), msgs(("user", "FAIL_400 please")),
                                         {"text": "plain"}])
@@ -322,10 +338,83 @@ def case_regenerate():
         prep("regenerate", bad, "--server", url_fast, "--out", bad_out, "--on-reject", "skip",
              pattern="1 rows already in")
         expect(len(open(bad_out).readlines()) == 1, "skip: expected 1 row")
+        # a server that is down: the run stops with the reason after its retries, nothing is written
+        fast.terminate()
+        fast.wait()
+        prep("regenerate", src, "--server", url_fast, "--out", os.path.join(A.work, "down.jsonl"), "--retries", 2,
+             rc=1, pattern="cannot list the server's models")
     finally:
         fast.terminate()
         slow.terminate()
     print("PASS (regenerate)")
+
+
+def serve_python():
+    """The Python of the environment with torch and transformers[serving] (install_prep.sh --serve), or None."""
+    venv = os.environ.get("DFLASH_PREP_SERVE_VENV", os.path.join(A.src, "data", "prep", ".venv-serve"))
+    py = os.path.join(venv, "bin", "python")
+    ok = os.path.exists(py) and subprocess.run([py, "-c", "import torch, fastapi, uvicorn, transformers"],
+                                               capture_output=True).returncode == 0
+    return py if ok else None
+
+
+def case_regenerate_serve():
+    """The same kill-and-resume against a real serving engine: transformers' own 'transformers serve' on CPU with
+    a tiny random Qwen3 (2 layers, hidden 32) built on the test tokenizer. Its generation_config suppresses the
+    special and non-text tokens, so the answers are plain text the template can render back."""
+    py = serve_python()
+    if py is None:
+        print("SKIP (regenerate_serve): no environment with torch and transformers[serving]; it needs about 5 GB "
+              "(PyPI's torch is the CUDA build) and 4 min to install, so CI does not make it. Make it with: bash "
+              "mpi_launch/install_prep.sh --serve")
+        sys.exit(77)
+    tok_dir, tok = make_tokenizer()
+    model = os.path.join(A.work, "tiny_qwen3")
+    subprocess.run([py, "-c", TINY_QWEN3, tok_dir, model], check=True)
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([os.path.join(os.path.dirname(py), "transformers"), "serve", model, "--device", "cpu",
+                               "--port", str(port), "--host", "127.0.0.1"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import urllib.request
+        deadline = time.time() + 180
+        while True:
+            expect(server.poll() is None, "transformers serve exited")
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                expect(time.time() < deadline, "transformers serve did not start within 180 s")
+                time.sleep(0.5)
+        rows = regen_rows(12)
+        src = write_jsonl("prompts.jsonl", rows)
+        kill_and_resume(tok_dir, tok, rows, src, url, url, kill_after=4, max_tokens=16, concurrency=2)
+    finally:
+        server.terminate()
+        server.wait(30)
+    print("PASS (regenerate_serve)")
+
+
+TINY_QWEN3 = """
+import re, sys, torch
+from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+torch.manual_seed(0)
+model = Qwen3ForCausalLM(cfg)
+specials = {t.content for t in tok.added_tokens_decoder.values()}
+bad = sorted(i for p, i in tok.get_vocab().items() if i != tok.eos_token_id
+             and (p in specials or not re.fullmatch(r"[A-Za-z ,.?!]+", tok.decode([i]))))
+model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                           suppress_tokens=bad, do_sample=False)
+model.save_pretrained(sys.argv[2])
+tok.save_pretrained(sys.argv[2])
+"""
 
 
 def case_check():
