@@ -80,14 +80,29 @@ def add_arguments(p):
     p.add_argument("--target", help="the target's model directory (config.json): checks the tokenizer against it "
                    "and every token id against its vocab_size")
     p.add_argument("--mask-token-id", type=int, help="the drafter's mask_token_id: rows containing it are rejected")
+    p.add_argument("--workers", type=int, default=1, help="processes rendering and tokenizing rows (the output "
+                   "is the same for any number)")
 
 
 def _stem(path: str) -> str:
     return path[:-3] if path.endswith(".h5") else path
 
 
-def encode_row(enc: ChatEncoder, row, args, vocab: Optional[int], st: FileStats):
-    """(tokens, mask) of one parsed row after truncation and the vocabulary checks; raises Reject."""
+@dataclass
+class LineResult:
+    """One input line's outcome: a sequence, or a reject (reason, message). Picklable for the worker pool."""
+    line: int
+    text: Optional[str]                 # the line as read (for the rejects file); None when not UTF-8
+    tokens: Optional[np.ndarray] = None
+    mask: Optional[np.ndarray] = None
+    truncated: bool = False
+    reasoning_dropped: int = 0
+    eot: list = field(default_factory=list)
+    reject: Optional[tuple] = None      # (reason, message)
+
+
+def encode_row(enc: ChatEncoder, row, args, vocab: Optional[int], out: LineResult):
+    """Fills out with the row's tokens and mask after truncation and the vocabulary checks; raises Reject."""
     e = enc.encode(row)
     tokens, mask = e.tokens, e.loss_mask
     if args.max_len and len(tokens) > args.max_len:
@@ -97,7 +112,7 @@ def encode_row(enc: ChatEncoder, row, args, vocab: Optional[int], st: FileStats)
         if not np.any(mask[:-1] & mask[1:]):
             raise Reject("prompt_too_long", f"the first {args.max_len} tokens (--max-len) hold no two adjacent "
                          f"trained tokens ({len(e.tokens)} tokens in all)")
-        st.truncated += 1
+        out.truncated = True
     elif len(tokens) < 2 or not np.any(mask[:-1] & mask[1:]):
         raise Reject("nothing_trained", "fewer than two adjacent trained tokens")
     if vocab is not None and len(tokens) and int(tokens.max()) >= vocab:
@@ -105,9 +120,54 @@ def encode_row(enc: ChatEncoder, row, args, vocab: Optional[int], st: FileStats)
     if args.mask_token_id is not None and np.any(tokens == args.mask_token_id):
         raise Reject("mask_token_in_data", f"contains the mask token id {args.mask_token_id} at position "
                      f"{int(np.argmax(tokens == args.mask_token_id))}")
-    st.reasoning_dropped_by_template += e.reasoning_dropped
-    st.eot.update(e.eot)
-    return tokens, mask
+    out.tokens, out.mask = tokens, mask
+    out.reasoning_dropped, out.eot = e.reasoning_dropped, e.eot
+
+
+def encode_line(enc: ChatEncoder, args, vocab: Optional[int], line_no: int, line) -> LineResult:
+    out = LineResult(line_no, line if isinstance(line, str) else None)
+    try:
+        if isinstance(line, Reject):
+            raise line
+        encode_row(enc, parse_row(line_no, line), args, vocab, out)
+    except Reject as r:
+        out.reject = (r.reason, str(r))
+    return out
+
+
+# ---- worker pool (--workers N): each worker process loads the tokenizer once; results come back in input order
+_worker = {}
+
+
+def _worker_init(args, vocab, template_kwargs):
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    _worker.update(enc=ChatEncoder(load_tokenizer(args.tokenizer), args.think, template_kwargs), args=args,
+                   vocab=vocab)
+
+
+def _worker_encode(chunk):
+    return [encode_line(_worker["enc"], _worker["args"], _worker["vocab"], n, line) for n, line in chunk]
+
+
+def _chunks(lines, size):
+    chunk = []
+    for item in lines:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def encoded_rows(path, enc, args, vocab, template_kwargs, pool):
+    """The LineResult of every non-blank line of path, in order."""
+    if pool is None:
+        for n, line in read_lines(path):
+            yield encode_line(enc, args, vocab, n, line)
+        return
+    for results in pool.imap(_worker_encode, _chunks(read_lines(path), 64)):
+        yield from results
 
 
 def run(args) -> int:
@@ -135,28 +195,34 @@ def run(args) -> int:
     stats_path = args.stats or stem + ".stats.json"
     all_stats, rejects = [], []
 
+    pool = None
+    if args.workers > 1:
+        import multiprocessing
+        # spawn: a forked copy of a process that has used the tokenizers library's threads can deadlock
+        pool = multiprocessing.get_context("spawn").Pool(args.workers, _worker_init, (args, vocab, template_kwargs))
     with atomic_output(args.out) as partial:
         writer = DatasetWriter(partial)
         try:
             for path in args.inputs:
                 st = FileStats(path)
                 all_stats.append(st)
-                for line_no, line in read_lines(path):
+                for e in encoded_rows(path, enc, args, vocab, template_kwargs, pool):
                     st.rows += 1
-                    try:
-                        if isinstance(line, Reject):
-                            raise line
-                        tokens, mask = encode_row(enc, parse_row(line_no, line), args, vocab, st)
-                    except Reject as r:
-                        st.rejects[r.reason] += 1
-                        rejects.append({"file": path, "line": line_no, "reason": r.reason, "message": str(r),
-                                        "row": line if isinstance(line, str) else None})
+                    if e.reject:
+                        st.rejects[e.reject[0]] += 1
+                        rejects.append({"file": path, "line": e.line, "reason": e.reject[0], "message": e.reject[1],
+                                        "row": e.text})
                         continue
-                    writer.add(tokens, mask)
-                    st.add(len(tokens), int(mask.sum()))
+                    writer.add(e.tokens, e.mask)
+                    st.add(len(e.tokens), int(e.mask.sum()))
+                    st.truncated += e.truncated
+                    st.reasoning_dropped_by_template += e.reasoning_dropped
+                    st.eot.update(e.eot)
                 print(st.line(), flush=True)
         finally:
             writer.close()
+            if pool is not None:
+                pool.terminate()
         total = _total(all_stats)
         if len(all_stats) > 1:
             print(total.line())

@@ -139,6 +139,11 @@ def case_masks():
     expect(stats["sequences"] == 5 and stats["trained_tokens"] == int(sum(m.sum() for _, m in seqs)),
            f"statistics disagree with the file: {stats}")
     expect(stats["end_of_turn"] == {"<|im_end|>": 5}, f"end-of-turn tokens {stats['end_of_turn']}")
+    # two worker processes write the same file content
+    out2 = os.path.join(A.work, "out2.h5")
+    prep("tokenize", src, "--tokenizer", tok_dir, "--out", out2, "--workers", 2, pattern="5 rows -> 5 sequences")
+    expect(all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(seqs, read_h5(out2))),
+           "--workers 2 wrote other data than one process")
     print("PASS (masks)")
 
 
