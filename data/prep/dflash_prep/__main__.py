@@ -35,7 +35,7 @@ def check_run(args) -> int:
 def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")   # no "PyTorch was not found" advisory
     from . import regenerate, tokenize_cmd
-    p = argparse.ArgumentParser(prog="dflash_prep", description=__doc__)
+    p = argparse.ArgumentParser(prog="dflash-prep", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("tokenize", help="chat jsonl -> HDF5 tokens + assistant-only loss masks")
     tokenize_cmd.add_arguments(t)

@@ -9,7 +9,7 @@ answers.
 Resume: every finished row is appended to OUT.journal as one JSON line {"key": <input line number>, ...} in one
 write() call; a run that is killed loses only the rows in flight (a torn last line is cut off on resume). Running
 the same command again skips the keys already there. When every row is done, OUT is written sorted by key
-(atomically) and the journal removed; then, with --h5, OUT is tokenized like 'dflash_prep tokenize'.
+(atomically) and the journal removed; then, with --h5, OUT is tokenized like 'dflash-prep tokenize'.
 """
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import json
@@ -178,6 +178,9 @@ class Journal:
                     diff = sorted(k for k in set(header) | set(old or {}) if (old or {}).get(k) != header.get(k))
                     raise SystemExit(f"error: {path} was started with other settings ({', '.join(diff)}): resume "
                                      "with the same command, or delete the journal to start over")
+            elif not isinstance(obj, dict) or not isinstance(obj.get("key"), int):
+                raise SystemExit(f"error: {path}:{i + 1}: a journal row without an integer 'key'; the journal was "
+                                 "edited (delete it to start over)")
             elif obj["key"] in self.done:
                 raise SystemExit(f"error: {path}:{i + 1}: key {obj['key']} appears twice")
             else:

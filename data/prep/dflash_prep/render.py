@@ -74,7 +74,7 @@ class ChatEncoder:
             return Encoded(np.asarray(ids, np.int32), np.ones(len(ids), np.uint8))
         if not any(t.role == "assistant" for t in row.turns):
             raise Reject("no_assistant", "no assistant turn: nothing to train on (a prompt-only row needs "
-                         "'dflash_prep regenerate' first)")
+                         "'dflash-prep regenerate' first)")
         if self.tok.chat_template is None:
             raise SystemExit("error: the tokenizer has no chat template (tokenizer_config.json 'chat_template' or "
                              "chat_template.jinja); chat rows need the target's template")
