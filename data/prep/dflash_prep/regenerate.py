@@ -319,6 +319,7 @@ def run(args) -> int:
         from . import tokenize_cmd
         return tokenize_cmd.run(Namespace(
             inputs=[args.out], tokenizer=args.tokenizer, out=args.h5, think=args.think,
-            template_kwargs=args.template_kwargs, max_len=args.max_len, truncate=args.truncate, on_reject=args.on_reject,
-            rejects=None, stats=None, target=args.target, mask_token_id=args.mask_token_id, workers=1))
+            template_kwargs=args.template_kwargs, max_len=args.max_len, truncate=args.truncate,
+            on_reject=args.on_reject, rejects=None, stats=None, target=args.target, mask_token_id=args.mask_token_id,
+            workers=1))
     return 0
