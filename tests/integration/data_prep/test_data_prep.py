@@ -34,10 +34,11 @@ def expect(cond, msg):
 def prep(*args, rc=0, pattern=None):
     """Runs dflash_prep; checks the exit code and (optionally) a text in its output. Returns the output."""
     env = dict(os.environ, PYTHONPATH=os.path.join(A.src, "data", "prep"))
+    start = time.time()
     p = subprocess.run([sys.executable, "-m", "dflash_prep", *map(str, args)], env=env, capture_output=True,
                        text=True)
     out = p.stdout + p.stderr
-    print(f"$ dflash_prep {' '.join(map(str, args))}\n{out}[exit {p.returncode}]")
+    print(f"$ dflash_prep {' '.join(map(str, args))}\n{out}[exit {p.returncode} after {time.time() - start:.1f} s]")
     expect(p.returncode == rc, f"exit {p.returncode}, expected {rc}")
     if pattern:
         expect(pattern in out, f"output lacks {pattern!r}")
