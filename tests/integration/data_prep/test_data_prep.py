@@ -370,9 +370,9 @@ def case_regenerate_serve():
     special and non-text tokens, so the answers are plain text the template can render back."""
     py = serve_python()
     if py is None:
-        print("SKIP (regenerate_serve): no environment with torch and transformers[serving]; it needs about 5 GB "
-              "(PyPI's torch is the CUDA build) and 4 min to install, so CI does not make it. Make it with: bash "
-              "mpi_launch/install_prep.sh --serve")
+        print("SKIP (regenerate_serve): no environment with torch and transformers[serving] (data/prep/.venv-serve or "
+              "$DFLASH_PREP_SERVE_VENV; about 5.7 GB, PyPI's torch is the CUDA build). mpi_launch/test.sh makes it "
+              "unless DFLASH_PREP_SERVE=0; by hand: bash mpi_launch/install_prep.sh --serve")
         sys.exit(77)
     tok_dir, tok = make_tokenizer()
     model = os.path.join(A.work, "tiny_qwen3")
