@@ -1,0 +1,1 @@
+"""dflash_prep: chat data -> the HDF5 training format of dflash_mpi (data/README.md, "Preparing chat data")."""
