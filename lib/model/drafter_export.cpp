@@ -9,6 +9,7 @@
 
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
+#include "lib/core/json_field.h"
 
 namespace dflash::model {
 
@@ -26,17 +27,6 @@ namespace {
 constexpr const char* kFull = "full_attention";
 constexpr const char* kSliding = "sliding_attention";
 
-template <typename T>
-T get(const nlohmann::json& j, const char* key, const std::string& file) {
-  DFLASH_USER_CHECK(j.is_object() && j.contains(key), "{}: missing key '{}'", file, key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    DFLASH_USER_CHECK(false, "{}: key '{}' has the wrong type ({})", file, key, e.what());
-  }
-  return T{};
-}
-
 }  // namespace
 
 nlohmann::json export_info_json(const DrafterExportInfo& info) {
@@ -47,9 +37,9 @@ nlohmann::json export_info_json(const DrafterExportInfo& info) {
 
 DrafterExportInfo parse_export_info(const nlohmann::json& j, const std::string& source) {
   DrafterExportInfo info;
-  info.target_layer_ids = get<std::vector<int>>(j, "target_layer_ids", source);
-  info.num_target_layers = get<int>(j, "num_target_layers", source);
-  info.max_position_embeddings = get<int>(j, "max_position_embeddings", source);
+  info.target_layer_ids = json_field<std::vector<int>>(j, "target_layer_ids", source);
+  info.num_target_layers = json_field<int>(j, "num_target_layers", source);
+  info.max_position_embeddings = json_field<int>(j, "max_position_embeddings", source);
   return info;
 }
 
@@ -147,31 +137,31 @@ ExportedDrafter load_exported_drafter(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     DFLASH_USER_CHECK(false, "{}: not valid JSON ({})", src, e.what());
   }
-  const auto archs = get<std::vector<std::string>>(j, "architectures", src);
+  const auto archs = json_field<std::vector<std::string>>(j, "architectures", src);
   DFLASH_USER_CHECK(archs.size() == 1 && archs[0] == "DFlashDraftModel",
                "{}: architectures is [{}], expected [\"DFlashDraftModel\"]", src, fmt::join(archs, ", "));
   DrafterConfig c;
-  c.hidden = get<int>(j, "hidden_size", src);
-  c.intermediate = get<int>(j, "intermediate_size", src);
-  c.heads = get<int>(j, "num_attention_heads", src);
-  c.kv_heads = get<int>(j, "num_key_value_heads", src);
-  c.head_dim = get<int>(j, "head_dim", src);
-  c.layers = get<int>(j, "num_hidden_layers", src);
-  c.rms_eps = get<double>(j, "rms_norm_eps", src);
-  c.rope_theta = get<double>(j, "rope_theta", src);
-  c.vocab = get<int>(j, "vocab_size", src);
-  c.block_size = get<int>(j, "block_size", src);
+  c.hidden = json_field<int>(j, "hidden_size", src);
+  c.intermediate = json_field<int>(j, "intermediate_size", src);
+  c.heads = json_field<int>(j, "num_attention_heads", src);
+  c.kv_heads = json_field<int>(j, "num_key_value_heads", src);
+  c.head_dim = json_field<int>(j, "head_dim", src);
+  c.layers = json_field<int>(j, "num_hidden_layers", src);
+  c.rms_eps = json_field<double>(j, "rms_norm_eps", src);
+  c.rope_theta = json_field<double>(j, "rope_theta", src);
+  c.vocab = json_field<int>(j, "vocab_size", src);
+  c.block_size = json_field<int>(j, "block_size", src);
   DFLASH_USER_CHECK(j.contains("dflash_config"), "{}: missing key 'dflash_config'", src);
   const auto& dc = j.at("dflash_config");
-  c.mask_token_id = get<int>(dc, "mask_token_id", src + " dflash_config");
+  c.mask_token_id = json_field<int>(dc, "mask_token_id", src + " dflash_config");
   DrafterExportInfo info;
-  info.target_layer_ids = get<std::vector<int>>(dc, "target_layer_ids", src + " dflash_config");
-  info.num_target_layers = get<int>(j, "num_target_layers", src);
-  info.max_position_embeddings = get<int>(j, "max_position_embeddings", src);
+  info.target_layer_ids = json_field<std::vector<int>>(dc, "target_layer_ids", src + " dflash_config");
+  info.num_target_layers = json_field<int>(j, "num_target_layers", src);
+  info.max_position_embeddings = json_field<int>(j, "max_position_embeddings", src);
   c.n_taps = int(info.target_layer_ids.size());
   const bool any_sliding = j.value("use_sliding_window", false);
   if (j.contains("layer_types")) {
-    const auto types = get<std::vector<std::string>>(j, "layer_types", src);
+    const auto types = json_field<std::vector<std::string>>(j, "layer_types", src);
     DFLASH_USER_CHECK(int(types.size()) == c.layers, "{}: {} layer_types for num_hidden_layers={}", src, types.size(),
                  c.layers);
     for (const auto& t : types) {

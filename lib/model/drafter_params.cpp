@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "lib/core/error.h"
+#include "lib/core/json_field.h"
 #include "lib/core/rng.h"
 
 namespace dflash {
@@ -49,14 +50,7 @@ nlohmann::ordered_json drafter_config_to_json(const DrafterConfig& c) {
 DrafterConfig drafter_config_from_json(const nlohmann::json& j, const std::string& source) {
   DFLASH_USER_CHECK(j.is_object(), "{}: 'drafter' must be an object", source);
   DrafterConfig c;
-  for_each_drafter_field(c, [&](const char* name, auto& v) {
-    DFLASH_USER_CHECK(j.contains(name), "{}: missing key '{}'", source, name);
-    try {
-      j.at(name).get_to(v);
-    } catch (const nlohmann::json::exception& e) {
-      DFLASH_USER_FAIL("{}: key '{}' has the wrong type ({})", source, name, e.what());
-    }
-  });
+  for_each_drafter_field(c, [&](const char* name, auto& v) { v = json_field<std::decay_t<decltype(v)>>(j, name, source); });
   try {
     c.validate();
   } catch (const Error& e) {

@@ -15,6 +15,7 @@
 
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
+#include "lib/core/json_field.h"
 #include "lib/core/rng.h"
 #include "lib/io/safetensors.h"
 
@@ -169,13 +170,7 @@ std::vector<StepDir> list_step_dirs(const std::string& out_dir) {
 // Reads key `key` of object `j` as T, naming the file and key when it is missing or of the wrong type.
 template <typename T>
 T get(const nlohmann::json& j, const char* key, const std::string& file) {
-  DFLASH_USER_CHECK(j.is_object() && j.contains(key), "checkpoint {}: missing key '{}'", file, key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    DFLASH_USER_CHECK(false, "checkpoint {}: key '{}' has the wrong type ({})", file, key, e.what());
-  }
-  return T{};
+  return json_field<T>(j, key, "checkpoint " + file);
 }
 
 std::string state_json_text(const DrafterConfig& drafter, const AdamWState& opt, const TrainingState& s) {
