@@ -22,7 +22,7 @@ void residual_forward(T* out, const T* a, const T* b, std::size_t n);
 template <typename T>
 void accumulate(T* y, const T* x, std::size_t n);
 
-// out[rows, dim] (=) table[ids[r], :]; an id outside [0, vocab) throws naming the row and id.
+// out[rows, dim] (=) table[ids[r], :]; ids must be in [0, vocab): the caller validates them (kernels never throw).
 // The tables this gathers from (the target's embedding) are frozen: no backward.
 template <typename T>
 void embedding_forward(T* out, const T* table, const int32_t* ids, int rows, int dim, int vocab);
