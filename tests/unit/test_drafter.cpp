@@ -155,6 +155,11 @@ TEST_CASE("drafter: bad anchors and configs are clear errors") {
   std::vector<int> bad = {3, kSeqLen};
   CHECK_THROWS_WITH_AS(drafter_forward(world.cfg, world.w, world.inputs(bad), acts),
                        doctest::Contains("anchor 1 = 14 is outside [0, 14)"), dflash::Error);
+  // the embedding kernel never checks: the drafter validates the block tokens first (row 4 = block 1's anchor)
+  World<double> beyond;
+  beyond.tokens[5] = beyond.cfg.vocab;
+  CHECK_THROWS_WITH_AS(drafter_forward(beyond.cfg, beyond.w, beyond.inputs({3, 5}), acts),
+                       doctest::Contains(("token id " + std::to_string(beyond.cfg.vocab) + " at row 4").c_str()), dflash::Error);
   DrafterConfig c = small_drafter_config();
   c.kv_heads = 3;
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("heads (4) must be a multiple of kv_heads (3)"),

@@ -95,7 +95,7 @@ TEST_CASE("swiglu backward matches finite differences") {
   CHECK(ru.max_rel_err <= kTol);
 }
 
-TEST_CASE("embedding gathers rows and rejects out-of-range ids naming the row") {
+TEST_CASE("embedding gathers rows (ids are validated by its callers: kernels never throw)") {
   const int vocab = 4, dim = 3;
   Vec table = random_vector(vocab * dim, 12), out(2 * dim);
   std::vector<int32_t> ids = {3, 1};
@@ -104,7 +104,4 @@ TEST_CASE("embedding gathers rows and rejects out-of-range ids naming the row") 
     CHECK(out[i] == table[3 * dim + i]);
     CHECK(out[dim + i] == table[1 * dim + i]);
   }
-  std::vector<int32_t> bad = {0, 4};
-  CHECK_THROWS_WITH_AS(cpu::embedding_forward(out.data(), table.data(), bad.data(), 2, dim, vocab),
-                       doctest::Contains("token id 4 at row 1"), dflash::Error);
 }
