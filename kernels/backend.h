@@ -57,6 +57,9 @@ class Backend {
   virtual void copy(ExecContext& ctx, void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(ExecContext& ctx, void* dst, size_t bytes) = 0;
   virtual void synchronize(ExecContext& ctx) = 0;
+  // dst[n] (=) src[n] rounded to T (bf16: round to nearest even); both in backend memory. How fp32 master weights
+  // become compute weights and fp32 features become activations.
+  virtual void convert_from_float(ExecContext& ctx, T* dst, const float* src, size_t n) = 0;
   // out[i, :] (=) in[rows[i], :] for i < n; rows in backend memory.
   virtual void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
   // out[rows[i], :] (=) in[i, :] for i < n; rows distinct; other rows of out untouched.

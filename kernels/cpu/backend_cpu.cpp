@@ -5,6 +5,7 @@
 #pragma GCC optimize("no-trapping-math")
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_causal.h"
@@ -35,6 +36,13 @@ class CpuBackend final : public Backend<T> {
     if (bytes) std::memset(dst, 0, bytes);
   }
   void synchronize(ExecContext&) override {}
+  void convert_from_float(ExecContext&, T* dst, const float* src, size_t n) override {
+    if constexpr (std::is_same_v<T, float>) {
+      copy_bytes(dst, src, n * sizeof(float));
+    } else {
+      for (size_t i = 0; i < n; ++i) dst[i] = T(src[i]);
+    }
+  }
   void gather_rows(ExecContext&, T* out, const T* in, const int32_t* rows, int n, int dim) override {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; ++i) std::memcpy(out + size_t(i) * dim, in + size_t(rows[i]) * dim, sizeof(T) * dim);

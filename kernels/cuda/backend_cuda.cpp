@@ -6,7 +6,9 @@
 // when it has room, else from a buffer the backend owns: a backend must not be used from two streams at once.
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <mutex>
+#include <type_traits>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
@@ -92,6 +94,14 @@ class CudaBackend final : public Backend<T> {
     if (bytes) DFLASH_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_of(ctx)));
   }
   void synchronize(ExecContext& ctx) override { DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx))); }
+  void convert_from_float(ExecContext& ctx, T* dst, const float* src, size_t n) override {
+    if constexpr (std::is_same_v<T, float>) {
+      if (n && static_cast<const void*>(dst) != static_cast<const void*>(src))
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(ctx)));
+    } else {
+      cuda::launch_convert_from_float(stream_of(ctx), dst, src, n);
+    }
+  }
   void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) override {
     cuda::launch_gather_rows(stream_of(ctx), out, in, rows, n, dim);
   }

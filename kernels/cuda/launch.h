@@ -32,6 +32,9 @@ template <typename T>
 void launch_accumulate(cudaStream_t st, T* y, const T* x, size_t n);
 template <typename T>
 void launch_scale(cudaStream_t st, T* x, float s, size_t n);
+// dst[n] = src[n] rounded to T (bf16: nearest even)
+template <typename T>
+void launch_convert_from_float(cudaStream_t st, T* dst, const float* src, size_t n);
 // c[rows, cols] (row stride ld) *= beta (beta = 0: set to 0): a GEMM with K = 0.
 template <typename T>
 void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, float beta);

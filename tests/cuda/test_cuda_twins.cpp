@@ -534,6 +534,20 @@ TEST_CASE("cuda twin bf16: GEMMs (bf16 in, fp32 accumulate, bf16 or fp32 out) ag
   require_within(gdW.get(), dW, gemm_tolerance(true, false, out, in, N, 1, dy, out, x, in, 1, dW0, in), "dW fp32");
 }
 
+TEST_CASE("cuda twin bf16: convert_from_float rounds to nearest even as the host conversion does; fp32 copies") {
+  std::vector<float> x = randn(1000, 95, 3.0);
+  x.push_back(0.0f);
+  x.push_back(-1.0f + 1.0f / 512);  // halfway between two bf16 values: ties to even
+  Dev<float> gx(x);
+  Dev<bf16> gy(std::vector<bf16>(x.size()));
+  gpu().b16->convert_from_float(gpu().ex(), gy.p(), gx.p(), x.size());
+  const std::vector<float> got = to_f32(gy.get()), want = bf16_round(x);
+  for (size_t i = 0; i < x.size(); ++i) REQUIRE(got[i] == want[i]);
+  Dev<float> gz(std::vector<float>(x.size()));
+  gpu().f32->convert_from_float(gpu().ex(), gz.p(), gx.p(), x.size());
+  REQUIRE(gz.get() == x);
+}
+
 TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 activations") {
   auto& be = *gpu().b16;
   {
