@@ -294,6 +294,9 @@ void validate_config(const TrainConfig& c) {
   if (c.layout.drafter_dp < c.layout.target_groups)
     fail(where, fmt::format("layout.drafter_dp ({}) < layout.target_groups ({}): every target group needs at least "
                             "one drafter rank to feed", c.layout.drafter_dp, c.layout.target_groups));
+  if (c.run.precision == "bf16" && c.run.device != "cuda")
+    fail(where, "run.precision is bf16 but run.device is cpu: the CPU backend computes in fp32 (use precision: fp32 "
+                "or auto)");
   if (c.layout.transport == "nccl" && c.run.device != "cuda")
     fail(where, "layout.transport is nccl but run.device is cpu; nccl needs cuda (use transport: mpi on cpu)");
   if (c.ckpt.resume.empty())

@@ -12,10 +12,14 @@
 namespace dflash {
 
 struct RunSection {
+  // "fp32" or "bf16" after resolving precision: auto by device
+  std::string compute_precision() const { return precision == "auto" ? (device == "cuda" ? "bf16" : "fp32") : precision; }
+
   std::string name = "dflash";        // run name (logs, exported config)
   std::string out_dir = "runs/dflash";  // logs/, ckpt/, metrics.jsonl, config.resolved.yaml
   int64_t seed = 0;                   // every random stream derives from it (init, shuffle, anchors)
   std::string device = "cpu";         // cpu | cuda
+  std::string precision = "auto";     // auto (cpu: fp32, cuda: bf16) | fp32 | bf16: the drafter's activations
   int64_t steps = 0;                  // optimizer steps; 0 = as many as data.epochs allows
   double watchdog_seconds = 1800;     // a rank blocked this long in one wait aborts the job; 0 = off
 };

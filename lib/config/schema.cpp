@@ -75,7 +75,10 @@ std::vector<ConfigKey> build_schema() {
       unhashed(key("run.out_dir", T::kString, FIELD(run.out_dir), kAny,
                    "output folder: logs/, ckpt/, metrics.jsonl, config.resolved.yaml")),
       key("run.seed", T::kInt, FIELD(run.seed), kNonNeg, "seed of every random stream (init, data shuffle, anchors)"),
-      choice("run.device", FIELD(run.device), {"cpu", "cuda"}, "cpu: fp32 + BLAS; cuda: bf16 + fp32 master weights"),
+      choice("run.device", FIELD(run.device), {"cpu", "cuda"}, "cpu: BLAS + OpenMP; cuda: cuBLASLt + CUDA kernels"),
+      choice("run.precision", FIELD(run.precision), {"auto", "fp32", "bf16"},
+             "drafter activations and compute weights (fp32 master weights and AdamW state either way); auto: fp32 "
+             "on cpu, bf16 on cuda"),
       key("run.steps", T::kInt, FIELD(run.steps), kNonNeg, "optimizer steps; 0 = as many as data.epochs allows"),
       unhashed(key("run.watchdog_seconds", T::kFloat, FIELD(run.watchdog_seconds), kNonNeg,
                    "a rank blocked this long in one wait (message, collective) logs what it waits on and aborts the "

@@ -4,6 +4,10 @@
 
 #include "lib/core/error.h"
 
+#if DFLASH_CUDA_BACKEND
+#include <cuda_bf16.h>
+#endif
+
 namespace dflash {
 
 DFlashAttentionShape drafter_attention_shape(const DrafterConfig& c, int layer, int seq_len, int n_blocks) {
@@ -309,18 +313,23 @@ DrafterFlops drafter_flops(const DrafterConfig& c, int S, const std::vector<int>
   return f;
 }
 
-#define DFLASH_INSTANTIATE_DRAFTER(T)                                                                              \
+#define DFLASH_INSTANTIATE_DRAFTER_BACKEND(T)                                                                      \
   template struct DrafterActivations<T>;                                                                         \
   template void drafter_forward<T>(const DrafterConfig&, const DrafterWeights<T>&, const DrafterInputs<T>&,     \
                                    DrafterActivations<T>&, const DrafterRuntime<T>&);                           \
   template void drafter_backward<T>(const DrafterConfig&, const DrafterWeights<T>&, const DrafterInputs<T>&,    \
                                     DrafterActivations<T>&, const T*, DrafterWeights<kernels::acc_t<T>>&,       \
-                                    const DrafterRuntime<T>&);                                                   \
+                                    const DrafterRuntime<T>&);
+#define DFLASH_INSTANTIATE_DRAFTER(T)                                                                              \
+  DFLASH_INSTANTIATE_DRAFTER_BACKEND(T)                                                                          \
   template void drafter_forward<T>(const DrafterConfig&, const DrafterParams<T>&, const DrafterInputs<T>&,      \
                                    DrafterActivations<T>&);                                                      \
   template void drafter_backward<T>(const DrafterConfig&, const DrafterParams<T>&, const DrafterInputs<T>&,     \
                                     DrafterActivations<T>&, const T*, DrafterParams<T>&);
 DFLASH_INSTANTIATE_DRAFTER(float)
 DFLASH_INSTANTIATE_DRAFTER(double)
+#if DFLASH_CUDA_BACKEND
+DFLASH_INSTANTIATE_DRAFTER_BACKEND(__nv_bfloat16)  // bf16 activations: the CUDA backend only
+#endif
 
 }  // namespace dflash

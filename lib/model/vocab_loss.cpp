@@ -7,6 +7,10 @@
 
 #include "lib/core/error.h"
 
+#if DFLASH_CUDA_BACKEND
+#include <cuda_bf16.h>
+#endif
+
 namespace dflash {
 
 void VocabLossSums::add(const VocabLossSums& o) {
@@ -280,5 +284,16 @@ void VocabLoss<T>::backward(const VocabLossBatch<T>& b, const VocabLossContext& 
 
 template class VocabLoss<float>;
 template class VocabLoss<double>;
+
+#if DFLASH_CUDA_BACKEND
+// bf16 activations on the CUDA backend: every member but the host-CPU convenience constructor
+template VocabLoss<__nv_bfloat16>::VocabLoss(const VocabLossSettings&, kernels::Backend<__nv_bfloat16>&, ExecContext&,
+                                             const __nv_bfloat16*, int, int);
+template VocabLossResult VocabLoss<__nv_bfloat16>::forward(const VocabLossBatch<__nv_bfloat16>&, VocabLossContext&,
+                                                           double, __nv_bfloat16*);
+template void VocabLoss<__nv_bfloat16>::backward(const VocabLossBatch<__nv_bfloat16>&, const VocabLossContext&, double,
+                                                 __nv_bfloat16*);
+template size_t VocabLoss<__nv_bfloat16>::scratch_bytes() const;
+#endif
 
 }  // namespace dflash

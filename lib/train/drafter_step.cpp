@@ -2,53 +2,147 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/train/anchors.h"
 
+#if DFLASH_CUDA_BACKEND
+#include "kernels/cuda/backend_cuda.h"  // the bf16 backend
+#endif
+
 namespace dflash::train {
 
 namespace {
-
-std::unique_ptr<kernels::Backend<float>> make_backend(const TrainConfig& cfg) {
-  if (cfg.run.device == "cuda") return kernels::make_cuda_backend<float>();
-  return kernels::make_cpu_backend<float>();
-}
 
 // Grows buf (in the backend's memory) to at least `bytes`; contents are not kept.
 void ensure(Buffer& buf, MemoryKind kind, size_t bytes) {
   if (buf.bytes() < bytes) buf = Buffer(kind, bytes);
 }
 
+// An fp32 array the step's kernels read or write: in the backend's memory, or the host array itself when the
+// backend is the CPU (no copy).
+class BackendArray {
+ public:
+  template <typename B>
+  void bind(B& be, void* host, size_t bytes) {  // device: allocates; host: aliases
+    host_ = host;
+    bytes_ = bytes;
+    if (be.memory() == MemoryKind::host) {
+      owned_ = Buffer();
+      ptr_ = host;
+    } else {
+      owned_ = Buffer(be.memory(), bytes);
+      ptr_ = owned_.data();
+    }
+  }
+  template <typename B>
+  void upload(B& be, ExecContext& ec) const {  // host → backend (no-op when aliased)
+    if (ptr_ != host_ && bytes_) be.upload(ec, ptr_, host_, bytes_);
+  }
+  template <typename B>
+  void download(B& be, ExecContext& ec) const {  // backend → host (no-op when aliased)
+    if (ptr_ != host_ && bytes_) {
+      be.download(ec, host_, ptr_, bytes_);
+      be.synchronize(ec);
+    }
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* host_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  Buffer owned_;  // device memory; empty when aliasing host memory
+};
+
+template <typename T>
+std::unique_ptr<kernels::Backend<T>> make_backend(const TrainConfig& cfg) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cfg.run.device == "cuda") return kernels::make_cuda_backend<float>();
+    return kernels::make_cpu_backend<float>();
+  } else {
+#if DFLASH_CUDA_BACKEND
+    return kernels::make_cuda_backend_bf16();
+#else
+    DFLASH_USER_FAIL("run.precision bf16 needs the CUDA backend, which this build does not have");
+#endif
+  }
+}
+
 }  // namespace
 
-void BackendArray::bind(kernels::Backend<float>& be, void* host, size_t bytes) {
-  host_ = host;
-  bytes_ = bytes;
-  if (be.memory() == MemoryKind::host) {
-    owned_ = Buffer();
-    ptr_ = host;
-  } else {
-    owned_ = Buffer(be.memory(), bytes);
-    ptr_ = owned_.data();
+class DrafterStep::Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual StepResult run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
+                         bool stop_signal, StepCapture* capture) = 0;
+  virtual DrafterParams<float>& params() = 0;
+  virtual AdamWState& optimizer() = 0;
+  virtual void upload_state() = 0;
+  virtual const DrafterConfig& config() const = 0;
+  virtual std::string backend_name() const = 0;
+};
+
+namespace {
+
+// The step in compute type T (float: the CPU or CUDA's fp32 path; bf16: CUDA). Master weights, gradients and
+// AdamW state are fp32 whatever T is; with T = float the compute weights are the master weights themselves.
+template <typename T>
+class EngineT final : public DrafterStep::Engine {
+ public:
+  EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* embed, const float* lm_head, int dp_rank,
+          comm::Transport& dp);
+  StepResult run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet, bool stop_signal,
+                 StepCapture* capture) override;
+  DrafterParams<float>& params() override;
+  AdamWState& optimizer() override;
+  void upload_state() override;
+  const DrafterConfig& config() const override { return plan_.drafter; }
+  std::string backend_name() const override {
+    return std::string(backend_->name()) + (std::is_same_v<T, float> ? " fp32" : " bf16");
   }
-}
 
-void BackendArray::upload(kernels::Backend<float>& be, ExecContext& ec) const {
-  if (ptr_ != host_ && bytes_) be.upload(ec, ptr_, host_, bytes_);
-}
+ private:
+  static constexpr bool kMasterIsCompute = std::is_same_v<T, float>;
+  void micro_batch(int64_t step, int micro, const FeaturePacket& packet, StepResult& r, StepCapture* capture);
+  // The compute weights from the master weights (bf16: a rounding copy; fp32: nothing to do).
+  void refresh_compute_weights();
+  // An fp32 host array as T in the backend's memory: the array itself on the CPU, else uploaded into `out`
+  // (through `staging` and a conversion when T is not float).
+  const T* to_backend(const float* host, size_t n, Buffer& out);
 
-void BackendArray::download(kernels::Backend<float>& be, ExecContext& ec) const {
-  if (ptr_ != host_ && bytes_) {
-    be.download(ec, host_, ptr_, bytes_);
-    be.synchronize(ec);
-  }
-}
+  const TrainConfig& cfg_;
+  const RunPlan& plan_;
+  int dp_rank_;
+  comm::Transport& dp_;
+  std::unique_ptr<kernels::Backend<T>> backend_;
+  ExecContext& exec_;
+  DrafterParams<float> params_, grads_;  // host: master weights; gradients (the all-reduce runs on the host)
+  AdamWState adam_;
+  AdamWSettings adam_settings_;
+  std::vector<uint8_t> decay_mask_;  // [P] 1 on matrices, 0 on norm weights
+  // the same in the backend's memory (fp32), the compute weights (T) and the frozen target tensors (T)
+  BackendArray w_dev_, g_dev_, m_dev_, v_dev_, decay_dev_;
+  Buffer w_compute_;                       // [P] T: bf16 only (fp32 computes on w_dev_)
+  Buffer embed_, head_, staging_;          // [V, H] T (device); staging: fp32 uploads before a conversion
+  const T* embed_dev_ = nullptr;           // [V, H]
+  const T* head_dev_ = nullptr;            // [V, H]
+  DrafterWeights<T> w_views_;              // compute weights
+  DrafterWeights<float> g_views_;          // fp32 gradients
+  std::unique_ptr<VocabLoss<T>> loss_;
+  // reused across micro-batches (backend memory)
+  DrafterActivations<T> acts_;
+  VocabLossContext loss_ctx_;
+  Buffer taps_, final_hidden_, rows_idx_, x_rows_, y_rows_, dx_rows_, d_out_;
+};
 
-DrafterStep::DrafterStep(const TrainConfig& cfg, const RunPlan& plan, const float* embed, const float* lm_head,
-                         int dp_rank, comm::Transport& dp)
-    : cfg_(cfg), plan_(plan), dp_rank_(dp_rank), dp_(dp), backend_(make_backend(cfg)),
+template <typename T>
+EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* embed, const float* lm_head,
+                    int dp_rank, comm::Transport& dp)
+    : cfg_(cfg), plan_(plan), dp_rank_(dp_rank), dp_(dp), backend_(make_backend<T>(cfg)),
       exec_(backend_->context()), params_(plan.drafter), grads_(plan.drafter) {
   const DrafterConfig& c = plan.drafter;
   // same seed on every rank: identical initial weights without a broadcast
@@ -64,57 +158,86 @@ DrafterStep::DrafterStep(const TrainConfig& cfg, const RunPlan& plan, const floa
   adam_.m.assign(params_.flat.size(), 0.0f);
   adam_.v.assign(params_.flat.size(), 0.0f);
 
-  kernels::Backend<float>& be = *backend_;
+  kernels::Backend<T>& be = *backend_;
   const size_t P = params_.flat.size(), VH = size_t(c.vocab) * c.hidden;
-  w_dev_.bind(be, params_.flat.data(), P * sizeof(float));
   g_dev_.bind(be, grads_.flat.data(), P * sizeof(float));
-  m_dev_.bind(be, adam_.m.data(), P * sizeof(float));
-  v_dev_.bind(be, adam_.v.data(), P * sizeof(float));
   decay_dev_.bind(be, decay_mask_.data(), P);
-  embed_dev_.bind(be, const_cast<float*>(embed), VH * sizeof(float));  // read only: never downloaded
-  head_dev_.bind(be, const_cast<float*>(lm_head), VH * sizeof(float));
-  upload_state();
   decay_dev_.upload(be, exec_);
-  embed_dev_.upload(be, exec_);
-  head_dev_.upload(be, exec_);
-  w_views_ = DrafterWeights<float>::bind(c, w_dev_.as<float>());
+  if (!kMasterIsCompute) w_compute_ = Buffer(be.memory(), P * sizeof(T));
+  upload_state();
+  embed_dev_ = to_backend(embed, VH, embed_);
+  head_dev_ = to_backend(lm_head, VH, head_);
+  staging_ = Buffer();  // only needed again for packets
   g_views_ = DrafterWeights<float>::bind(c, g_dev_.as<float>());
-  loss_ = std::make_unique<VocabLoss<float>>(plan.loss, be, exec_, head_dev_.as<float>(), c.vocab, c.hidden);
+  loss_ = std::make_unique<VocabLoss<T>>(plan.loss, be, exec_, head_dev_, c.vocab, c.hidden);
   // the activation arena, sized once for the longest sequence the config admits (without data.max_seq_len, the
   // first sequences grow it: the longest sequence of the data is not known here)
   if (cfg.data.max_seq_len > 0) acts_.reserve(be.memory(), c, cfg.data.max_seq_len, cfg.loss.anchors_per_seq);
 }
 
-DrafterParams<float>& DrafterStep::params() {
+template <typename T>
+const T* EngineT<T>::to_backend(const float* host, size_t n, Buffer& out) {
+  kernels::Backend<T>& be = *backend_;
+  const MemoryKind kind = be.memory();
+  if constexpr (std::is_same_v<T, float>) {
+    if (kind == MemoryKind::host) return host;
+    ensure(out, kind, n * sizeof(float));
+    be.upload(exec_, out.data(), host, n * sizeof(float));
+    return out.as<float>();
+  } else {
+    ensure(staging_, kind, n * sizeof(float));
+    ensure(out, kind, n * sizeof(T));
+    be.upload(exec_, staging_.data(), host, n * sizeof(float));
+    be.convert_from_float(exec_, out.as<T>(), staging_.as<float>(), n);
+    return out.as<T>();
+  }
+}
+
+template <typename T>
+void EngineT<T>::refresh_compute_weights() {
+  if constexpr (!kMasterIsCompute)
+    backend_->convert_from_float(exec_, w_compute_.as<T>(), w_dev_.as<float>(), params_.flat.size());
+}
+
+template <typename T>
+DrafterParams<float>& EngineT<T>::params() {
   w_dev_.download(*backend_, exec_);
   return params_;
 }
 
-AdamWState& DrafterStep::optimizer() {
+template <typename T>
+AdamWState& EngineT<T>::optimizer() {
   m_dev_.download(*backend_, exec_);
   v_dev_.download(*backend_, exec_);
   return adam_;
 }
 
-void DrafterStep::upload_state() {
+template <typename T>
+void EngineT<T>::upload_state() {
   // resume may hand in an optimizer state without moments (a checkpoint of step 0): start them at zero
   if (adam_.m.size() != params_.flat.size()) adam_.m.assign(params_.flat.size(), 0.0f);
   if (adam_.v.size() != params_.flat.size()) adam_.v.assign(params_.flat.size(), 0.0f);
-  kernels::Backend<float>& be = *backend_;
+  kernels::Backend<T>& be = *backend_;
   // the host vectors may have been reassigned (resume): rebind the aliases to their current storage
   const size_t P = params_.flat.size() * sizeof(float);
   w_dev_.bind(be, params_.flat.data(), P);
   m_dev_.bind(be, adam_.m.data(), P);
   v_dev_.bind(be, adam_.v.data(), P);
-  w_views_ = DrafterWeights<float>::bind(plan_.drafter, w_dev_.as<float>());
   w_dev_.upload(be, exec_);
   m_dev_.upload(be, exec_);
   v_dev_.upload(be, exec_);
+  if constexpr (kMasterIsCompute) {
+    w_views_ = DrafterWeights<T>::bind(plan_.drafter, w_dev_.as<float>());
+  } else {
+    w_views_ = DrafterWeights<T>::bind(plan_.drafter, w_compute_.as<T>());
+    refresh_compute_weights();
+  }
 }
 
-void DrafterStep::micro_batch(int64_t step, int micro, const FeaturePacket& pk, StepResult& r,
-                              StepCapture* capture) {
-  kernels::Backend<float>& be = *backend_;
+template <typename T>
+void EngineT<T>::micro_batch(int64_t step, int micro, const FeaturePacket& pk, StepResult& r,
+                             StepCapture* capture) {
+  kernels::Backend<T>& be = *backend_;
   const DrafterConfig& c = plan_.drafter;
   const int S = pk.header.seq_len, H = c.hidden, B = c.block_size;
   r.tokens += S;
@@ -124,44 +247,34 @@ void DrafterStep::micro_batch(int64_t step, int micro, const FeaturePacket& pk, 
     capture->inputs.push_back({pk.header.seq_index, pk.tokens, pk.loss_mask, anchors, pk.taps, pk.final_hidden});
   if (anchors.empty()) return;  // nothing trainable in this sequence
   const ScoredRows rows = scored_rows(pk.tokens.data(), pk.loss_mask.data(), S, anchors, B, plan_.decay_gamma);
-  const int T = rows.size();
+  const int T_rows = rows.size();
   const bool with_kl = plan_.loss.kl_weight != 0;
   const MemoryKind kind = be.memory();
 
-  // the packet's float arrays in the backend's memory (the CPU reads the packet itself)
-  const float* taps = pk.taps.data();
-  const float* final_hidden = pk.final_hidden.data();
-  if (kind != MemoryKind::host) {
-    ensure(taps_, kind, pk.taps.size() * sizeof(float));
-    be.upload(exec_, taps_.data(), pk.taps.data(), pk.taps.size() * sizeof(float));
-    taps = taps_.as<float>();
-    if (with_kl) {
-      ensure(final_hidden_, kind, pk.final_hidden.size() * sizeof(float));
-      be.upload(exec_, final_hidden_.data(), pk.final_hidden.data(), pk.final_hidden.size() * sizeof(float));
-      final_hidden = final_hidden_.as<float>();
-    }
-  }
+  // the packet's float arrays as T in the backend's memory (the CPU reads the packet itself)
+  const T* taps = to_backend(pk.taps.data(), pk.taps.size(), taps_);
+  const T* final_hidden = with_kl ? to_backend(pk.final_hidden.data(), pk.final_hidden.size(), final_hidden_) : nullptr;
 
-  DrafterInputs<float> in{taps, pk.tokens.data(), S, anchors.data(), int(anchors.size()), embed_dev_.as<float>()};
-  const DrafterRuntime<float> rt{be, exec_};
+  DrafterInputs<T> in{taps, pk.tokens.data(), S, anchors.data(), int(anchors.size()), embed_dev_};
+  const DrafterRuntime<T> rt{be, exec_};
   drafter_forward(c, w_views_, in, acts_, rt);
 
   // gather the scored rows: drafter output rows b·B + k, target final hidden at a_b + k − 1
-  ensure(rows_idx_, kind, 2 * size_t(T) * sizeof(int32_t));
+  ensure(rows_idx_, kind, 2 * size_t(T_rows) * sizeof(int32_t));
   int32_t* out_idx = rows_idx_.as<int32_t>();
-  int32_t* target_idx = out_idx + T;
-  be.upload(exec_, out_idx, rows.out_row.data(), size_t(T) * sizeof(int32_t));
-  be.upload(exec_, target_idx, rows.target_pos.data(), size_t(T) * sizeof(int32_t));
-  ensure(x_rows_, kind, size_t(T) * H * sizeof(float));
-  be.gather_rows(exec_, x_rows_.as<float>(), acts_.out, out_idx, T, H);
+  int32_t* target_idx = out_idx + T_rows;
+  be.upload(exec_, out_idx, rows.out_row.data(), size_t(T_rows) * sizeof(int32_t));
+  be.upload(exec_, target_idx, rows.target_pos.data(), size_t(T_rows) * sizeof(int32_t));
+  ensure(x_rows_, kind, size_t(T_rows) * H * sizeof(T));
+  be.gather_rows(exec_, x_rows_.as<T>(), acts_.out, out_idx, T_rows, H);
   if (with_kl) {
-    ensure(y_rows_, kind, size_t(T) * H * sizeof(float));
-    be.gather_rows(exec_, y_rows_.as<float>(), final_hidden, target_idx, T, H);
+    ensure(y_rows_, kind, size_t(T_rows) * H * sizeof(T));
+    be.gather_rows(exec_, y_rows_.as<T>(), final_hidden, target_idx, T_rows, H);
   }
-  VocabLossBatch<float> batch;
-  batch.rows = T;
-  batch.hidden = x_rows_.as<float>();
-  batch.target_hidden = with_kl ? y_rows_.as<float>() : nullptr;
+  VocabLossBatch<T> batch;
+  batch.rows = T_rows;
+  batch.hidden = x_rows_.as<T>();
+  batch.target_hidden = with_kl ? y_rows_.as<T>() : nullptr;
   batch.labels = rows.label.data();
   batch.weights = rows.weight.data();
   batch.block_pos = rows.block_pos.data();
@@ -169,23 +282,24 @@ void DrafterStep::micro_batch(int64_t step, int micro, const FeaturePacket& pk, 
 
   // grad_scale 1: gradients stay unnormalised until the global Σw is known after the all-reduce (they are linear
   // in it), so no extra round trip is needed before the first micro-batch.
-  ensure(dx_rows_, kind, size_t(T) * H * sizeof(float));
-  VocabLossResult res = loss_->forward(batch, loss_ctx_, 1.0, dx_rows_.as<float>());
-  loss_->backward(batch, loss_ctx_, 1.0, dx_rows_.as<float>());
+  ensure(dx_rows_, kind, size_t(T_rows) * H * sizeof(T));
+  VocabLossResult res = loss_->forward(batch, loss_ctx_, 1.0, dx_rows_.as<T>());
+  loss_->backward(batch, loss_ctx_, 1.0, dx_rows_.as<T>());
   r.sums.add(res.sums);
   r.metrics.add(res.metrics);
   for (float w : rows.weight) r.positions += w > 0;
 
   const size_t out_elems = anchors.size() * size_t(B) * H;
-  ensure(d_out_, kind, out_elems * sizeof(float));
-  be.zero(exec_, d_out_.data(), out_elems * sizeof(float));  // unscored rows (the anchors' own) get no gradient
-  be.scatter_rows(exec_, d_out_.as<float>(), dx_rows_.as<float>(), out_idx, T, H);
-  drafter_backward(c, w_views_, in, acts_, d_out_.as<float>(), g_views_, rt);
+  ensure(d_out_, kind, out_elems * sizeof(T));
+  be.zero(exec_, d_out_.data(), out_elems * sizeof(T));  // unscored rows (the anchors' own) get no gradient
+  be.scatter_rows(exec_, d_out_.as<T>(), dx_rows_.as<T>(), out_idx, T_rows, H);
+  drafter_backward(c, w_views_, in, acts_, d_out_.as<T>(), g_views_, rt);
 }
 
-StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
-                            bool stop_signal, StepCapture* capture) {
-  kernels::Backend<float>& be = *backend_;
+template <typename T>
+StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
+                           bool stop_signal, StepCapture* capture) {
+  kernels::Backend<T>& be = *backend_;
   StepResult r;
   r.step = step;
   r.metrics.correct.assign(plan_.drafter.block_size, 0);
@@ -241,9 +355,42 @@ StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int,
   adam_.step += 1;
   adamw_update(be, exec_, w_dev_.as<float>(), g_dev_.as<float>(), m_dev_.as<float>(), v_dev_.as<float>(),
                decay_dev_.as<uint8_t>(), P, adam_.step, adam_settings_, r.lr);
+  refresh_compute_weights();
   be.synchronize(exec_);
   return r;
 }
+
+std::unique_ptr<DrafterStep::Engine> make_engine(const TrainConfig& cfg, const RunPlan& plan, const float* embed,
+                                                 const float* lm_head, int dp_rank, comm::Transport& dp) {
+  if (cfg.run.compute_precision() == "bf16") {
+#if DFLASH_CUDA_BACKEND
+    return std::make_unique<EngineT<__nv_bfloat16>>(cfg, plan, embed, lm_head, dp_rank, dp);
+#else
+    DFLASH_USER_FAIL("run.precision bf16 (the default on run.device cuda) needs the CUDA backend, which this build "
+                     "does not have; rebuild with the CUDA toolkit or set run.device: cpu");
+#endif
+  }
+  return std::make_unique<EngineT<float>>(cfg, plan, embed, lm_head, dp_rank, dp);
+}
+
+}  // namespace
+
+DrafterStep::DrafterStep(const TrainConfig& cfg, const RunPlan& plan, const float* embed, const float* lm_head,
+                         int dp_rank, comm::Transport& dp)
+    : engine_(make_engine(cfg, plan, embed, lm_head, dp_rank, dp)) {}
+DrafterStep::~DrafterStep() = default;
+
+StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
+                            bool stop_signal, StepCapture* capture) {
+  return engine_->run(step, next_packet, stop_signal, capture);
+}
+DrafterParams<float>& DrafterStep::params() { return engine_->params(); }
+AdamWState& DrafterStep::optimizer() { return engine_->optimizer(); }
+void DrafterStep::upload_state() { engine_->upload_state(); }
+const DrafterConfig& DrafterStep::config() const { return engine_->config(); }
+std::string DrafterStep::backend_name() const { return engine_->backend_name(); }
+
+
 
 uint64_t DrafterStep::weights_hash() {
   const DrafterParams<float>& w = params();

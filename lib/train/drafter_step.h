@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lib/comm/transport.h"
@@ -48,30 +49,16 @@ struct StepCapture {
   std::vector<float> grads;              // [P], layout of DrafterParams
 };
 
-// An array the step's kernels read or write: in the backend's memory, or the host array itself when the backend
-// is the CPU (no copy).
-class BackendArray {
- public:
-  void bind(kernels::Backend<float>& be, void* host, size_t bytes);  // device: allocates; host: aliases
-  void upload(kernels::Backend<float>& be, ExecContext& ec) const;    // host → backend (no-op when aliased)
-  void download(kernels::Backend<float>& be, ExecContext& ec) const;  // backend → host (no-op when aliased)
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* host_ = nullptr;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  Buffer owned_;  // device memory; empty when aliasing host memory
-};
-
+// One drafter rank's optimizer steps. The kernels run on the backend run.device names, in the compute type
+// run.precision names: the CPU in fp32, CUDA in fp32 or bf16 (bf16 activations and compute weights, fp32 master
+// weights, gradients and AdamW state). Weights, gradients and optimizer state live in the backend's memory,
+// mirrored on the host for checkpoints (params(), optimizer()); the gradient all-reduce is host-staged.
 class DrafterStep {
  public:
   // embed, lm_head: [V, H] frozen target tensors on the host (outlive this object). dp: the drafter DP group.
-  // The kernels run on the backend run.device names (cpu, or cuda with the fp32 path); weights, gradients and
-  // optimizer state live in its memory, mirrored on the host for checkpoints (params(), optimizer()).
   DrafterStep(const TrainConfig& cfg, const RunPlan& plan, const float* embed, const float* lm_head, int dp_rank,
               comm::Transport& dp);
+  ~DrafterStep();
 
   // Runs step `step` on the micro-batches next_packet(0..M-1) returns. wait_seconds: filled by next_packet.
   // stop_signal: this rank received a stop signal (agreed on across ranks in the step's all-reduce).
@@ -84,36 +71,15 @@ class DrafterStep {
   DrafterParams<float>& params();
   AdamWState& optimizer();
   void upload_state();
-  const DrafterConfig& config() const { return plan_.drafter; }
-  const char* backend_name() const { return backend_->name(); }
+  const DrafterConfig& config() const;
+  std::string backend_name() const;  // "cpu fp32", "cuda bf16"
   // FNV-1a of the weight bytes: equal on every drafter rank after every step.
   uint64_t weights_hash();
 
+  class Engine;  // the step in one compute type (drafter_step.cpp)
+
  private:
-  void micro_batch(int64_t step, int micro, const FeaturePacket& packet, StepResult& r, StepCapture* capture);
-
-  // Device arrays of one micro-batch's packet and rows (host memory on the CPU backend).
-  void upload_packet(const FeaturePacket& packet, const std::vector<int32_t>& out_rows,
-                     const std::vector<int32_t>& target_rows, bool with_kl);
-
-  const TrainConfig& cfg_;
-  const RunPlan& plan_;
-  int dp_rank_;
-  comm::Transport& dp_;
-  std::unique_ptr<kernels::Backend<float>> backend_;
-  ExecContext& exec_;
-  DrafterParams<float> params_, grads_;  // host: master weights; gradients (the all-reduce runs on the host)
-  AdamWState adam_;
-  AdamWSettings adam_settings_;
-  std::vector<uint8_t> decay_mask_;  // [P] 1 on matrices, 0 on norm weights
-  // the same in the backend's memory, and the frozen target tensors
-  BackendArray w_dev_, g_dev_, m_dev_, v_dev_, decay_dev_, embed_dev_, head_dev_;
-  DrafterWeights<float> w_views_, g_views_;  // views of w_dev_ / g_dev_
-  std::unique_ptr<VocabLoss<float>> loss_;
-  // reused across micro-batches (backend memory)
-  DrafterActivations<float> acts_;
-  VocabLossContext loss_ctx_;
-  Buffer taps_, final_hidden_, rows_idx_, x_rows_, y_rows_, dx_rows_, d_out_;
+  std::unique_ptr<Engine> engine_;
 };
 
 }  // namespace dflash::train
