@@ -6,7 +6,8 @@
 #   3. the host-device math tests (cuda_math: the kernels' per-row / per-tile math on the CPU)
 #   4. dflash_bench cuda: vocab loss at the seed's shapes (T 32768, H 5120, V 248320, chunk 2048), a small fp32
 #      loss, and a small drafter forward+backward, each against its cuBLASLt GEMMs alone
-#   5. the tiny training job with run.device=cuda against the same job on the CPU: 50 steps' losses within 1e-4
+#   5. the tiny training job with run.device=cuda: fp32 against the same job on the CPU (50 steps' losses within
+#      1e-4 relative), and bf16 learning (its loss falls)
 # Usage: bash mpi_launch/gpu_check.sh        env: DFLASH_GPU_BUILD_DIR (default ./build-gpu), DFLASH_JOBS (16),
 #        DFLASH_CUDA_ARCH (90). Logs: $build/gpu_check/*.log. Exit status 0 only when no step failed.
 set -uo pipefail
@@ -68,20 +69,26 @@ step bench_loss32 60 "$bench" cuda loss --precision fp32 --T 4096 --H 1024 --V 3
 step bench_drafter 90 "$bench" cuda drafter --precision bf16 --seq 4096 --anchors 128 --block 32 --hidden 2048 \
   --layers 2 --heads 16 --kv-heads 4 --head-dim 128 --intermediate 5632 --reps 2
 
-# 5. the tiny job on the GPU (all 8 ranks on this one GPU; the drafter step on the CUDA backend's fp32 path) against
-#    the same job on the CPU: the per-step losses of 50 steps must agree to 1e-4 relative
+# 5. the tiny job on the GPU (all 8 ranks on this one GPU; the drafter step on the CUDA backend): fp32 against the
+#    same job on the CPU (the per-step losses of 50 steps agree to 1e-4 relative); bf16 learns
 t0=$(date +%s)
 echo "== tiny_job"
 (
   cd "$root"
   set -e
   [[ -f runs/tiny_data/train.h5 ]] || bash data/make_tiny.sh "$build" runs/tiny_data
-  rm -rf runs/tiny_gpu_check_cpu runs/tiny_gpu_check_cuda
-  for dev in cpu cuda; do
-    DFLASH_BIN="$build/apps/dflash_mpi" timeout 150 bash mpi_launch/run_local.sh -np 8 mpi_launch/configs/tiny.yaml \
-      --set run.device=$dev --set run.steps=50 --set log.every=1 --set ckpt.every=0 \
-      --set run.out_dir=runs/tiny_gpu_check_$dev
+  rm -rf runs/tiny_gpu_check_*
+  for run in cpu:fp32 cuda:fp32 cuda:bf16; do
+    DFLASH_BIN="$build/apps/dflash_mpi" timeout 120 bash mpi_launch/run_local.sh -np 8 mpi_launch/configs/tiny.yaml \
+      --set run.device=${run%:*} --set run.precision=${run#*:} --set run.steps=50 --set log.every=1 \
+      --set ckpt.every=0 --set run.out_dir=runs/tiny_gpu_check_${run%:*}_${run#*:}
   done
+  # bf16 learns: the mean loss of steps 41-50 is below that of steps 1-10
+  grep -o '"loss":[^,]*' runs/tiny_gpu_check_cuda_bf16/metrics.jsonl | cut -d: -f2 |
+    awk '{ if (NR <= 10) a += $1; if (NR > 40) b += $1; n++ }
+         END { printf "tiny_job: bf16 mean loss steps 1-10 %.4f, 41-50 %.4f\n", a / 10, b / 10; exit !(n == 50 && b < a) }'
+  mv runs/tiny_gpu_check_cpu_fp32 runs/tiny_gpu_check_cpu
+  mv runs/tiny_gpu_check_cuda_fp32 runs/tiny_gpu_check_cuda
   # per-step losses side by side; the largest relative difference
   paste <(grep -o '"loss":[^,]*' runs/tiny_gpu_check_cpu/metrics.jsonl | cut -d: -f2) \
         <(grep -o '"loss":[^,]*' runs/tiny_gpu_check_cuda/metrics.jsonl | cut -d: -f2) |
@@ -92,7 +99,7 @@ echo "== tiny_job"
 rc=$?
 dt=$(( $(date +%s) - t0 ))
 if [[ $rc -eq 0 ]]; then
-  summary+=("$(printf '%-14s PASS  %4ds  (%s)' tiny_job "$dt" "$(grep -o 'max relative loss difference.*' "$logs/tiny_job.log")")")
+  summary+=("$(printf '%-14s PASS  %4ds  (%s; %s)' tiny_job "$dt" "$(grep -o 'max relative loss difference.*' "$logs/tiny_job.log")" "$(grep -o 'bf16 mean loss.*' "$logs/tiny_job.log")")")
 else
   summary+=("$(printf '%-14s FAIL  %4ds  (rc %d; log %s)' tiny_job "$dt" "$rc" "$logs/tiny_job.log")")
   failed=1
