@@ -1,0 +1,175 @@
+// spec_decode_check: speculative decoding (lib/model/spec_decode.h) is lossless and counts acceptance right.
+//
+//   mpirun -np K spec_decode_check --target DIR --prompts P.h5 [--drafter DIR] [--count 4] [--max-new 40]
+//                                  [--block 8] [--taps 1,2,3,4,5] [--vocab-limit 511] [--min-tau X]
+//
+// For the first `count` prompts, on one TP group of K ranks, with each proposer:
+//   random   an untrained drafter (seed 7): output == greedy_generate token for token;
+//   drafter  the drafter in --drafter (run / checkpoint / export folder), same check; τ ≥ --min-tau when given;
+//   oracle   proposes the target's own greedy continuation: every verify keeps B tokens, except the last, which
+//            keeps exactly what is left of max_new_tokens;
+//   wrong    proposes (greedy + 1) mod vocab_limit: every verify keeps exactly 1 token.
+// Exit 0 when all hold; the first failure is an error naming the prompt, proposer and position.
+#include "lib/comm/mpi_transport.h"
+#include "tests/integration/mpi_test_main.h"
+
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/io/dataset.h"
+#include "lib/model/generate.h"
+#include "lib/model/spec_decode.h"
+#include "lib/model/target.h"
+#include "lib/train/drafter_source.h"
+
+using namespace dflash;
+
+namespace {
+
+// Proposes the known greedy continuation (offset 0) or a token that differs from it at every position (offset 1).
+class ReferenceProposer : public model::BlockProposer {
+ public:
+  ReferenceProposer(const std::vector<int32_t>& full, int block, int offset, int vocab_limit)
+      : full_(full), block_(block), offset_(offset), vocab_limit_(vocab_limit) {}
+  void propose(const std::vector<int32_t>& tokens, const float*, int32_t* draft) override {
+    const size_t p = tokens.size() - 1;
+    for (int j = 1; j < block_; ++j) {
+      const size_t at = p + size_t(j);
+      const int32_t ref = at < full_.size() ? full_[at] : 0;
+      draft[j - 1] = int32_t((ref + offset_) % vocab_limit_);
+    }
+  }
+
+ private:
+  const std::vector<int32_t>& full_;  // prompt + greedy continuation
+  int block_, offset_, vocab_limit_;
+};
+
+std::vector<int> parse_ids(const std::string& s) {
+  std::vector<int> ids;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ',')) ids.push_back(std::stoi(part));
+  return ids;
+}
+
+double tau(const model::SpecResult& r) {
+  return r.accepted.empty() ? 0.0
+                            : double(std::accumulate(r.accepted.begin(), r.accepted.end(), 0)) / r.accepted.size();
+}
+
+int run(int argc, char** argv) {
+  Args a(argc, argv, {"target", "prompts", "drafter", "count", "max-new", "block", "taps", "vocab-limit", "min-tau"});
+  comm::MpiTransport tp(MPI_COMM_WORLD);
+  const bool root = tp.rank() == 0;
+  const std::string target_dir = a.str("target", "");
+  model::TargetModel target(target_dir, tp);
+  model::GreedyHead head(target_dir, tp);
+  const model::QwenConfig& c = target.config();
+  io::Dataset prompts(a.str("prompts", ""), c.vocab);
+  const int count = int(a.integer("count", 4)), max_new = int(a.integer("max-new", 40));
+
+  // the drafters: untrained, and the given one (both need the target's embedding and lm_head on rank 0)
+  std::unique_ptr<train::DrafterSource> trained;
+  if (a.has("drafter")) trained = std::make_unique<train::DrafterSource>(train::load_drafter_source(a.str("drafter", "")));
+  DrafterConfig dc;
+  std::vector<int> taps = parse_ids(a.str("taps", "1,2,3,4,5"));
+  if (trained) {
+    dc = trained->drafter.config;
+    taps = trained->drafter.info.target_layer_ids;
+  } else {
+    dc.hidden = c.hidden, dc.layers = 2, dc.heads = 4, dc.kv_heads = 2, dc.head_dim = 16, dc.intermediate = 128;
+    dc.block_size = int(a.integer("block", 8)), dc.n_taps = int(taps.size()), dc.vocab = c.vocab;
+    dc.mask_token_id = c.vocab - 1;
+    dc.window = {0, 0};
+  }
+  dc.validate();
+  const int B = dc.block_size, vocab_limit = int(a.integer("vocab-limit", c.vocab - 1));
+  DrafterParams<float> random_params(dc);
+  random_params.init_random(7, 0.02);
+  model::TargetVocab vocab;
+  if (root) vocab = model::load_target_vocab(target_dir);
+  std::unique_ptr<model::DrafterProposer> random_drafter, trained_drafter;
+  if (root) {
+    random_drafter = std::make_unique<model::DrafterProposer>(dc, random_params, vocab.embedding.data(),
+                                                              vocab.lm_head(), vocab_limit);
+    if (trained)
+      trained_drafter = std::make_unique<model::DrafterProposer>(dc, trained->drafter.params, vocab.embedding.data(),
+                                                                 vocab.lm_head(), vocab_limit);
+  }
+
+  model::GenerateOptions g;
+  g.max_new_tokens = max_new;
+  g.vocab_limit = vocab_limit;
+  model::SpecOptions so;
+  so.block_size = B;
+  so.tap_layer_ids = taps;
+  so.max_new_tokens = max_new;
+  so.vocab_limit = vocab_limit;
+  std::vector<int> trained_accepted, random_accepted;
+  for (int i = 0; i < count && i < prompts.size(); ++i) {
+    const std::vector<int32_t> prompt = model::prompt_of(prompts.read(i), prompts.path());
+    const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompt, g);
+    std::vector<int32_t> full = prompt;
+    full.insert(full.end(), greedy.begin(), greedy.end());
+    ReferenceProposer oracle(full, B, 0, vocab_limit), wrong(full, B, 1, vocab_limit);
+    struct Case {
+      const char* name;
+      model::BlockProposer* proposer;
+    };
+    std::vector<Case> cases = {{"random", random_drafter.get()}, {"oracle", &oracle}, {"wrong", &wrong}};
+    if (trained) cases.push_back({"drafter", trained_drafter.get()});
+    for (const Case& k : cases) {
+      const model::SpecResult r = model::speculative_generate(target, head, tp, root ? k.proposer : nullptr, prompt, so);
+      DFLASH_CHECK(r.tokens.size() == greedy.size(), "prompt {} proposer {}: {} tokens, greedy gave {}", i, k.name,
+                   r.tokens.size(), greedy.size());
+      for (size_t t = 0; t < greedy.size(); ++t)
+        DFLASH_CHECK(r.tokens[t] == greedy[t], "prompt {} proposer {}: token {} is {}, greedy gives {}", i, k.name, t,
+                     r.tokens[t], greedy[t]);
+      const int kept = std::accumulate(r.accepted.begin(), r.accepted.end(), 0);
+      DFLASH_CHECK(kept + 1 == int(greedy.size()) && r.target_forwards == int(r.accepted.size()) + 1,
+                   "prompt {} proposer {}: {} tokens kept over {} verifies + the prefill token, {} generated", i,
+                   k.name, kept, r.accepted.size(), greedy.size());
+      const std::string name = k.name;
+      for (size_t v = 0; v < r.accepted.size(); ++v) {
+        const bool last = v + 1 == r.accepted.size();
+        if (name == "oracle")
+          DFLASH_CHECK(last ? r.accepted[v] == max_new - 1 - int(v) * B : r.accepted[v] == B,
+                       "prompt {} oracle: verify {} kept {} tokens, expected {}", i, v, r.accepted[v],
+                       last ? max_new - 1 - int(v) * B : B);
+        if (name == "wrong")
+          DFLASH_CHECK(r.accepted[v] == 1, "prompt {} wrong drafts: verify {} kept {} tokens, expected 1", i, v,
+                       r.accepted[v]);
+      }
+      if (name == "drafter") trained_accepted.insert(trained_accepted.end(), r.accepted.begin(), r.accepted.end());
+      if (name == "random") random_accepted.insert(random_accepted.end(), r.accepted.begin(), r.accepted.end());
+      if (root)
+        std::printf("prompt %d (%zu tokens) %-8s: %zu tokens == greedy, %d target forwards, tau %.3f\n", i,
+                    prompt.size(), k.name, r.tokens.size(), r.target_forwards, tau(r));
+    }
+  }
+  auto mean = [](const std::vector<int>& v) {
+    return v.empty() ? 0.0 : double(std::accumulate(v.begin(), v.end(), 0)) / double(v.size());
+  };
+  if (root) {
+    std::printf("TP %d: lossless for every proposer; untrained drafter tau %.3f", tp.size(), mean(random_accepted));
+    if (trained) std::printf(", drafter %s tau %.3f", trained->dir.c_str(), mean(trained_accepted));
+    std::printf("\n");
+  }
+  if (trained && a.has("min-tau")) {
+    const double min_tau = std::stod(a.str("min-tau", "0"));
+    DFLASH_CHECK(mean(trained_accepted) >= min_tau, "drafter tau {:.3f} is below --min-tau {}",
+                 mean(trained_accepted), min_tau);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return test::mpi_test_main("spec_decode_check", argc, argv, run); }
