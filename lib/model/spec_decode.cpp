@@ -91,7 +91,7 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
   r.tokens.push_back(seq.back());
   taps.resize(taps.size() + size_t(W), 0.f);
 
-  std::vector<int32_t> input(size_t(B)), draft(size_t(B - 1));
+  std::vector<int32_t> input(static_cast<size_t>(B)), draft(static_cast<size_t>(B - 1));
   auto done = [&] { return int(r.tokens.size()) >= o.max_new_tokens || r.tokens.back() == o.eos_id; };
   while (!done()) {
     const int p = int(seq.size()) - 1;  // position of the last kept token, not yet through the target
