@@ -138,7 +138,8 @@ int evaluate(const Args& a, comm::Transport& tp) {
     j["prompts_file"] = prompts.path();
     j["max_new_tokens"] = so.max_new_tokens;
     j["lossless_checked"] = a.has("check-greedy");
-    for (auto& [k, v] : sum.to_json().items()) j[k] = v;
+    const nlohmann::ordered_json totals = sum.to_json();
+    for (auto& [k, v] : totals.items()) j[k] = v;
     j["drafter_seconds"] = drafter->seconds();
     const nlohmann::json tt = training_tau(src);
     j["training_tau"] = tt.is_null() ? nlohmann::json(nullptr) : tt["tau"];

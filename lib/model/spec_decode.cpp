@@ -27,6 +27,10 @@ void DrafterProposer::propose(const std::vector<int32_t>& tokens, const float* t
   in.anchors = &anchor;
   in.n_anchors = 1;
   in.embed = embedding_;
+  if (S > reserved_len_) {  // the context grows by a few rows per cycle: grow the arena in doublings, not per call
+    reserved_len_ = std::max(2 * reserved_len_, std::max(S, 256));
+    acts_.reserve(MemoryKind::host, cfg_, reserved_len_, 1);
+  }
   drafter_forward(cfg_, params_, in, acts_);
   // rows 1..B−1 of the block predict positions p+1..p+B−1
   cpu::linear_forward<float>(logits_.data(), acts_.out + H, lm_head_, B - 1, H, vocab_limit_);

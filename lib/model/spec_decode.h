@@ -56,6 +56,7 @@ class DrafterProposer : public BlockProposer {
   int vocab_limit_;
   DrafterActivations<float> acts_;
   std::vector<float> logits_;  // [B−1, vocab_limit]
+  int reserved_len_ = 0;       // context length the arena is sized for
   double seconds_ = 0;
 };
 

@@ -51,6 +51,23 @@ class ReferenceProposer : public model::BlockProposer {
   int block_, offset_, vocab_limit_;
 };
 
+// Passes through to another proposer and records each block's anchor and drafts.
+class RecordingProposer : public model::BlockProposer {
+ public:
+  explicit RecordingProposer(model::BlockProposer* inner) : inner_(inner) {}
+  void propose(const std::vector<int32_t>& tokens, const float* taps, int32_t* draft) override {
+    inner_->propose(tokens, taps, draft);
+    anchors.push_back(tokens.size() - 1);
+    drafts.emplace_back(draft, draft + block_minus_1);
+  }
+  size_t block_minus_1 = 0;
+  std::vector<size_t> anchors;
+  std::vector<std::vector<int32_t>> drafts;
+
+ private:
+  model::BlockProposer* inner_;
+};
+
 std::vector<int> parse_ids(const std::string& s) {
   std::vector<int> ids;
   std::stringstream ss(s);
@@ -112,7 +129,7 @@ int run(int argc, char** argv) {
   so.tap_layer_ids = taps;
   so.max_new_tokens = max_new;
   so.vocab_limit = vocab_limit;
-  std::vector<int> trained_accepted, random_accepted;
+  std::vector<int> trained_accepted, random_accepted, forced_accepted, visited_forced;
   for (int i = 0; i < count && i < prompts.size(); ++i) {
     const std::vector<int32_t> prompt = model::prompt_of(prompts.read(i), prompts.path());
     const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompt, g);
@@ -124,7 +141,9 @@ int run(int argc, char** argv) {
       model::BlockProposer* proposer;
     };
     std::vector<Case> cases = {{"random", random_drafter.get()}, {"oracle", &oracle}, {"wrong", &wrong}};
-    if (trained) cases.push_back({"drafter", trained_drafter.get()});
+    RecordingProposer recorder(trained_drafter.get());
+    recorder.block_minus_1 = size_t(B - 1);
+    if (trained) cases.push_back({"drafter", &recorder});
     for (const Case& k : cases) {
       const model::SpecResult r = model::speculative_generate(target, head, tp, root ? k.proposer : nullptr, prompt, so);
       DFLASH_CHECK(r.tokens.size() == greedy.size(), "prompt {} proposer {}: {} tokens, greedy gave {}", i, k.name,
@@ -147,7 +166,34 @@ int run(int argc, char** argv) {
           DFLASH_CHECK(r.accepted[v] == 1, "prompt {} wrong drafts: verify {} kept {} tokens, expected 1", i, v,
                        r.accepted[v]);
       }
-      if (name == "drafter") trained_accepted.insert(trained_accepted.end(), r.accepted.begin(), r.accepted.end());
+      if (name == "drafter") {
+        trained_accepted.insert(trained_accepted.end(), r.accepted.begin(), r.accepted.end());
+        // teacher-forced τ of the same drafter on the same sequence (every anchor in the continuation, full-forward
+        // taps): what training measures; printed next to the speculative τ
+        std::vector<float> full_taps(full.size() * size_t(taps.size()) * size_t(c.hidden));
+        target.forward(full.data(), int(full.size()), taps, full_taps.data(), nullptr);
+        if (root) {
+          const size_t W = taps.size() * size_t(c.hidden);
+          std::vector<int32_t> draft(size_t(B - 1));
+          for (size_t p = prompt.size(); p + 1 < full.size(); ++p) {
+            std::vector<int32_t> ctx(full.begin(), full.begin() + long(p) + 1);
+            std::vector<float> ctx_taps(full_taps.begin(), full_taps.begin() + long(p * W));
+            ctx_taps.resize((p + 1) * W, 0.f);
+            trained_drafter->propose(ctx, ctx_taps.data(), draft.data());
+            int m = 1;
+            while (m < B && p + size_t(m) < full.size() && draft[size_t(m - 1)] == full[p + size_t(m)]) ++m;
+            forced_accepted.push_back(m);
+            // where speculative decoding anchored a block, its drafts are the teacher-forced ones: the same
+            // context (cached taps == full-forward taps), positions and mask as in training
+            for (size_t v = 0; v < recorder.anchors.size(); ++v) {
+              if (recorder.anchors[v] != p) continue;
+              DFLASH_CHECK(recorder.drafts[v] == draft, "prompt {}: the speculative drafts at anchor {} differ from "
+                           "the teacher-forced drafts there", i, p);
+              visited_forced.push_back(m);
+            }
+          }
+        }
+      }
       if (name == "random") random_accepted.insert(random_accepted.end(), r.accepted.begin(), r.accepted.end());
       if (root)
         std::printf("prompt %d (%zu tokens) %-8s: %zu tokens == greedy, %d target forwards, tau %.3f\n", i,
@@ -159,7 +205,11 @@ int run(int argc, char** argv) {
   };
   if (root) {
     std::printf("TP %d: lossless for every proposer; untrained drafter tau %.3f", tp.size(), mean(random_accepted));
-    if (trained) std::printf(", drafter %s tau %.3f", trained->dir.c_str(), mean(trained_accepted));
+    if (trained)
+      std::printf(", drafter %s tau %.3f; teacher-forced on the same sequences: %.3f over all %zu anchors, %.3f over "
+                  "the %zu anchors speculative decoding visited",
+                  trained->dir.c_str(), mean(trained_accepted), mean(forced_accepted), forced_accepted.size(),
+                  mean(visited_forced), visited_forced.size());
     std::printf("\n");
   }
   if (trained && a.has("min-tau")) {
