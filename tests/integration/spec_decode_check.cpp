@@ -13,6 +13,7 @@
 #include "lib/comm/mpi_transport.h"
 #include "tests/integration/mpi_test_main.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -155,6 +156,11 @@ int run(int argc, char** argv) {
       DFLASH_CHECK(kept + 1 == int(greedy.size()) && r.target_forwards == int(r.accepted.size()) + 1,
                    "prompt {} proposer {}: {} tokens kept over {} verifies + the prefill token, {} generated", i,
                    k.name, kept, r.accepted.size(), greedy.size());
+      // hybrid targets restore the DeltaNet state and re-run the kept inputs after every partial acceptance
+      const int partial = int(std::count_if(r.accepted.begin(), r.accepted.end(), [&](int m) { return m < B; }));
+      DFLASH_CHECK(r.rollback_forwards == (c.hybrid ? partial : 0), "prompt {} proposer {}: {} rollback re-runs, "
+                   "expected {} ({} target)", i, k.name, r.rollback_forwards, c.hybrid ? partial : 0,
+                   c.hybrid ? "hybrid" : "dense");
       const std::string name = k.name;
       for (size_t v = 0; v < r.accepted.size(); ++v) {
         const bool last = v + 1 == r.accepted.size();
@@ -196,15 +202,17 @@ int run(int argc, char** argv) {
       }
       if (name == "random") random_accepted.insert(random_accepted.end(), r.accepted.begin(), r.accepted.end());
       if (root)
-        std::printf("prompt %d (%zu tokens) %-8s: %zu tokens == greedy, %d target forwards, tau %.3f\n", i,
-                    prompt.size(), k.name, r.tokens.size(), r.target_forwards, tau(r));
+        std::printf("prompt %d (%zu tokens) %-8s: %zu tokens == greedy, %d target forwards + %d rollback re-runs, "
+                    "tau %.3f\n", i, prompt.size(), k.name, r.tokens.size(), r.target_forwards, r.rollback_forwards,
+                    tau(r));
     }
   }
   auto mean = [](const std::vector<int>& v) {
     return v.empty() ? 0.0 : double(std::accumulate(v.begin(), v.end(), 0)) / double(v.size());
   };
   if (root) {
-    std::printf("TP %d: lossless for every proposer; untrained drafter tau %.3f", tp.size(), mean(random_accepted));
+    std::printf("TP %d (%s target): lossless for every proposer; untrained drafter tau %.3f", tp.size(),
+                c.hybrid ? "hybrid" : "dense", mean(random_accepted));
     if (trained)
       std::printf(", drafter %s tau %.3f; teacher-forced on the same sequences: %.3f over all %zu anchors, %.3f over "
                   "the %zu anchors speculative decoding visited",
