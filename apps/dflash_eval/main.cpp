@@ -22,6 +22,7 @@
 #include "lib/core/args.h"
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
+#include "lib/core/timer.h"
 #include "lib/io/dataset.h"
 #include "lib/model/generate.h"
 #include "lib/model/spec_decode.h"
@@ -118,11 +119,14 @@ int evaluate(const Args& a, comm::Transport& tp) {
   g.eos_id = so.eos_id;
   g.vocab_limit = so.vocab_limit;
   model::SpecSummary sum(dc.block_size);
+  double greedy_seconds = 0;  // plain greedy decoding of the same prompts (--check-greedy)
   for (int64_t i = 0; i < n; ++i) {
     const std::vector<int32_t> prompt = model::prompt_of(prompts.read(i), prompts.path());
     const model::SpecResult r = model::speculative_generate(target, head, tp, drafter.get(), prompt, so);
     if (a.has("check-greedy")) {
+      Timer greedy_timer;
       const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompt, g);
+      greedy_seconds += greedy_timer.seconds();
       DFLASH_CHECK(greedy == r.tokens, "{}: prompt {}: speculative output differs from plain greedy decoding "
                    "(a bug: please report it with this prompt)", prompts.path(), i);
     }
@@ -141,15 +145,21 @@ int evaluate(const Args& a, comm::Transport& tp) {
     const nlohmann::ordered_json totals = sum.to_json();
     for (auto& [k, v] : totals.items()) j[k] = v;
     j["drafter_seconds"] = drafter->seconds();
+    if (a.has("check-greedy")) {
+      j["greedy_seconds"] = greedy_seconds;
+      j["speedup_vs_greedy"] = sum.seconds > 0 ? greedy_seconds / sum.seconds : 0.0;
+    }
     const nlohmann::json tt = training_tau(src);
     j["training_tau"] = tt.is_null() ? nlohmann::json(nullptr) : tt["tau"];
     if (a.has("out")) write_file_atomic(a.str("out", ""), j.dump(2) + "\n");
     std::printf("eval: tau %.3f (speculative, %lld verify forwards) | training tau %s | %.3f target forwards per "
-                "token | %.1f tokens/s | acceptance by position %s%s\n",
+                "token | %.1f tokens/s%s | acceptance by position %s%s\n",
                 sum.tau(), (long long)sum.verifies,
                 tt.is_null() ? "n/a" : fmt::format("{:.3f} (step {})", tt["tau"].get<double>(),
                                                    tt["step"].get<int64_t>()).c_str(),
                 j["target_forwards_per_token"].get<double>(), j["tokens_per_second"].get<double>(),
+                a.has("check-greedy") ? fmt::format(" ({:.2f}x plain greedy)", j["speedup_vs_greedy"].get<double>()).c_str()
+                                      : "",
                 fmt::format("[{:.2f}]", fmt::join(sum.acceptance_by_position(), ", ")).c_str(),
                 a.has("check-greedy") ? " | lossless: identical to greedy" : "");
   }

@@ -117,8 +117,9 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
     }
     r.accepted.push_back(m);
 
-    // keep positions p..p+m−1 (their inputs were t_p and the m−1 confirmed drafts)
-    if (m < B) {
+    // keep positions p..p+m−1 (their inputs were t_p and the m−1 confirmed drafts); a finished sequence's cache
+    // is dropped, so the last verify needs no rollback
+    if (m < B && !done()) {
       truncate_kv(cache, p + m);
       if (before.any) {
         truncate_kv(cache, p);

@@ -72,7 +72,7 @@ struct SpecResult {
   std::vector<int32_t> tokens;  // the generated ids (== greedy_generate's with the same options)
   std::vector<int> accepted;    // per verify forward: tokens kept (1..B; fewer only where generation ends)
   int target_forwards = 0;      // prefill + verifies (rollback re-runs not included)
-  int rollback_forwards = 0;    // hybrid targets: re-runs of kept inputs after a partial acceptance
+  int rollback_forwards = 0;    // hybrid targets: re-runs of kept inputs after a partial acceptance (not the last)
   double seconds = 0;           // wall time of the whole generation
 };
 
