@@ -8,7 +8,9 @@
 //   drafter  the drafter in --drafter (run / checkpoint / export folder), same check; τ ≥ --min-tau when given;
 //   oracle   proposes the target's own greedy continuation: every verify keeps B tokens, except the last, which
 //            keeps exactly what is left of max_new_tokens;
-//   wrong    proposes (greedy + 1) mod vocab_limit: every verify keeps exactly 1 token.
+//   wrong    proposes (greedy + 1) mod vocab_limit: every verify keeps exactly 1 token;
+// and with an eos id taken from the middle of the greedy continuation, oracle and untrained drafter stop exactly where
+// greedy_generate stops.
 // Exit 0 when all hold; the first failure is an error naming the prompt, proposer and position.
 #include "lib/comm/mpi_transport.h"
 #include "tests/integration/mpi_test_main.h"
@@ -208,6 +210,21 @@ int run(int argc, char** argv) {
                     "tau %.3f\n", i, prompt.size(), k.name, r.tokens.size(), r.target_forwards, r.rollback_forwards,
                     tau(r));
     }
+    // an eos the greedy continuation produces halfway (its first occurrence): both stop right after it
+    model::GenerateOptions ge = g;
+    ge.eos_id = greedy[greedy.size() / 2];
+    model::SpecOptions se = so;
+    se.eos_id = ge.eos_id;
+    const std::vector<int32_t> greedy_eos = model::greedy_generate(target, head, prompt, ge);
+    DFLASH_CHECK(greedy_eos.back() == ge.eos_id && greedy_eos.size() <= greedy.size() / 2 + 1,
+                 "prompt {}: greedy_generate did not stop at eos {}", i, ge.eos_id);
+    for (model::BlockProposer* proposer : {static_cast<model::BlockProposer*>(&oracle),
+                                           static_cast<model::BlockProposer*>(random_drafter.get())}) {
+      const model::SpecResult r = model::speculative_generate(target, head, tp, root ? proposer : nullptr, prompt, se);
+      DFLASH_CHECK(r.tokens == greedy_eos, "prompt {}: with eos {} speculative decoding gave {} tokens, greedy {}", i,
+                   ge.eos_id, r.tokens.size(), greedy_eos.size());
+    }
+    if (root) std::printf("prompt %d: eos %d stops both after %zu tokens\n", i, ge.eos_id, greedy_eos.size());
   }
   auto mean = [](const std::vector<int>& v) {
     return v.empty() ? 0.0 : double(std::accumulate(v.begin(), v.end(), 0)) / double(v.size());
