@@ -137,6 +137,32 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
   return r;
 }
 
+void teacher_forced_acceptance(TargetModel& target, comm::Transport& tp, BlockProposer* proposer,
+                               const std::vector<int32_t>& sequence, int prompt_len,
+                               const std::vector<int>& tap_layer_ids, int B, std::vector<int>& accepted,
+                               std::vector<std::vector<int32_t>>* drafts) {
+  const size_t n = sequence.size(), W = tap_layer_ids.size() * size_t(target.config().hidden);
+  DFLASH_CHECK(prompt_len >= 1 && size_t(prompt_len) <= n, "teacher_forced_acceptance: prompt length {} outside "
+               "[1, {}]", prompt_len, n);
+  accepted.clear();
+  if (drafts) drafts->clear();
+  std::vector<float> taps(n * W);
+  target.forward(sequence.data(), int(n), tap_layer_ids, taps.data(), nullptr);
+  if (tp.rank() != 0) return;
+  DFLASH_CHECK(proposer, "teacher_forced_acceptance: TP rank 0 needs a proposer");
+  std::vector<int32_t> draft(static_cast<size_t>(B - 1));
+  for (size_t p = size_t(prompt_len); p + 1 < n; ++p) {
+    const std::vector<int32_t> context(sequence.begin(), sequence.begin() + long(p) + 1);
+    std::vector<float> context_taps(taps.begin(), taps.begin() + long(p * W));
+    context_taps.resize((p + 1) * W, 0.f);  // row p: never visible to the block anchored there
+    proposer->propose(context, context_taps.data(), draft.data());
+    int m = 1;
+    while (m < B && p + size_t(m) < n && draft[size_t(m - 1)] == sequence[p + size_t(m)]) ++m;
+    accepted.push_back(std::min(m, int(n - 1 - p)));  // kept tokens sit at p+1..p+m, inside the sequence
+    if (drafts) drafts->push_back(draft);
+  }
+}
+
 void SpecSummary::add(const SpecResult& r) {
   prompts += 1;
   generated += int64_t(r.tokens.size());

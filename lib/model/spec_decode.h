@@ -81,6 +81,17 @@ struct SpecResult {
 SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Transport& tp, BlockProposer* proposer,
                                 const std::vector<int32_t>& prompt, const SpecOptions& options);
 
+// Teacher forcing on a finished sequence (prompt + continuation): the drafter sees the true context, as in training.
+// Collective over `tp` (one full target forward with taps); the proposer runs on rank 0. For every anchor p in
+// [prompt_len, n−1): the tokens the block at p would keep, 1 + the leading drafts that equal sequence[p+1..]
+// (at most n − 1 − p: the tokens after p), into accepted[p − prompt_len], and its drafts into drafts (optional) — on
+// rank 0; empty elsewhere. When sequence is a speculative decoding's prompt + output, that decoding visited the
+// anchors prompt_len, prompt_len + m_1, …, and its drafts and kept counts there are exactly these.
+void teacher_forced_acceptance(TargetModel& target, comm::Transport& tp, BlockProposer* proposer,
+                               const std::vector<int32_t>& sequence, int prompt_len,
+                               const std::vector<int>& tap_layer_ids, int block_size, std::vector<int>& accepted,
+                               std::vector<std::vector<int32_t>>* drafts = nullptr);
+
 // Totals over a prompt set (docs/eval.md defines each output).
 struct SpecSummary {
   explicit SpecSummary(int block_size) : block_size(block_size), kept_histogram(size_t(block_size) + 1, 0) {}

@@ -180,28 +180,20 @@ int run(int argc, char** argv) {
         trained_accepted.insert(trained_accepted.end(), r.accepted.begin(), r.accepted.end());
         // teacher-forced τ of the same drafter on the same sequence (every anchor in the continuation, full-forward
         // taps): what training measures; printed next to the speculative τ
-        std::vector<float> full_taps(full.size() * size_t(taps.size()) * size_t(c.hidden));
-        target.forward(full.data(), int(full.size()), taps, full_taps.data(), nullptr);
-        if (root) {
-          const size_t W = taps.size() * size_t(c.hidden);
-          std::vector<int32_t> draft(size_t(B - 1));
-          for (size_t p = prompt.size(); p + 1 < full.size(); ++p) {
-            std::vector<int32_t> ctx(full.begin(), full.begin() + long(p) + 1);
-            std::vector<float> ctx_taps(full_taps.begin(), full_taps.begin() + long(p * W));
-            ctx_taps.resize((p + 1) * W, 0.f);
-            trained_drafter->propose(ctx, ctx_taps.data(), draft.data());
-            int m = 1;
-            while (m < B && p + size_t(m) < full.size() && draft[size_t(m - 1)] == full[p + size_t(m)]) ++m;
-            forced_accepted.push_back(m);
-            // where speculative decoding anchored a block, its drafts are the teacher-forced ones: the same
-            // context (cached taps == full-forward taps), positions and mask as in training
-            for (size_t v = 0; v < recorder.anchors.size(); ++v) {
-              if (recorder.anchors[v] != p) continue;
-              DFLASH_CHECK(recorder.drafts[v] == draft, "prompt {}: the speculative drafts at anchor {} differ from "
-                           "the teacher-forced drafts there", i, p);
-              visited_forced.push_back(m);
-            }
-          }
+        std::vector<int> forced;
+        std::vector<std::vector<int32_t>> forced_drafts;
+        model::teacher_forced_acceptance(target, tp, root ? trained_drafter.get() : nullptr, full, int(prompt.size()),
+                                         taps, B, forced, &forced_drafts);
+        forced_accepted.insert(forced_accepted.end(), forced.begin(), forced.end());
+        // where speculative decoding anchored a block, its drafts are the teacher-forced ones: the same context
+        // (cached taps == full-forward taps), positions and mask as in training
+        for (size_t v = 0; root && v < recorder.anchors.size(); ++v) {
+          const size_t at = recorder.anchors[v] - prompt.size();
+          DFLASH_CHECK(at < forced.size() && recorder.drafts[v] == forced_drafts[at], "prompt {}: the speculative "
+                       "drafts at anchor {} differ from the teacher-forced drafts there", i, recorder.anchors[v]);
+          visited_forced.push_back(forced[at]);
+          DFLASH_CHECK(forced[at] == r.accepted[v], "prompt {}: at anchor {} speculative decoding kept {} tokens, "
+                       "teacher forcing {}", i, recorder.anchors[v], r.accepted[v], forced[at]);
         }
       }
       if (name == "random") random_accepted.insert(random_accepted.end(), r.accepted.begin(), r.accepted.end());

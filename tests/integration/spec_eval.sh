@@ -40,7 +40,7 @@ case "$case" in
     rm -rf "$out"
     mkdir -p "$out"
     "$build/apps/dflash_eval" --target "$tiny/target" --drafter "$run" --prompts "$tiny/prompts.h5" --limit 16 \
-      --max-new-tokens 48 --out "$out/eval.json" --check-greedy | tee "$out/log"
+      --max-new-tokens 48 --out "$out/eval.json" --check-greedy --teacher-forced | tee "$out/log"
     python3 - "$out/eval.json" <<'PY' || fail "eval.json is not what it should be"
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -55,6 +55,10 @@ assert abs(j["target_forwards_per_token"] - (j["verify_forwards"] + 16) / j["gen
 a = j["acceptance_by_position"]
 assert len(a) == B - 1 and all(a[i] >= a[i + 1] for i in range(B - 2))
 assert j["tau"] >= 1.3, f"speculative tau {j['tau']} is not clearly above 1"
+# teacher forcing at the anchors speculative decoding visited keeps exactly what it kept (same drafts, same target)
+assert abs(j["teacher_forced_tau_visited"] - j["tau"]) < 1e-12, (j["teacher_forced_tau_visited"], j["tau"])
+assert j["teacher_forced_anchors"] == 16 * 47, j["teacher_forced_anchors"]
+print(f"teacher-forced tau on the generated sequences {j['teacher_forced_tau']:.3f} (all anchors)")
 print(f"speculative tau {j['tau']:.3f} vs training (teacher-forced) tau {j['training_tau']:.3f}")
 PY
     grep -q "lossless: identical to greedy" "$out/log" || fail "no lossless line"
