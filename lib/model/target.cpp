@@ -164,6 +164,11 @@ void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& 
 }
 
 void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache, float* final_hidden) {
+  forward_cached(tokens, n, cache, {}, nullptr, final_hidden);
+}
+
+void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache,
+                                 const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden) {
   const size_t L = size_t(config_.layers);
   if (cache.keys.size() != L) {
     DFLASH_CHECK(cache.length == 0, "target forward_cached: a cache at length {} without per-layer state",
@@ -173,7 +178,7 @@ void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cach
     cache.conv_tail.assign(L, {});
     cache.delta_state.assign(L, {});
   }
-  run(tokens, n, {}, nullptr, final_hidden, &cache);
+  run(tokens, n, tap_layer_ids, taps, final_hidden, &cache);
   cache.length += n;
 }
 

@@ -89,6 +89,9 @@ class TargetModel {
   // default-constructed cache starts a sequence); appends them to the cache. final_hidden[n, H] (=) the final
   // normed state of those positions, the same as forward() over the whole sequence gives for them (to rounding).
   void forward_cached(const int32_t* tokens, int n, TargetCache& cache, float* final_hidden);
+  // The same, also writing taps[n, n_taps*H] (=) of those positions as forward() does (speculative decoding).
+  void forward_cached(const int32_t* tokens, int n, TargetCache& cache, const std::vector<int>& tap_layer_ids,
+                      float* taps, float* final_hidden);
 
  private:
   // positions start at cache ? cache->length : 0; cache (optional) is read and extended

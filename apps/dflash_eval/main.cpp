@@ -1,0 +1,232 @@
+// dflash_eval --target DIR --drafter DIR --prompts P.h5 [--max-new-tokens 128] [--limit K] [--eos ID]
+//             [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced]
+// The real acceptance length: greedy speculative decoding of every prompt with the target and the drafter
+// (lib/model/spec_decode.h, docs/eval.md). Single process = TP 1; `mpirun -np K dflash_eval ...` runs the target
+// as one TP group of K ranks with the drafter on rank 0 (the drafter's block costs far less than the target's
+// verify forward, and the ranks must wait for the drafts anyway). Rank 0 prints and writes the JSON.
+#include "lib/comm/mpi_transport.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "lib/core/args.h"
+#include "lib/core/atomic_file.h"
+#include "lib/core/error.h"
+#include "lib/core/timer.h"
+#include "lib/io/dataset.h"
+#include "lib/model/generate.h"
+#include "lib/model/spec_decode.h"
+#include "lib/model/target.h"
+#include "lib/train/drafter_source.h"
+
+using namespace dflash;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: dflash_eval --target DIR --drafter DIR --prompts P.h5 [--max-new-tokens 128] [--limit K] [--eos ID]\n"
+    "                   [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced]\n"
+    "  --target DIR          the target model (Hugging Face directory)\n"
+    "  --drafter DIR         a training run folder (its newest complete checkpoint), a ckpt/step_* folder, or an\n"
+    "                        exported drafter folder (config.json + model.safetensors)\n"
+    "  --prompts P.h5        a dataset; each sequence's prompt is its tokens before the first loss_mask = 1\n"
+    "                        (text prompts: tokenize them first, see docs/eval.md)\n"
+    "  --max-new-tokens N    tokens generated per prompt (default 128)\n"
+    "  --limit K             only the first K prompts\n"
+    "  --eos ID              stop a prompt after the target generates ID\n"
+    "  --vocab-limit N       generate only ids < N (default: the drafter's mask_token_id when it is the last id)\n"
+    "  --out FILE            write the results as JSON (atomically)\n"
+    "  --check-greedy        also decode each prompt plainly and fail unless the tokens are identical\n"
+    "  --teacher-forced      also the teacher-forced tau of the drafter on the generated sequences (every anchor,\n"
+    "                        and only the anchors speculative decoding visited)\n"
+    "  single process = TP 1; `mpirun -np K dflash_eval ...` runs one target TP group of K ranks\n";
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+// The teacher-forced τ of the run's last metrics record, when the drafter came from a training run.
+nlohmann::json training_tau(const train::DrafterSource& src) {
+  if (src.kind != "checkpoint") return nullptr;
+  const std::filesystem::path metrics = std::filesystem::path(src.dir).parent_path().parent_path() / "metrics.jsonl";
+  std::ifstream f(metrics);
+  std::string line, last;
+  while (std::getline(f, line))
+    if (line.find("\"tau\"") != std::string::npos) last = line;
+  if (last.empty()) return nullptr;
+  const nlohmann::json j = nlohmann::json::parse(last, nullptr, false);
+  if (j.is_discarded() || !j.contains("tau")) return nullptr;
+  return {{"tau", j["tau"]}, {"step", j.value("step", int64_t(-1))}, {"file", metrics.string()}};
+}
+
+int evaluate(const Args& a, comm::Transport& tp) {
+  const bool root = tp.rank() == 0;
+  const std::string target_dir = a.str("target", "");
+  DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory "
+                    "with config.json and *.safetensors)", target_dir);
+  const train::DrafterSource src = train::load_drafter_source(a.str("drafter", ""));
+  const DrafterConfig& dc = src.drafter.config;
+  model::TargetModel target(target_dir, tp);
+  model::GreedyHead head(target_dir, tp);
+  const model::QwenConfig& c = target.config();
+  DFLASH_USER_CHECK(dc.vocab == c.vocab && dc.hidden == c.hidden,
+                    "--drafter {}: vocab {} / hidden {} do not match the target {} (vocab {}, hidden {})", src.dir,
+                    dc.vocab, dc.hidden, target_dir, c.vocab, c.hidden);
+  for (int id : src.drafter.info.target_layer_ids)
+    DFLASH_USER_CHECK(id < c.layers, "--drafter {}: target_layer_ids has {}, the target has {} layers", src.dir, id,
+                      c.layers);
+  model::SpecOptions so;
+  so.block_size = dc.block_size;
+  so.tap_layer_ids = src.drafter.info.target_layer_ids;
+  so.max_new_tokens = int(a.integer("max-new-tokens", 128));
+  so.eos_id = int32_t(a.integer("eos", -1));
+  so.vocab_limit = int(a.integer("vocab-limit", dc.mask_token_id == c.vocab - 1 ? c.vocab - 1 : 0));
+  const int64_t limit = a.integer("limit", 0);
+  DFLASH_USER_CHECK(so.max_new_tokens >= 1, "--max-new-tokens {}: must be >= 1", so.max_new_tokens);
+  DFLASH_USER_CHECK(so.eos_id < c.vocab, "--eos {}: not a token id of the target (vocab {})", so.eos_id, c.vocab);
+  DFLASH_USER_CHECK(so.vocab_limit >= 0 && so.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}]",
+                    so.vocab_limit, c.vocab);
+  DFLASH_USER_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
+  io::Dataset prompts(a.str("prompts", ""), c.vocab);
+  const int64_t n = model::check_prompts(prompts, limit);
+  DFLASH_USER_CHECK(n > 0, "{}: no prompts", prompts.path());
+
+  model::TargetVocab vocab;
+  std::unique_ptr<model::DrafterProposer> drafter;
+  if (root) {
+    vocab = model::load_target_vocab(target_dir);
+    drafter = std::make_unique<model::DrafterProposer>(dc, src.drafter.params, vocab.embedding.data(),
+                                                       vocab.lm_head(), so.vocab_limit);
+    std::printf("eval: drafter %s (%s%s, block %d, taps %s) on target %s (TP %d), %lld prompts, up to %d new "
+                "tokens each\n", src.dir.c_str(), src.kind.c_str(),
+                src.step >= 0 ? fmt::format(" step {}", src.step).c_str() : "", dc.block_size,
+                fmt::format("{}", fmt::join(so.tap_layer_ids, ",")).c_str(), target_dir.c_str(), tp.size(),
+                (long long)n, so.max_new_tokens);
+    std::fflush(stdout);
+  }
+  model::GenerateOptions g;
+  g.max_new_tokens = so.max_new_tokens;
+  g.eos_id = so.eos_id;
+  g.vocab_limit = so.vocab_limit;
+  model::SpecSummary sum(dc.block_size);
+  double greedy_seconds = 0;  // plain greedy decoding of the same prompts (--check-greedy)
+  struct Mean {
+    double sum = 0;
+    int64_t n = 0;
+    void add(int v) { sum += v, ++n; }
+    double value() const { return n > 0 ? sum / double(n) : 0.0; }
+  } forced_all, forced_visited;  // --teacher-forced: over every anchor, over the anchors speculative decoding used
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<int32_t> prompt = model::prompt_of(prompts.read(i), prompts.path());
+    const model::SpecResult r = model::speculative_generate(target, head, tp, drafter.get(), prompt, so);
+    if (a.has("check-greedy")) {
+      Timer greedy_timer;
+      const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompt, g);
+      greedy_seconds += greedy_timer.seconds();
+      DFLASH_CHECK(greedy == r.tokens, "{}: prompt {}: speculative output differs from plain greedy decoding "
+                   "(a bug: please report it with this prompt)", prompts.path(), i);
+    }
+    sum.add(r);
+    if (a.has("teacher-forced")) {
+      std::vector<int32_t> sequence = prompt;
+      sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
+      std::vector<int> forced;
+      model::teacher_forced_acceptance(target, tp, drafter.get(), sequence, int(prompt.size()), so.tap_layer_ids,
+                                       dc.block_size, forced);
+      for (int m : forced) forced_all.add(m);
+      size_t at = 0;  // the anchors speculative decoding visited: prompt end, then after each verify's kept tokens
+      for (int m : r.accepted) {
+        if (at < forced.size()) forced_visited.add(forced[at]);
+        at += size_t(m);
+      }
+    }
+  }
+  if (root) {
+    nlohmann::ordered_json j;
+    j["drafter"] = src.dir;
+    j["drafter_kind"] = src.kind;
+    if (src.step >= 0) j["step"] = src.step;
+    j["target"] = target_dir;
+    j["target_tp"] = tp.size();
+    j["prompts_file"] = prompts.path();
+    j["max_new_tokens"] = so.max_new_tokens;
+    j["lossless_checked"] = a.has("check-greedy");
+    const nlohmann::ordered_json totals = sum.to_json();
+    for (auto& [k, v] : totals.items()) j[k] = v;
+    j["drafter_seconds"] = drafter->seconds();
+    if (a.has("check-greedy")) {
+      j["greedy_seconds"] = greedy_seconds;
+      j["speedup_vs_greedy"] = sum.seconds > 0 ? greedy_seconds / sum.seconds : 0.0;
+    }
+    if (a.has("teacher-forced")) {
+      j["teacher_forced_tau"] = forced_all.value();
+      j["teacher_forced_anchors"] = forced_all.n;
+      j["teacher_forced_tau_visited"] = forced_visited.value();
+    }
+    const nlohmann::json tt = training_tau(src);
+    j["training_tau"] = tt.is_null() ? nlohmann::json(nullptr) : tt["tau"];
+    if (a.has("out")) write_file_atomic(a.str("out", ""), j.dump(2) + "\n");
+    std::printf("eval: tau %.3f (speculative, %lld verify forwards) | training tau %s | %.3f target forwards per "
+                "token | %.1f tokens/s%s | acceptance by position %s%s\n",
+                sum.tau(), (long long)sum.verifies,
+                tt.is_null() ? "n/a" : fmt::format("{:.3f} (step {})", tt["tau"].get<double>(),
+                                                   tt["step"].get<int64_t>()).c_str(),
+                j["target_forwards_per_token"].get<double>(), j["tokens_per_second"].get<double>(),
+                a.has("check-greedy") ? fmt::format(" ({:.2f}x plain greedy)", j["speedup_vs_greedy"].get<double>()).c_str()
+                                      : "",
+                fmt::format("[{:.2f}]", fmt::join(sum.acceptance_by_position(), ", ")).c_str(),
+                a.has("check-greedy") ? " | lossless: identical to greedy" : "");
+    if (a.has("teacher-forced"))
+      std::printf("eval: teacher-forced tau on the generated sequences %.3f over all %lld anchors, %.3f over the %lld "
+                  "anchors speculative decoding visited (docs/eval.md: why these differ)\n", forced_all.value(),
+                  (long long)forced_all.n, forced_visited.value(), (long long)forced_visited.n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args a(argc, argv, {"target", "drafter", "prompts", "max-new-tokens", "limit", "eos", "vocab-limit", "out",
+                        "check-greedy", "teacher-forced"}, {"check-greedy", "teacher-forced"}, kUsage);
+    DFLASH_USER_CHECK(a.has("target") && a.has("drafter") && a.has("prompts"),
+                      "--target DIR, --drafter DIR and --prompts P.h5 are required\n{}", kUsage);
+    if (!launched_by_mpi()) {
+      comm::SelfTransport self;
+      return evaluate(a, self);
+    }
+    MPI_Init(nullptr, nullptr);
+    int rc = 1;
+    try {
+      comm::MpiTransport world(MPI_COMM_WORLD);
+      rc = evaluate(a, world);
+    } catch (const std::exception& e) {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      std::fprintf(stderr, "[rank %d] dflash_eval: error: %s\n", rank, e.what());
+      std::fflush(stderr);
+      if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Finalize();
+    return rc;
+  } catch (const HelpShown&) {
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dflash_eval: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,20 @@
+#pragma once
+// The drafter an evaluation runs (docs/eval.md): a training run folder (its newest complete checkpoint), one
+// checkpoint step folder, or an exported drafter folder (config.json + model.safetensors).
+#include <string>
+
+#include "lib/model/drafter_export.h"
+
+namespace dflash::train {
+
+struct DrafterSource {
+  std::string kind;  // "checkpoint" or "export"
+  std::string dir;   // the folder read (for a run folder: its newest complete checkpoint)
+  int64_t step = -1; // checkpoints: the optimizer step
+  model::ExportedDrafter drafter;  // config, fp32 weights, target facts (target_layer_ids)
+};
+
+// Reads and verifies one of the three; a folder that is none of them is a user error naming it and the choices.
+DrafterSource load_drafter_source(const std::string& path);
+
+}  // namespace dflash::train
