@@ -39,6 +39,7 @@ DataFacts scan_data_facts(const io::Dataset& data, int mask_token_id, int64_t ma
       const int64_t pos = at - offsets[size_t(seq)];
       if (pos == 0) previous = 0;
       mix(h_tokens, uint32_t(tokens[k]));
+      f.max_token = std::max(f.max_token, tokens[k]);
       mix(h_mask, mask[k]);
       if (pos >= streamed(seq)) continue;  // truncated away: never streamed
       if (mask[k]) {

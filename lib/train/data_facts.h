@@ -20,6 +20,7 @@ struct DataFacts {
   int64_t trained_tokens = 0;       // loss_mask 1, within the streamed length
   int64_t anchor_candidates = 0;    // positions i with loss_mask[i] = loss_mask[i+1] = 1 (streamed)
   int64_t mask_token_trained = 0;   // trained positions holding the mask token id
+  int32_t max_token = -1;           // the largest token id (-1 when empty)
   int64_t first_mask_seq = -1, first_mask_pos = -1;  // where the first of them is
   // "64 sequences, 4980 tokens, content 0x0123456789abcdef": what a checkpoint records of its data
   std::string identity() const;

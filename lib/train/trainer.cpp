@@ -32,6 +32,7 @@
 #include "lib/train/signal_margin.h"
 #include "lib/train/signals.h"
 #include "lib/train/target_check.h"
+#include "lib/train/tokenizer_check.h"
 #include "lib/train/run_plan.h"
 #include "lib/train/workers.h"
 
@@ -53,6 +54,11 @@ int run_check(const TrainConfig& cfg) {
   const RunPlan plan = make_run_plan(cfg, target, data.size());
   const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
   check_data_facts(facts, cfg);
+  const TokenizerFacts tokenizer = read_tokenizer_facts(cfg.target.path);
+  const TokenizerCheck tok = check_tokenizer(tokenizer, cfg.target.path, target.vocab, facts.max_token,
+                                             plan.drafter.mask_token_id);
+  DFLASH_USER_CHECK(tok.errors.empty(), "tokenizer, target and data disagree:\n  {}",
+                    fmt::format("{}", fmt::join(tok.errors, "\n  ")));
   const std::vector<ParamInfo> layout = drafter_param_layout(plan.drafter);  // counted, not allocated
   const size_t drafter_params = layout.back().offset + layout.back().numel;
   std::printf("%s\n", format_config_table(cfg).c_str());
@@ -93,6 +99,13 @@ int run_check(const TrainConfig& cfg) {
               "(block %d)\n",
               (long long)facts.trained_tokens, 100.0 * double(facts.trained_tokens) / double(std::max<int64_t>(facts.tokens, 1)),
               (long long)facts.anchor_candidates, (long long)facts.longest, plan.drafter.block_size);
+  if (tokenizer.path.empty())
+    std::printf("  tokenizer      none in %s (not checked; data/prep/dflash-prep check compares a tokenizer folder)\n",
+                cfg.target.path.c_str());
+  else
+    std::printf("  tokenizer      %s: %lld tokens, %zu special; fits vocab_size %d, the eos/bos ids and the data\n",
+                tokenizer.path.c_str(), (long long)tokenizer.tokens, tokenizer.special_ids.size(), target.vocab);
+  for (const std::string& n : tok.notes) std::printf("  note           %s\n", n.c_str());
   std::printf("  data identity  %s (recorded in checkpoints; a resume on other data is refused)\n",
               facts.identity().c_str());
   std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "

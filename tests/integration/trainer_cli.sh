@@ -122,6 +122,12 @@ case "$case" in
     expect_error "check: INCOMPLETE: $out/bare holds config.json but no model.safetensors" "$bin" \
       "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set "target.path=$out/bare" --check
     grep -q "check: OK" "$out/log" && fail "a folder without weights reported check: OK"
+    # a tokenizer.json in the target folder that cannot have made the data: --check names the largest data id
+    mkdir -p "$out/tok" && cp "$tiny/target/"* "$out/tok/"
+    echo '{"model": {"vocab": {"a": 0, "b": 1, "c": 2}}, "added_tokens": [{"id": 3, "special": true}]}' \
+      >"$out/tok/tokenizer.json"
+    expect_error "the data holds token id [0-9]* but $out/tok/tokenizer.json has only 4 tokens" "$bin" \
+      "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set "target.path=$out/tok" --check
     expect_error "trained position(s) hold drafter.mask_token_id = 5 " "$bin" "$src/mpi_launch/configs/tiny.yaml" \
       "${common[@]}" --set drafter.mask_token_id=5 --check
     expect_error "drafter.block_size = 200 is longer than every sequence" "$bin" "$src/mpi_launch/configs/tiny.yaml" \
