@@ -77,11 +77,14 @@ std::vector<int> int_list(const std::string& option, const std::string& text) {
   std::string part;
   while (std::getline(ss, part, ',')) {
     int v = 0;
+    size_t used = 0;
     try {
-      v = std::stoi(part);
+      v = std::stoi(part, &used);
     } catch (const std::exception&) {
-      DFLASH_USER_FAIL("--{} {}: '{}' is not an integer (a comma-separated list such as 1,2,3)", option, text, part);
+      used = 0;
     }
+    DFLASH_USER_CHECK(used > 0 && used == part.size(),
+                      "--{} {}: '{}' is not an integer (a comma-separated list such as 1,2,3)", option, text, part);
     DFLASH_USER_CHECK(v >= 1, "--{}: values must be ≥ 1, got {}", option, v);
     out.push_back(v);
   }
