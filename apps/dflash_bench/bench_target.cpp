@@ -1,6 +1,8 @@
-// dflash_bench target: tokens/s of the TP target forward by TP size, and the wall time spent in the row-parallel
-// all-reduces. An MPI program: `mpirun -np K dflash_bench target [--tp 1,2,3,5]` runs each TP size in the list
-// (≤ K) on ranks [0, tp) while the other ranks sleep, and rank 0 prints one markdown table.
+// dflash_bench target: tokens/s of the TP target forward by TP size and sequence length, the wall time spent in the
+// row-parallel all-reduces, and the compute time of each layer part (Gated DeltaNet mixers, full attention mixers,
+// MLPs) against the sgemm rate. An MPI program: `mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512,2048]
+// [--arch qwen3_5]` runs each TP size in the list (≤ K) on ranks [0, tp) while the other ranks sleep, and rank 0
+// prints one markdown table.
 #include "lib/comm/mpi_transport.h"
 
 #include <unistd.h>
@@ -38,38 +40,88 @@ void quiet_barrier() {
   }
 }
 
-// FLOPs of one full-model forward over S tokens (GEMMs and attention; norms and RoPE are O(S·H) and left out)
-double forward_flops(const model::QwenConfig& c, int S) {
-  const double H = c.hidden, qd = double(c.heads) * c.head_dim, kvd = double(c.kv_heads) * c.head_dim;
-  const double linear = 2.0 * S * H * (qd + 2 * kvd) + 2.0 * S * qd * H + 3 * 2.0 * S * H * c.intermediate;
-  const double attention = 2 * 2.0 * c.heads * c.head_dim * (double(S) * (S + 1) / 2);
-  return c.layers * (linear + attention);
+// FLOPs of one full-model forward over S tokens by layer part (GEMMs, attention, conv and delta rule; norms, RoPE
+// and gates are O(S·H) and left out), summed over all layers of that kind.
+struct PartFlops {
+  double linear_attention = 0, full_attention = 0, mlp = 0;
+  double total() const { return linear_attention + full_attention + mlp; }
+};
+
+PartFlops forward_flops(const model::QwenConfig& c, int S) {
+  const double H = c.hidden, s = S, qd = double(c.heads) * c.head_dim, kvd = double(c.kv_heads) * c.head_dim;
+  // gated attention (hybrids): q_proj yields query and gate, twice the rows
+  const double q_rows = c.hybrid ? 2 * qd : qd;
+  const double full = 2.0 * s * H * (q_rows + 2 * kvd) + 2.0 * s * qd * H +  // q/k/v and o projections
+                      2 * 2.0 * c.heads * c.head_dim * (s * (s + 1) / 2);     // causal QKᵀ and PV
+  double linear = 0;
+  if (c.hybrid) {
+    const double C = c.linear_conv_dim(), nv = c.linear_v_heads, vd = nv * c.linear_v_dim;
+    linear = 2.0 * s * H * (C + vd + 2 * nv) + 2.0 * s * vd * H +  // in_proj_qkv/z/b/a and out_proj
+             2.0 * s * C * c.conv_kernel +                          // depthwise causal conv
+             // delta rule, recurrent form (the least work): per token and value head kᵀM, the rank-1 update of
+             // M [dk, dv] and qᵀM, 2·dk·dv each (the chunked kernel adds O(chunk·(dk + dv)) per token)
+             6.0 * s * nv * c.linear_k_dim * c.linear_v_dim;
+  }
+  const double mlp = 3 * 2.0 * s * H * c.intermediate;
+  PartFlops f;
+  for (int l = 0; l < c.layers; ++l) {
+    (c.is_linear(l) ? f.linear_attention : f.full_attention) += c.is_linear(l) ? linear : full;
+    f.mlp += mlp;
+  }
+  return f;
+}
+
+std::vector<int> int_list(const std::string& option, const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    int v = 0;
+    size_t used = 0;
+    try {
+      v = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DFLASH_USER_CHECK(used > 0 && used == part.size(),
+                      "--{} {}: '{}' is not an integer (a comma-separated list such as 1,2,3)", option, text, part);
+    DFLASH_USER_CHECK(v >= 1, "--{}: values must be ≥ 1, got {}", option, v);
+    out.push_back(v);
+  }
+  DFLASH_USER_CHECK(!out.empty(), "--{}: empty list", option);
+  return out;
+}
+
+// "12.3 (45, 0.40)": ms per forward (GFLOP/s per rank, over sgemm); "—" for a part the model lacks
+std::string part_cell(double seconds, double flops, int tp, double sgemm) {
+  if (flops <= 0) return "—";
+  char buf[64];
+  const double rate = seconds > 0 ? flops / seconds / tp * 1e-9 : 0;
+  std::snprintf(buf, sizeof buf, "%.1f (%.1f, %.2f)", seconds * 1e3, rate, rate / sgemm);
+  return buf;
 }
 
 int bench(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  Args a(argc, argv,
-         {"model", "tp", "seq", "reps", "hidden", "layers", "heads", "kv-heads", "head-dim", "intermediate", "vocab",
-          "dtype", "seed"},
-         {},
-         "mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512] [--reps 3] [--model DIR | --hidden 512\n"
-         "       --layers 4 --heads 16 --kv-heads 8 --head-dim 32 --intermediate 1536 --vocab 4096 --dtype bf16]\n"
-         "TP target forward tokens/s and all-reduce time for each TP size that fits the ranks.\n");
+  std::vector<std::string> known = {"model", "tp", "seq", "reps", "tie"};
+  for (const std::string& o : model::target_option_names()) known.push_back(o);
+  Args a(argc, argv, known, {"tie"},
+         "mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512[,1024,...]] [--reps 3] [--model DIR |\n"
+         "       [--arch qwen3|qwen3_5] --hidden 512 --layers 4 --heads 16 --kv-heads 8 --head-dim 32\n"
+         "       --intermediate 1536 --vocab 4096 --dtype bf16 (qwen3_5: --full-attention-interval 4\n"
+         "       --linear-k-heads 4 --linear-v-heads 8 --linear-k-dim 64 --linear-v-dim 64 --conv-kernel 4 ...)]\n"
+         "TP target forward tokens/s, all-reduce time and per layer part compute time for each TP size that\n"
+         "fits the ranks and each sequence length.\n");
   std::vector<int> tps;
-  {
-    std::stringstream ss(a.str("tp", "1,2,3,5"));
-    std::string part;
-    while (std::getline(ss, part, ',')) {
-      const int tp = std::stoi(part);
-      DFLASH_USER_CHECK(tp >= 1, "--tp: sizes must be ≥ 1, got {}", tp);
-      if (tp <= world) tps.push_back(tp);
-    }
-  }
+  for (int tp : int_list("tp", a.str("tp", "1,2,3,5")))
+    if (tp <= world) tps.push_back(tp);
   DFLASH_USER_CHECK(!tps.empty(), "--tp {}: no size fits in the {} ranks of this run (mpirun -np K)", a.str("tp", ""),
-               world);
-  const int S = int(a.integer("seq", 512)), reps = int(a.integer("reps", 3));
+                    world);
+  const std::vector<int> seqs = int_list("seq", a.str("seq", "512"));
+  const int reps = int(a.integer("reps", 3));
+  DFLASH_USER_CHECK(reps >= 1, "--reps must be ≥ 1, got {}", reps);
 
   std::string dir = a.str("model", "");
   const bool own_model = dir.empty();
@@ -78,37 +130,48 @@ int bench(int argc, char** argv) {
     MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
     dir = (std::filesystem::temp_directory_path() / ("dflash_bench_target_" + std::to_string(pid))).string();
     if (rank == 0) {
-      model::RandomTargetSpec s;
-      s.hidden = int(a.integer("hidden", 512));
-      s.layers = int(a.integer("layers", 4));
-      s.heads = int(a.integer("heads", 16));
-      s.kv_heads = int(a.integer("kv-heads", 8));
-      s.head_dim = int(a.integer("head-dim", 32));
-      s.intermediate = int(a.integer("intermediate", 1536));
-      s.vocab = int(a.integer("vocab", 4096));
-      s.seed = uint64_t(a.integer("seed", 1));
-      s.dtype = a.str("dtype", "bf16") == "f32" ? io::DType::F32 : io::DType::BF16;
+      model::RandomTargetSpec s;  // the bench's default size; hybrid heads sized like Qwen3.5's (dk = dv = 2·32)
+      s.hidden = 512;
+      s.layers = 4;
+      s.heads = 16;
+      s.kv_heads = 8;
+      s.head_dim = 32;
+      s.intermediate = 1536;
+      s.vocab = 4096;
+      s.dtype = io::DType::BF16;
+      s.linear_k_heads = 4;
+      s.linear_v_heads = 8;
+      s.linear_k_dim = 64;
+      s.linear_v_dim = 64;
+      model::apply_target_options(a, s);
       model::write_random_target(dir, s);
     }
   }
   quiet_barrier();
   const model::QwenConfig c = model::load_qwen_config(dir);
-  double sgemm = 0;
-  if (rank == 0) sgemm = sgemm_gflops(S, c.hidden, c.hidden);
+  std::vector<double> sgemm(seqs.size(), 0.0);
+  if (rank == 0)
+    for (size_t i = 0; i < seqs.size(); ++i) sgemm[i] = sgemm_gflops(seqs[i], c.hidden, c.hidden);
   quiet_barrier();
 
   if (rank == 0) {
-    std::printf("target forward: H %d, %d layers, %d/%d heads × %d, intermediate %d, S %d, %d reps, %d world ranks; "
-                "sgemm %.1f GFLOP/s (1 rank, [%d,%d]·[%d,%d]ᵀ)\n\n",
-                c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.intermediate, S, reps, world, sgemm, S,
-                c.hidden, c.hidden, c.hidden);
-    std::printf("| TP | Q heads per rank | tokens/s | ms / forward | all-reduce ms / forward (share) | "
-                "GFLOP/s per rank | vs sgemm | peak RSS MB (rank 0) |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    int n_linear = 0;
+    for (int l = 0; l < c.layers; ++l) n_linear += c.is_linear(l) ? 1 : 0;
+    std::printf("target forward (%s): H %d, %d layers (%d Gated DeltaNet, %d full attention), %d/%d heads × %d, "
+                "intermediate %d, %d reps, %d world ranks",
+                c.hybrid ? "qwen3_5" : "qwen3", c.hidden, c.layers, n_linear, c.layers - n_linear, c.heads,
+                c.kv_heads, c.head_dim, c.intermediate, reps, world);
+    if (c.hybrid)
+      std::printf("; DeltaNet %d k / %d v heads × %d/%d, conv %d", c.linear_k_heads, c.linear_v_heads,
+                  c.linear_k_dim, c.linear_v_dim, c.conv_kernel);
+    std::printf("\nsgemm (1 rank, [S,%d]·[%d,%d]ᵀ) GFLOP/s:", c.hidden, c.hidden, c.hidden);
+    for (size_t i = 0; i < seqs.size(); ++i) std::printf(" S %d: %.1f", seqs[i], sgemm[i]);
+    std::printf("\nparts: ms / forward on the slowest rank (GFLOP/s per rank, over sgemm)\n\n");
+    std::printf("| TP | S | Q heads per rank | tokens/s | ms / forward | all-reduce ms / forward (share) | "
+                "DeltaNet mixers | full attention mixers | MLPs | GFLOP/s per rank | vs sgemm | peak RSS MB (rank 0) |\n"
+                "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::fflush(stdout);
   }
-  std::vector<int32_t> tokens(static_cast<size_t>(S));
-  Rng rng(5);
-  for (auto& t : tokens) t = int32_t(rng.below(uint64_t(c.vocab)));
   const std::vector<int> tap_ids = {0, c.layers - 1};
 
   for (int tp : tps) {
@@ -117,26 +180,40 @@ int bench(int argc, char** argv) {
     if (comm != MPI_COMM_NULL) {
       comm::MpiTransport transport(comm);
       model::TargetModel target(dir, transport);
-      std::vector<float> taps(size_t(S) * tap_ids.size() * c.hidden), final_hidden(size_t(S) * c.hidden);
-      target.forward(tokens.data(), S, tap_ids, taps.data(), final_hidden.data());  // warm-up
-      target.reset_stats();
-      transport.barrier();
-      for (int r = 0; r < reps; ++r) target.forward(tokens.data(), S, tap_ids, taps.data(), final_hidden.data());
-      const double mine[2] = {target.stats().forward_seconds, target.stats().allreduce_seconds};
-      double worst[2] = {0, 0}, sum[2] = {0, 0};
-      MPI_Reduce(mine, worst, 2, MPI_DOUBLE, MPI_MAX, 0, comm);
-      MPI_Reduce(mine, sum, 2, MPI_DOUBLE, MPI_SUM, 0, comm);
       std::string heads;
       for (int r = 0; r < tp; ++r) {
         if (r) heads += ',';
         heads += std::to_string(model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain).q_count);
       }
-      if (rank == 0) {
-        const double t = worst[0] / reps, ar = sum[1] / tp / reps;  // slowest rank's forward; mean all-reduce wait
-        const double per_rank = forward_flops(c, S) / t / tp * 1e-9;
-        std::printf("| %d | %s | %.0f | %.1f | %.1f (%.0f%%) | %.1f | %.2f | %.0f |\n", tp, heads.c_str(), S / t,
-                    t * 1e3, ar * 1e3, 100 * ar / t, per_rank, per_rank / sgemm, peak_resident_bytes() / 1e6);
-        std::fflush(stdout);
+      for (size_t si = 0; si < seqs.size(); ++si) {
+        const int S = seqs[si];
+        std::vector<int32_t> tokens(static_cast<size_t>(S));
+        Rng rng(5);
+        for (auto& t : tokens) t = int32_t(rng.below(uint64_t(c.vocab)));
+        std::vector<float> taps(size_t(S) * tap_ids.size() * c.hidden), final_hidden(size_t(S) * c.hidden);
+        target.forward(tokens.data(), S, tap_ids, taps.data(), final_hidden.data());  // warm-up
+        target.reset_stats();
+        transport.barrier();
+        for (int r = 0; r < reps; ++r) target.forward(tokens.data(), S, tap_ids, taps.data(), final_hidden.data());
+        const model::TargetStats& st = target.stats();
+        enum { kForward, kAllreduce, kLinear, kFull, kMlp, kN };
+        const double mine[kN] = {st.forward_seconds, st.allreduce_seconds, st.linear_attention_seconds,
+                                 st.full_attention_seconds, st.mlp_seconds};
+        double worst[kN] = {}, sum[kN] = {};
+        MPI_Reduce(mine, worst, kN, MPI_DOUBLE, MPI_MAX, 0, comm);
+        MPI_Reduce(mine, sum, kN, MPI_DOUBLE, MPI_SUM, 0, comm);
+        if (rank == 0) {
+          const double t = worst[kForward] / reps, ar = sum[kAllreduce] / tp / reps;  // slowest forward; mean wait
+          const PartFlops f = forward_flops(c, S);
+          const double per_rank = f.total() / t / tp * 1e-9, g = sgemm[si];
+          std::printf("| %d | %d | %s | %.0f | %.1f | %.1f (%.0f%%) | %s | %s | %s | %.1f | %.2f | %.0f |\n", tp, S,
+                      heads.c_str(), S / t, t * 1e3, ar * 1e3, 100 * ar / t,
+                      part_cell(worst[kLinear] / reps, f.linear_attention, tp, g).c_str(),
+                      part_cell(worst[kFull] / reps, f.full_attention, tp, g).c_str(),
+                      part_cell(worst[kMlp] / reps, f.mlp, tp, g).c_str(), per_rank, per_rank / g,
+                      peak_resident_bytes() / 1e6);
+          std::fflush(stdout);
+        }
       }
       MPI_Comm_free(&comm);
     }

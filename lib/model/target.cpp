@@ -216,6 +216,7 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
     // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
     cpu::rmsnorm_forward<float>(h.data(), rstd.data(), x.data(), L.input_norm.data(), S, H, eps);
     const size_t li = size_t(l);
+    Timer part_timer;
     if (L.linear) {
       gated_deltanet_forward(part.data(), h.data(), S, L, c, shard_, cache ? &cache->conv_tail[li] : nullptr,
                              cache ? &cache->delta_state[li] : nullptr);
@@ -223,15 +224,18 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
       attention_forward(part.data(), h.data(), pos.data(), S, L, c, shard_, options_.attention_block,
                         cache ? &cache->keys[li] : nullptr, cache ? &cache->values[li] : nullptr);
     }
+    (L.linear ? stats_.linear_attention_seconds : stats_.full_attention_seconds) += part_timer.seconds();
     timed_allreduce(part.data(), part.size());
     cpu::residual_forward<float>(x.data(), x.data(), part.data(), x.size());
 
     // MLP: column-parallel gate/up over this rank's channels, row-parallel down + all-reduce
+    part_timer.reset();
     cpu::rmsnorm_forward<float>(h.data(), rstd.data(), x.data(), L.post_norm.data(), S, H, eps);
     shard_linear(gate.data(), h.data(), L.wgate.data(), S, H, ic);
     shard_linear(up.data(), h.data(), L.wup.data(), S, H, ic);
     cpu::swiglu_forward<float>(up.data(), gate.data(), up.data(), up.size());
     shard_linear(part.data(), up.data(), L.wdown.data(), S, ic, H);
+    stats_.mlp_seconds += part_timer.seconds();
     timed_allreduce(part.data(), part.size());
     cpu::residual_forward<float>(x.data(), x.data(), part.data(), x.size());
 

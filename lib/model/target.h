@@ -30,6 +30,9 @@ struct TargetStats {
   double forward_seconds = 0;    // wall time inside forward()
   double allreduce_seconds = 0;  // wall time inside the row-parallel all-reduces (waiting included)
   long allreduces = 0;
+  // compute inside forward() by layer part (all-reduces excluded): the token mixer of Gated DeltaNet layers, of full
+  // attention layers, and the MLP (its norm included)
+  double linear_attention_seconds = 0, full_attention_seconds = 0, mlp_seconds = 0;
 };
 
 // One decoder layer's slices on this rank (shapes with the shard's local sizes: qd = q_count·head_dim,
