@@ -39,10 +39,9 @@ void rename_durably(const std::string& from, const std::string& to) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, std::string_view bytes) {
-  AtomicOutput out(path);
-  const int fd = ::open(out.partial().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  DFLASH_USER_CHECK(fd >= 0, "cannot create {}: {}", out.partial(), std::strerror(errno));
+void write_file_durable(const std::string& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  DFLASH_USER_CHECK(fd >= 0, "cannot create {}: {}", path, std::strerror(errno));
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -50,11 +49,19 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
     if (n <= 0) {
       const int err = errno;
       ::close(fd);
-      DFLASH_USER_FAIL("write to {} failed: {} (is the disk full?)", out.partial(), std::strerror(err));
+      DFLASH_USER_FAIL("write to {} failed: {} (is the disk full?)", path, std::strerror(err));
     }
     done += size_t(n);
   }
-  DFLASH_USER_CHECK(::close(fd) == 0, "closing {} failed: {}", out.partial(), std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  DFLASH_USER_CHECK(rc == 0, "fsync of {} failed: {} (is the disk full?)", path, std::strerror(err));
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  AtomicOutput out(path);
+  write_file_durable(out.partial(), bytes);
   out.commit();
 }
 

@@ -10,6 +10,10 @@ namespace dflash {
 // fsync a file or a directory (directory = true); a failure is a dflash::Error naming the path.
 void fsync_path(const std::string& path, bool directory);
 
+// Writes `bytes` to `path` (created or truncated) and fsyncs it; no rename. For writers with a protocol of their
+// own (a checkpoint renames several files, then writes its DONE marker).
+void write_file_durable(const std::string& path, std::string_view bytes);
+
 // Writes `bytes` to `path` atomically (temporary name, fsync, rename, fsync of the parent directory).
 void write_file_atomic(const std::string& path, std::string_view bytes);
 

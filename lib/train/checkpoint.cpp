@@ -46,26 +46,6 @@ std::string hex64(uint64_t v) { return fmt::format("0x{:016x}", v); }
 
 // ---- durable file operations -------------------------------------------------------------------------------
 
-void write_text_file(const fs::path& p, const std::string& text) {
-  int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  DFLASH_USER_CHECK(fd >= 0, "checkpoint: cannot create {}: {}", p.string(), std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      DFLASH_USER_CHECK(false, "checkpoint: write to {} failed: {} (is the disk full?)", p.string(), std::strerror(err));
-    }
-    done += size_t(n);
-  }
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  DFLASH_USER_CHECK(rc == 0, "checkpoint: fsync of {} failed: {}", p.string(), std::strerror(err));
-}
-
 void rename_file(const fs::path& from, const fs::path& to) {
   DFLASH_USER_CHECK(::rename(from.c_str(), to.c_str()) == 0, "checkpoint: cannot rename {} to {}: {}", from.string(),
              to.string(), std::strerror(errno));
@@ -426,7 +406,7 @@ std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& dra
                             const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state) {
   DFLASH_CHECK(state.step >= 0, "save_checkpoint: negative step {}", state.step);
   const std::vector<ParamInfo> layout = drafter_param_layout(drafter);
-  const size_t P = layout.back().offset + layout.back().numel;
+  const size_t P = param_count(layout);
   DFLASH_CHECK(params.flat.size() == P, "save_checkpoint: {} parameters, the drafter shape has {}",
                params.flat.size(), P);
   DFLASH_CHECK((opt.m.empty() && opt.v.empty()) || (opt.m.size() == P && opt.v.size() == P),
@@ -456,7 +436,7 @@ std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& dra
   fsync_path(tmp(kModelFile), false);
   write_safetensors(tmp(kOptimizerFile).string(), moments, meta);
   fsync_path(tmp(kOptimizerFile), false);
-  write_text_file(tmp(kStateFile), state_json_text(drafter, opt, state));
+  write_file_durable(tmp(kStateFile), state_json_text(drafter, opt, state));
 
   std::vector<DoneEntry> done;
   for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) done.push_back({name, digest_file(tmp(name))});
@@ -471,7 +451,7 @@ std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& dra
   for (const char* name : {kModelFile, kOptimizerFile, kStateFile}) rename_file(tmp(name), dir / name);
   fsync_path(dir, true);
   // 4. DONE last, the same way
-  write_text_file(tmp(kDoneFile), done_text(state.step, done));
+  write_file_durable(tmp(kDoneFile), done_text(state.step, done));
   rename_file(tmp(kDoneFile), dir / kDoneFile);
   fsync_path(dir, true);
   return dir.string();
