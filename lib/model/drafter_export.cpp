@@ -108,9 +108,8 @@ void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params
                dtype_name(dtype));
   const nlohmann::ordered_json config = drafter_config_json(cfg, info, dtype);
   const std::vector<ParamInfo> layout = drafter_param_layout(cfg);
-  DFLASH_CHECK(params.flat.size() == layout.back().offset + layout.back().numel,
-               "export: {} parameters, the drafter shape has {}", params.flat.size(),
-               layout.back().offset + layout.back().numel);
+  DFLASH_CHECK(params.flat.size() == param_count(layout), "export: {} parameters, the drafter shape has {}",
+               params.flat.size(), param_count(layout));
   const fs::path dir(out_dir);
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -120,7 +120,7 @@ std::vector<ParamInfo> drafter_param_layout(const DrafterConfig& c) {
 
 template <typename T>
 DrafterParams<T>::DrafterParams(const DrafterConfig& cfg) : layout(drafter_param_layout(cfg)), cfg_(cfg) {
-  flat.assign(layout.back().offset + layout.back().numel, T(0));
+  flat.assign(param_count(layout), T(0));
   bind();
 }
 

@@ -20,6 +20,11 @@ struct ParamInfo {
 
 // The parameter list in a fixed order: layers.{i}.*, then fc, hidden_norm, norm.
 std::vector<ParamInfo> drafter_param_layout(const DrafterConfig& cfg);
+// Elements of a layout's flat buffer; of the drafter's (counted, nothing allocated).
+inline size_t param_count(const std::vector<ParamInfo>& layout) {
+  return layout.empty() ? 0 : layout.back().offset + layout.back().numel;
+}
+inline size_t drafter_param_count(const DrafterConfig& cfg) { return param_count(drafter_param_layout(cfg)); }
 
 template <typename T>
 struct DrafterLayerWeights {

@@ -81,7 +81,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   if (opt.start_step > 0) restore(dp, trainer, opt.resume);
   log.info("drafter: {} layers, H {}, {} Q / {} KV heads, block {}, {} parameters on the {} backend; {} in {:.2f} s",
            plan.drafter.layers, plan.drafter.hidden, plan.drafter.heads, plan.drafter.kv_heads,
-           plan.drafter.block_size, trainer.params().flat.size(), trainer.backend_name(),
+           plan.drafter.block_size, drafter_param_count(plan.drafter), trainer.backend_name(),
            opt.start_step > 0 ? fmt::format("resumed at step {}", opt.start_step) : std::string("initialised"),
            load_timer.seconds());
 

@@ -49,7 +49,7 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   };
 
   // drafter rank
-  const double P = double(drafter_param_layout(d).back().offset + drafter_param_layout(d).back().numel);
+  const double P = double(drafter_param_count(d));
   const double N = in.anchors_per_seq, T = N * (d.block_size - 1), C = in.chunk_size;
   p.drafter.role = "drafter DP rank";
   p.drafter.items = {
