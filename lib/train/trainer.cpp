@@ -66,11 +66,8 @@ int run_check(const TrainConfig& cfg) {
                                          : fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
   };
   // the largest TP rank's linear weights (the embedding is read per forward, not held)
-  double target_params = 0;
-  for (int r = 0; r < cfg.layout.target_tp; ++r) {
-    const auto shard = model::plan_target_shard(target, cfg.layout.target_tp, r, model::TargetOptions{}.mlp_grain);
-    target_params = std::max(target_params, model::shard_cost(target, shard, 1).weight_params);
-  }
+  const double target_params = double(target_rank_params(target, cfg.layout.target_tp));
+
   if (has_weights)
     std::printf("check: OK\n");
   else
