@@ -100,9 +100,7 @@ void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const D
                  "embedding: token id {} at row {} is outside the vocabulary [0, {})", a.blk_tokens[r], r, c.vocab);
 
   // every array of this forward and its backward lives in the arena
-  const size_t need = drafter_arena_bytes(c, S, N, sizeof(T), sizeof(A));
-  if (a.arena.capacity() < need || a.arena.kind() != be.memory())
-    a.arena = Arena(be.memory(), need, "drafter activations");
+  a.reserve(be.memory(), c, S, N);  // a no-op when the arena already holds this size
   Arena& ar = a.arena;
   ar.reset();
   auto t = [&](size_t n) { return ar.alloc<T>(n); };
