@@ -9,6 +9,8 @@ namespace dflash::data {
 int run_export(int argc, char** argv);
 // import-jsonl IN.jsonl OUT.h5 [--vocab V]: one JSON object per line with input_ids and optional loss_mask.
 int run_import_jsonl(int argc, char** argv);
+// import-prompts IN.jsonl... --tokenizer DIR --out OUT.h5: runs data/prep/dflash-prep prompts (text prompt sets).
+int run_import_prompts(int argc, char** argv);
 // inspect FILE.h5 [--vocab V] [--seq I]: validates the dataset and prints its statistics.
 int run_inspect(int argc, char** argv);
 // make-target --out DIR [sizes...]: a random Qwen3 model (config.json + safetensors) for tests and the quickstart.

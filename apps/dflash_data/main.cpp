@@ -12,6 +12,10 @@ const Subcommand kSubcommands[] = {
      "STEP_DIR OUT_DIR [--dtype bf16|f32]: a checkpoint's drafter as model.safetensors + config.json"},
     {"import-jsonl", dflash::data::run_import_jsonl,
      "IN.jsonl OUT.h5 [--vocab V]: JSONL of {input_ids, loss_mask?} to an HDF5 dataset"},
+    {"import-prompts", dflash::data::run_import_prompts,
+     "IN.jsonl... --tokenizer DIR --out OUT.h5 [--template-kwargs --target --max-len]: text prompts (prompt / "
+     "question / turns / messages) with the target's chat template, for dflash_eval (runs data/prep/dflash-prep "
+     "prompts)"},
     {"inspect", dflash::data::run_inspect, "FILE.h5 [--vocab V] [--seq I]: validate a dataset and print its statistics"},
     {"make-target", dflash::data::run_make_target,
      "--out DIR [--hidden --layers --heads --kv-heads --head-dim --intermediate --vocab --seed --dtype --tie]: "

@@ -1,4 +1,4 @@
-"""python -m dflash_prep {tokenize,regenerate,check} ...  (data/README.md, "Preparing chat data")."""
+"""python -m dflash_prep {tokenize,prompts,regenerate,check} ...  (data/README.md, "Preparing chat data")."""
 import argparse
 import os
 import sys
@@ -34,11 +34,14 @@ def check_run(args) -> int:
 
 def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")   # no "PyTorch was not found" advisory
-    from . import regenerate, tokenize_cmd
+    from . import prompts_cmd, regenerate, tokenize_cmd
     p = argparse.ArgumentParser(prog="dflash-prep", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("tokenize", help="chat jsonl -> HDF5 tokens + assistant-only loss masks")
     tokenize_cmd.add_arguments(t)
+    pr = sub.add_parser("prompts", help="prompt jsonl (prompt / question / turns / messages) -> HDF5 prompts for "
+                        "dflash_eval: chat template + generation prompt, loss_mask 0")
+    prompts_cmd.add_arguments(pr)
     r = sub.add_parser("regenerate", help="replace assistant turns with generations of an OpenAI-compatible server")
     regenerate.add_arguments(r)
     c = sub.add_parser("check", help="tokenizer vs target model (vocab size, special ids), data vs both")
@@ -49,6 +52,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.command == "tokenize":
         return tokenize_cmd.run(args)
+    if args.command == "prompts":
+        return prompts_cmd.run(args)
     if args.command == "regenerate":
         return regenerate.run(args)
     return check_run(args)

@@ -1,6 +1,6 @@
 """dflash_prep end to end, one case per ctest test (tests/integration/data_prep.sh runs it in the prep venv).
   test_data_prep.py CASE --src SOURCE_DIR --build BUILD_DIR --work WORK_DIR
-Cases: masks, think, rejects, truncation, regenerate, check, trains. Each builds its own tokenizer with
+Cases: masks, think, rejects, truncation, regenerate, check, trains, prompts. Each builds its own tokenizer with
 make_tokenizer.py (byte-level BPE trained on a few lines, Qwen3-style ChatML template)."""
 import argparse
 import json
@@ -491,6 +491,77 @@ def case_trains():
     expect(len(losses) == 4 and all(np.isfinite(losses)) and losses[0] > 0, f"losses {losses}")
     expect(os.path.exists(os.path.join(out, "drafter_final.safetensors")), "no final weights")
     print(f"PASS (trains): losses {losses}")
+
+
+def case_prompts():
+    """dflash-prep prompts (and dflash_data import-prompts, which runs it): each row's prompt key gives exactly the
+    ids of apply_chat_template(add_generation_prompt=True), loss_mask 0; bad rows fail naming file, line, key."""
+    tok_dir, tok = make_tokenizer()
+    rows = [{"prompt": "def add(a, b):\n    return"},                                   # HumanEval
+            {"question": "What is two plus two?", "answer": "four"},                     # GSM8K
+            {"turns": ["Tell me a story.", "Make it shorter."], "category": "writing"},  # MT-Bench
+            {"messages": [{"role": "system", "content": "Be short."}, {"role": "user", "content": "Hello"},
+                          {"role": "assistant", "content": "I am fine."}]},               # a chat training row
+            {"prompt": "Hi", "question": "ignored", "system": "Be short."}]
+    want_msgs = [[{"role": "user", "content": rows[0]["prompt"]}],
+                 [{"role": "user", "content": rows[1]["question"]}],
+                 [{"role": "user", "content": "Tell me a story."}],
+                 [{"role": "system", "content": "Be short."}, {"role": "user", "content": "Hello"}],
+                 [{"role": "system", "content": "Be short."}, {"role": "user", "content": "Hi"}]]
+    src = write_jsonl("prompts.jsonl", rows)
+    out = os.path.join(A.work, "prompts.h5")
+    prep("prompts", src, "--tokenizer", tok_dir, "--out", out, pattern="5 prompts")
+    seqs = read_h5(out)
+    expect(len(seqs) == 5, f"{len(seqs)} prompts")
+    for i, ((t, m), msg) in enumerate(zip(seqs, want_msgs)):
+        want = tok.apply_chat_template(msg, tokenize=True, add_generation_prompt=True)
+        want = list(want["input_ids"] if hasattr(want, "keys") else want)
+        print(f"prompt {i}: {tok.decode(t)!r}")
+        expect(t.tolist() == want, f"prompt {i}: ids {t.tolist()} != apply_chat_template's {want}")
+        expect(not m.any(), f"prompt {i}: loss_mask is not 0 everywhere")
+        expect(tok.decode(t).endswith("<|im_start|>assistant\n"), f"prompt {i}: no generation prompt at the end")
+    # template kwargs reach the template (the fixture's template opens an empty think block without thinking)
+    out_nt = os.path.join(A.work, "prompts_nothink.h5")
+    prep("prompts", src, "--tokenizer", tok_dir, "--out", out_nt, "--template-kwargs", '{"enable_thinking": false}')
+    t0 = read_h5(out_nt)[0][0]
+    want = tok.apply_chat_template(want_msgs[0], tokenize=True, add_generation_prompt=True, enable_thinking=False)
+    want = list(want["input_ids"] if hasattr(want, "keys") else want)
+    expect(t0.tolist() == want and "</think>" in tok.decode(t0), f"enable_thinking=false: {tok.decode(t0)!r}")
+    # dflash_data import-prompts runs the same tool: the same prompts
+    out_cpp = os.path.join(A.work, "prompts_cpp.h5")
+    env = {k: v for k, v in os.environ.items() if k != "DFLASH_PREP"}
+    env.setdefault("DFLASH_PREP_VENV", os.path.join(A.src, "data", "prep", ".venv"))
+    p = subprocess.run([os.path.join(A.build, "apps", "dflash_data"), "import-prompts", src, "--tokenizer", tok_dir,
+                        "--out", out_cpp], capture_output=True, text=True, env=env)
+    print(p.stdout + p.stderr)
+    expect(p.returncode == 0, f"dflash_data import-prompts exited {p.returncode}")
+    expect([t.tolist() for t, _ in read_h5(out_cpp)] == [t.tolist() for t, _ in seqs], "import-prompts differs")
+    p = subprocess.run([os.path.join(A.build, "apps", "dflash_data"), "inspect", out, "--vocab", "512"],
+                       capture_output=True, text=True)
+    expect(p.returncode == 0 and re.search(r"valid\s+yes", p.stdout), f"inspect refused the prompts: {p.stdout}")
+    # bad rows: every one reported with file:line and the key, nothing written
+    bad = [rows[0], '{"prompt": ', {"turns": []}, {"prompt": 3}, {"text": "no prompt key"},
+           {"messages": [{"role": "assistant", "content": "only an answer"}]}, {"question": "   "},
+           {"messages": [{"role": "tool", "content": "x"}]}]
+    src_bad = write_jsonl("bad.jsonl", bad)
+    out_bad = os.path.join(A.work, "bad.h5")
+    o = prep("prompts", src_bad, "--tokenizer", tok_dir, "--out", out_bad, rc=1, pattern="7 bad rows, nothing written")
+    for line, text in ((2, "not valid JSON"), (3, "'turns' must be a list"), (4, "'prompt' must be a non-empty string"),
+                       (5, "none of the keys 'messages', 'turns', 'prompt', 'question'; keys: text"),
+                       (6, "'messages' has no user turn"), (7, "'question' must be a non-empty string"),
+                       (8, "messages[0] must be an object with a role")):
+        expect(f"bad.jsonl:{line}: {text}" in o, f"line {line} not reported as {text!r}")
+    expect(not os.path.exists(out_bad) and not os.path.exists(out_bad + ".partial"), "a failed run left a file")
+    prep("prompts", os.path.join(A.work, "missing.jsonl"), "--tokenizer", tok_dir, "--out", out_bad, rc=1,
+         pattern="missing.jsonl not found")
+    target = os.path.join(A.work, "target")
+    os.makedirs(target, exist_ok=True)
+    json.dump({"vocab_size": 300, "eos_token_id": tok.convert_tokens_to_ids("<|im_end|>")},
+              open(os.path.join(target, "config.json"), "w"))
+    prep("prompts", src, "--tokenizer", tok_dir, "--out", out_bad, "--target", target, rc=1,
+         pattern="has 400 tokens but the target")
+    prep("prompts", src, "--tokenizer", tok_dir, "--out", out_bad, "--max-len", 5, rc=1, pattern="> --max-len 5")
+    print("PASS (prompts)")
 
 
 def main():
