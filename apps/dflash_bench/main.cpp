@@ -11,6 +11,8 @@ const Subcommand kSubcommands[] = {
     {"drafter", dflash::bench::run_drafter, "drafter forward+backward over one sequence's anchors vs sgemm rate"},
     {"target", dflash::bench::run_target, "TP target forward tokens/s and all-reduce time (mpirun -np K)"},
     {"loss", dflash::bench::run_loss, "chunked vocab loss (recompute|fused|naive) vs its GEMMs alone, and its memory"},
+    {"eval", dflash::bench::run_eval,
+     "speculative decoding: greedy vs chain vs tree tokens/s, target forwards per token, tau and tau_tree"},
     {"cuda", dflash::bench::run_cuda, "CUDA backend: vocab loss and drafter fwd+bwd vs their cuBLASLt GEMMs alone"},
 };
 

@@ -1,5 +1,5 @@
 // dflash_eval --target DIR --drafter DIR --prompts P.h5 [--max-new-tokens 128] [--limit K] [--eos ID]
-//             [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced]
+//             [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced] [--tree-budget N [--tree-topk K]]
 // The real acceptance length: greedy speculative decoding of every prompt with the target and the drafter
 // (lib/model/spec_decode.h, docs/eval.md). Single process = TP 1; `mpirun -np K dflash_eval ...` runs the target
 // as one TP group of K ranks with the drafter on rank 0 (the drafter's block costs far less than the target's
@@ -26,6 +26,7 @@
 #include "lib/io/dataset.h"
 #include "lib/model/generate.h"
 #include "lib/model/spec_decode.h"
+#include "lib/model/spec_tree.h"
 #include "lib/model/target.h"
 #include "lib/train/drafter_source.h"
 
@@ -36,11 +37,12 @@ namespace {
 constexpr const char* kUsage =
     "usage: dflash_eval --target DIR --drafter DIR --prompts P.h5 [--max-new-tokens 128] [--limit K] [--eos ID]\n"
     "                   [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced]\n"
+    "                   [--tree-budget N [--tree-topk K]]\n"
     "  --target DIR          the target model (Hugging Face directory)\n"
     "  --drafter DIR         a training run folder (its newest complete checkpoint), a ckpt/step_* folder, or an\n"
     "                        exported drafter folder (config.json + model.safetensors)\n"
     "  --prompts P.h5        a dataset; each sequence's prompt is its tokens before the first loss_mask = 1\n"
-    "                        (text prompts: tokenize them first, see docs/eval.md)\n"
+    "                        (text prompt sets: dflash_data import-prompts / data/prep/dflash-prep prompts)\n"
     "  --max-new-tokens N    tokens generated per prompt (default 128)\n"
     "  --limit K             only the first K prompts\n"
     "  --eos ID              stop a prompt after the target generates ID\n"
@@ -49,6 +51,9 @@ constexpr const char* kUsage =
     "  --check-greedy        also decode each prompt plainly and fail unless the tokens are identical\n"
     "  --teacher-forced      also the teacher-forced tau of the drafter on the generated sequences (every anchor,\n"
     "                        and only the anchors speculative decoding visited)\n"
+    "  --tree-budget N       also decode with tree verification: up to N candidate nodes from the drafter's top-k\n"
+    "                        per block position, verified in one target forward (dense targets); reports tau_tree\n"
+    "  --tree-topk K         candidates per block position for the tree (default 4)\n"
     "  single process = TP 1; `mpirun -np K dflash_eval ...` runs one target TP group of K ranks\n";
 
 bool launched_by_mpi() {
@@ -99,6 +104,21 @@ int evaluate(const Args& a, comm::Transport& tp) {
   DFLASH_USER_CHECK(so.vocab_limit >= 0 && so.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}]",
                     so.vocab_limit, c.vocab);
   DFLASH_USER_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
+  model::TreeOptions tree;
+  tree.budget = int(a.integer("tree-budget", 0));
+  tree.topk = int(a.integer("tree-topk", 4));
+  const bool with_tree = a.has("tree-budget");
+  if (with_tree) {
+    DFLASH_USER_CHECK(tree.budget >= 1, "--tree-budget {}: must be >= 1 (nodes besides the root; {} = the chain's "
+                      "length)", tree.budget, dc.block_size - 1);
+    DFLASH_USER_CHECK(tree.topk >= 1 && tree.topk <= (so.vocab_limit > 0 ? so.vocab_limit : c.vocab),
+                      "--tree-topk {}: must be in [1, the vocabulary]", tree.topk);
+    DFLASH_USER_CHECK(!c.hybrid, "--tree-budget: the target {} has Gated DeltaNet layers, whose recurrent state "
+                      "cannot branch within one forward; tree verification needs a dense target (drop --tree-budget "
+                      "for chain decoding)", target_dir);
+  } else {
+    DFLASH_USER_CHECK(!a.has("tree-topk"), "--tree-topk needs --tree-budget N");
+  }
   io::Dataset prompts(a.str("prompts", ""), c.vocab);
   const int64_t n = model::check_prompts(prompts, limit);
   DFLASH_USER_CHECK(n > 0, "{}: no prompts", prompts.path());
@@ -120,7 +140,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
   g.max_new_tokens = so.max_new_tokens;
   g.eos_id = so.eos_id;
   g.vocab_limit = so.vocab_limit;
-  model::SpecSummary sum(dc.block_size);
+  model::SpecSummary sum(dc.block_size), sum_tree(dc.block_size);
   double greedy_seconds = 0;  // plain greedy decoding of the same prompts (--check-greedy)
   struct Mean {
     double sum = 0;
@@ -139,6 +159,12 @@ int evaluate(const Args& a, comm::Transport& tp) {
                    "(a bug: please report it with this prompt)", prompts.path(), i);
     }
     sum.add(r);
+    if (with_tree) {
+      const model::SpecResult t = model::speculative_generate_tree(target, head, tp, drafter.get(), prompt, so, tree);
+      DFLASH_CHECK(t.tokens == r.tokens, "{}: prompt {}: tree decoding differs from chain decoding (a bug: please "
+                   "report it with this prompt)", prompts.path(), i);
+      sum_tree.add(t);
+    }
     if (a.has("teacher-forced")) {
       std::vector<int32_t> sequence = prompt;
       sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
@@ -165,6 +191,15 @@ int evaluate(const Args& a, comm::Transport& tp) {
     j["lossless_checked"] = a.has("check-greedy");
     const nlohmann::ordered_json totals = sum.to_json();
     for (auto& [k, v] : totals.items()) j[k] = v;
+    if (with_tree) {
+      const nlohmann::ordered_json t = sum_tree.to_json();
+      j["tree_budget"] = tree.budget;
+      j["tree_topk"] = tree.topk;
+      for (const char* k : {"tau", "kept_histogram", "acceptance_by_position", "verify_forwards", "target_forwards",
+                            "target_forwards_per_token", "tokens_per_second", "seconds"})
+        j[std::string(k) + "_tree"] = t[k];
+      j["tree_nodes_per_verify"] = t["tree_nodes_per_verify"];
+    }
     j["drafter_seconds"] = drafter->seconds();
     if (a.has("check-greedy")) {
       j["greedy_seconds"] = greedy_seconds;
@@ -188,6 +223,13 @@ int evaluate(const Args& a, comm::Transport& tp) {
                                       : "",
                 fmt::format("[{:.2f}]", fmt::join(sum.acceptance_by_position(), ", ")).c_str(),
                 a.has("check-greedy") ? " | lossless: identical to greedy" : "");
+    if (with_tree)
+      std::printf("eval: tau_tree %.3f (trees of up to %d nodes + the root from the top %d per position, %.1f nodes per verify, "
+                  "%lld verify forwards) vs tau %.3f | %.3f target forwards per token | %.1f tokens/s | kept %s\n",
+                  sum_tree.tau(), tree.budget, tree.topk, j["tree_nodes_per_verify"].get<double>(),
+                  (long long)sum_tree.verifies, sum.tau(), j["target_forwards_per_token_tree"].get<double>(),
+                  j["tokens_per_second_tree"].get<double>(),
+                  fmt::format("[{}]", fmt::join(sum_tree.kept_histogram, ", ")).c_str());
     if (a.has("teacher-forced"))
       std::printf("eval: teacher-forced tau on the generated sequences %.3f over all %lld anchors, %.3f over the %lld "
                   "anchors speculative decoding visited (docs/eval.md: why these differ)\n", forced_all.value(),
@@ -201,7 +243,8 @@ int evaluate(const Args& a, comm::Transport& tp) {
 int main(int argc, char** argv) {
   try {
     Args a(argc, argv, {"target", "drafter", "prompts", "max-new-tokens", "limit", "eos", "vocab-limit", "out",
-                        "check-greedy", "teacher-forced"}, {"check-greedy", "teacher-forced"}, kUsage);
+                        "check-greedy", "teacher-forced", "tree-budget", "tree-topk"},
+           {"check-greedy", "teacher-forced"}, kUsage);
     DFLASH_USER_CHECK(a.has("target") && a.has("drafter") && a.has("prompts"),
                       "--target DIR, --drafter DIR and --prompts P.h5 are required\n{}", kUsage);
     if (!launched_by_mpi()) {

@@ -1,6 +1,7 @@
 #include "lib/model/spec_decode.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/gemm.h"
 #include "lib/core/error.h"
@@ -16,8 +17,7 @@ DrafterProposer::DrafterProposer(const DrafterConfig& cfg, const DrafterParams<f
   logits_.resize(size_t(cfg.block_size - 1) * size_t(vocab_limit_));
 }
 
-void DrafterProposer::propose(const std::vector<int32_t>& tokens, const float* taps, int32_t* draft) {
-  Timer timer;
+void DrafterProposer::block_logits(const std::vector<int32_t>& tokens, const float* taps) {
   const int S = int(tokens.size()), B = cfg_.block_size, H = cfg_.hidden;
   const int anchor = S - 1;  // the last token: its own context row is masked, so taps row S−1 is never read
   DrafterInputs<float> in;
@@ -34,8 +34,37 @@ void DrafterProposer::propose(const std::vector<int32_t>& tokens, const float* t
   drafter_forward(cfg_, params_, in, acts_);
   // rows 1..B−1 of the block predict positions p+1..p+B−1
   cpu::linear_forward<float>(logits_.data(), acts_.out + H, lm_head_, B - 1, H, vocab_limit_);
-  for (int j = 0; j < B - 1; ++j)
+}
+
+void DrafterProposer::propose(const std::vector<int32_t>& tokens, const float* taps, int32_t* draft) {
+  Timer timer;
+  block_logits(tokens, taps);
+  for (int j = 0; j < cfg_.block_size - 1; ++j)
     draft[j] = int32_t(argmax_first(&logits_[size_t(j) * size_t(vocab_limit_)], vocab_limit_));
+  seconds_ += timer.seconds();
+}
+
+void DrafterProposer::propose_topk(const std::vector<int32_t>& tokens, const float* taps, int k, int32_t* ids,
+                                   float* logprobs) {
+  Timer timer;
+  DFLASH_CHECK(k >= 1 && k <= vocab_limit_, "propose_topk: k {} outside [1, {}]", k, vocab_limit_);
+  block_logits(tokens, taps);
+  std::vector<int32_t> order(static_cast<size_t>(vocab_limit_));
+  for (int j = 0; j < cfg_.block_size - 1; ++j) {
+    const float* row = &logits_[size_t(j) * size_t(vocab_limit_)];
+    const float mx = row[argmax_first(row, vocab_limit_)];
+    double sum = 0;
+    for (int v = 0; v < vocab_limit_; ++v) sum += std::exp(double(row[v]) - double(mx));
+    const double log_z = double(mx) + std::log(sum);
+    for (int v = 0; v < vocab_limit_; ++v) order[size_t(v)] = v;
+    // larger logit first, lower id on ties: the first is argmax_first's pick, the chain's draft
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (int r = 0; r < k; ++r) {
+      ids[size_t(j) * size_t(k) + size_t(r)] = order[size_t(r)];
+      logprobs[size_t(j) * size_t(k) + size_t(r)] = float(double(row[order[size_t(r)]]) - log_z);
+    }
+  }
   seconds_ += timer.seconds();
 }
 
@@ -173,6 +202,7 @@ void SpecSummary::add(const SpecResult& r) {
   }
   target_forwards += r.target_forwards;
   rollback_forwards += r.rollback_forwards;
+  tree_nodes += r.tree_nodes;
   seconds += r.seconds;
 }
 
@@ -203,6 +233,7 @@ nlohmann::ordered_json SpecSummary::to_json() const {
   j["seconds"] = seconds;
   j["kept_histogram"] = kept_histogram;  // index k: verifies that kept k tokens
   j["acceptance_by_position"] = acceptance_by_position();  // index j−1: draft position j accepted
+  if (tree_nodes > 0) j["tree_nodes_per_verify"] = verifies > 0 ? double(tree_nodes) / double(verifies) : 0.0;
   return j;
 }
 

@@ -38,17 +38,32 @@ class BlockProposer {
   virtual void propose(const std::vector<int32_t>& tokens, const float* taps, int32_t* draft) = 0;
 };
 
+// What proposes the candidates of a verification tree (lib/model/spec_tree.h). Called on TP rank 0 only.
+class TopkProposer {
+ public:
+  virtual ~TopkProposer() = default;
+  // tokens, taps: as BlockProposer::propose. ids[B−1, k] (=): the k likeliest tokens for positions p+1..p+B−1, most
+  // likely first (lowest id on ties, so ids[j, 0] is the chain's draft); logprobs[B−1, k] (=) their log-probabilities
+  // under the drafter.
+  virtual void propose_topk(const std::vector<int32_t>& tokens, const float* taps, int k, int32_t* ids,
+                            float* logprobs) = 0;
+};
+
 // The DFlash drafter on the host CPU backend: one block anchored at p; the drafts are the argmax of the target's
-// lm_head over its final hidden rows 1..B−1 (lowest id on ties, ids < vocab_limit).
-class DrafterProposer : public BlockProposer {
+// lm_head over its final hidden rows 1..B−1 (lowest id on ties, ids < vocab_limit); propose_topk gives the top k of
+// each row with their log-softmax over ids < vocab_limit.
+class DrafterProposer : public BlockProposer, public TopkProposer {
  public:
   // embedding, lm_head: the target's [V, H] (TargetVocab); they must outlive the proposer.
   DrafterProposer(const DrafterConfig& cfg, const DrafterParams<float>& params, const float* embedding,
                   const float* lm_head, int vocab_limit);
   void propose(const std::vector<int32_t>& tokens, const float* taps, int32_t* draft) override;
-  double seconds() const { return seconds_; }  // wall time inside propose
+  void propose_topk(const std::vector<int32_t>& tokens, const float* taps, int k, int32_t* ids,
+                    float* logprobs) override;
+  double seconds() const { return seconds_; }  // wall time inside propose and propose_topk
 
  private:
+  void block_logits(const std::vector<int32_t>& tokens, const float* taps);  // fills logits_
   DrafterConfig cfg_;
   const DrafterParams<float>& params_;
   const float* embedding_;
@@ -73,6 +88,7 @@ struct SpecResult {
   std::vector<int> accepted;    // per verify forward: tokens kept (1..B; fewer only where generation ends)
   int target_forwards = 0;      // prefill + verifies (rollback re-runs not included)
   int rollback_forwards = 0;    // hybrid targets: re-runs of kept inputs after a partial acceptance (not the last)
+  int64_t tree_nodes = 0;       // tree verification: nodes verified over all verify forwards (root included)
   double seconds = 0;           // wall time of the whole generation
 };
 
@@ -97,6 +113,7 @@ struct SpecSummary {
   explicit SpecSummary(int block_size) : block_size(block_size), kept_histogram(size_t(block_size) + 1, 0) {}
   int block_size;
   int64_t prompts = 0, generated = 0, verifies = 0, kept_in_verifies = 0, target_forwards = 0, rollback_forwards = 0;
+  int64_t tree_nodes = 0;  // tree verification: nodes verified (root included); 0 for chains
   std::vector<int64_t> kept_histogram;  // [B+1]: verify forwards that kept k tokens (k = 1..B)
   double seconds = 0;
 

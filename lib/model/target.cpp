@@ -182,8 +182,27 @@ void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cach
   cache.length += n;
 }
 
+void TargetModel::forward_tree(const int32_t* tokens, const int* parents, int n, TargetCache& cache,
+                               const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden) {
+  DFLASH_CHECK(!config_.hybrid, "target forward_tree: {} has Gated DeltaNet layers, whose recurrent state cannot "
+               "branch within one forward; tree verification needs a dense target", dir_);
+  DFLASH_CHECK(n >= 1 && parents[0] == -1, "target forward_tree: node 0 must be the root (parent -1)");
+  for (int i = 1; i < n; ++i)
+    DFLASH_CHECK(parents[i] >= 0 && parents[i] < i, "target forward_tree: node {} has parent {}, outside [0, {})", i,
+                 parents[i], i);
+  if (cache.keys.size() != size_t(config_.layers)) {  // a fresh cache: the same per-layer state forward_cached makes
+    DFLASH_CHECK(cache.length == 0, "target forward_tree: a cache at length {} without per-layer state", cache.length);
+    cache.keys.assign(size_t(config_.layers), {});
+    cache.values.assign(size_t(config_.layers), {});
+    cache.conv_tail.assign(size_t(config_.layers), {});
+    cache.delta_state.assign(size_t(config_.layers), {});
+  }
+  run(tokens, n, tap_layer_ids, taps, final_hidden, &cache, parents);
+  cache.length += n;
+}
+
 void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
-                      float* final_hidden, TargetCache* cache) {
+                      float* final_hidden, TargetCache* cache, const int* tree_parents) {
   const QwenConfig& c = config_;
   DFLASH_CHECK(S >= 1, "target forward: sequence length {} must be ≥ 1", S);
   for (int id : tap_layer_ids) {
@@ -207,6 +226,9 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
   std::vector<int> pos(static_cast<size_t>(S));
   const int past = cache ? cache->length : 0;
   for (int i = 0; i < S; ++i) pos[size_t(i)] = past + i;
+  if (tree_parents) {  // a tree node sits at past + its depth
+    for (int i = 0; i < S; ++i) pos[size_t(i)] = tree_parents[i] < 0 ? past : pos[size_t(tree_parents[i])] + 1;
+  }
 
   const std::string embed = c.weight_prefix + "embed_tokens.weight";
   for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &x[size_t(i) * H]);
@@ -222,7 +244,7 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
                              cache ? &cache->delta_state[li] : nullptr);
     } else {
       attention_forward(part.data(), h.data(), pos.data(), S, L, c, shard_, options_.attention_block,
-                        cache ? &cache->keys[li] : nullptr, cache ? &cache->values[li] : nullptr);
+                        cache ? &cache->keys[li] : nullptr, cache ? &cache->values[li] : nullptr, tree_parents);
     }
     (L.linear ? stats_.linear_attention_seconds : stats_.full_attention_seconds) += part_timer.seconds();
     timed_allreduce(part.data(), part.size());

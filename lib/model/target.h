@@ -95,11 +95,21 @@ class TargetModel {
   // The same, also writing taps[n, n_taps*H] (=) of those positions as forward() does (speculative decoding).
   void forward_cached(const int32_t* tokens, int n, TargetCache& cache, const std::vector<int>& tap_layer_ids,
                       float* taps, float* final_hidden);
+  // Collective. Tree verification (docs/eval.md): tokens[n] are the nodes of a tree of candidates hanging after
+  // the cache, node 0 its root; parents[n]: parents[0] = −1, 0 ≤ parents[i] < i. Node i sits at position
+  // cache.length + depth(i) and attends to the cache and its own ancestors (itself included), so its final_hidden
+  // row [n, H] (=) and taps row [n, n_taps·H] (=) are what forward_cached would give after the cache and its
+  // root-to-node path. The n nodes' keys/values are appended to the cache in node order (cache.length += n); the
+  // caller keeps one path (lib/model/spec_tree.h). Dense targets only: a Gated DeltaNet layer's recurrent state
+  // cannot branch within one forward (a dflash::Error).
+  void forward_tree(const int32_t* tokens, const int* parents, int n, TargetCache& cache,
+                    const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden);
 
  private:
-  // positions start at cache ? cache->length : 0; cache (optional) is read and extended
+  // positions start at cache ? cache->length : 0 (plus the node's depth in a tree); cache (optional) is read and
+  // extended; tree_parents (optional, with cache): the rows are the nodes of a tree (forward_tree)
   void run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden,
-           TargetCache* cache);
+           TargetCache* cache, const int* tree_parents = nullptr);
   void load_layer(int l);
   void load_attention(int l, TargetLayer& L);
   void load_linear_attention(int l, TargetLayer& L);

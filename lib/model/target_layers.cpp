@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/attention_causal.h"
 #include "kernels/cpu/attention_decode.h"
+#include "kernels/cpu/attention_tree.h"
 #include "kernels/cpu/gated_deltanet.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -25,7 +26,7 @@ void shard_linear(float* y, const float* x, const float* W, int N, int in, int o
 
 void attention_forward(float* part, const float* h, const int* pos, int S, const TargetLayer& L,
                        const QwenConfig& c, const TargetShard& shard, int attention_block, std::vector<float>* keys,
-                       std::vector<float>* values) {
+                       std::vector<float>* values, const int* tree_parents) {
   const int H = c.hidden, hd = c.head_dim, qh = shard.q_count, kvh = shard.kv_count;
   const int qd = qh * hd, kvd = kvh * hd;
   const float eps = float(c.rms_norm_eps);
@@ -62,7 +63,10 @@ void attention_forward(float* part, const float* h, const int* pos, int S, const
     keys->insert(keys->end(), k.begin(), k.end());
     values->insert(values->end(), v.begin(), v.end());
   }
-  if (past == 0) {
+  if (tree_parents) {
+    cpu::attention_tree_forward<float>(attn.data(), q.data(), keys->data(), values->data(), tree_parents, S, past, qh,
+                                       kvh, hd);
+  } else if (past == 0) {
     cpu::attention_causal_forward<float>(attn.data(), q.data(), k.data(), v.data(), S, qh, kvh, hd, attention_block);
   } else {
     cpu::attention_decode_forward<float>(attn.data(), q.data(), keys->data(), values->data(), S, past, qh, kvh, hd);

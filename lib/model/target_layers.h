@@ -10,10 +10,13 @@ namespace dflash::model {
 
 // part[S, H] (=) this rank's share of o_proj(attention(h)); h [S, H] normed input at positions pos[S] =
 // past .. past + S − 1. keys/values (optional, [past, kv_count, head_dim] on entry): the earlier positions' keys and
-// values, extended by these S rows; without them past must be 0.
+// values, extended by these S rows; without them past must be 0. tree_parents[S] (optional, needs keys/values): the
+// S rows are the nodes of a verification tree (kernels/cpu/attention_tree.h: row i sees the cache and its
+// ancestors), at the positions pos gives (past + depth); without it row i sees the cache and rows ≤ i.
 void attention_forward(float* part, const float* h, const int* pos, int S, const TargetLayer& L,
                        const QwenConfig& c, const TargetShard& shard, int attention_block,
-                       std::vector<float>* keys = nullptr, std::vector<float>* values = nullptr);
+                       std::vector<float>* keys = nullptr, std::vector<float>* values = nullptr,
+                       const int* tree_parents = nullptr);
 
 // part[S, H] (=) this rank's share of out_proj(gated_deltanet(h)); h [S, H]. conv_tail [K−1, local channels] and
 // state [local value heads, dk, dv] (optional, both or neither; empty = a fresh sequence) carry the earlier

@@ -2,6 +2,7 @@
 //
 //   mpirun -np K spec_decode_check --target DIR --prompts P.h5 [--drafter DIR] [--count 4] [--max-new 40]
 //                                  [--block 8] [--taps 1,2,3,4,5] [--vocab-limit 511] [--min-tau X]
+//                                  [--tree-budget N --tree-topk K]
 //
 // For the first `count` prompts, on one TP group of K ranks, with each proposer:
 //   random   an untrained drafter (seed 7): output == greedy_generate token for token;
@@ -11,6 +12,9 @@
 //   wrong    proposes (greedy + 1) mod vocab_limit: every verify keeps exactly 1 token;
 // and with an eos id taken from the middle of the greedy continuation, oracle and untrained drafter stop exactly where
 // greedy_generate stops.
+// With --tree-budget (lib/model/spec_tree.h), for the untrained and the given drafter: tree decoding with budget N and
+// top-k K == greedy_generate token for token, and budget B−1 with top-k 1 keeps exactly what the chain keeps, verify
+// by verify (the same drafts, the same tokens); τ_tree is printed next to τ. A hybrid target must refuse the tree.
 // Exit 0 when all hold; the first failure is an error naming the prompt, proposer and position.
 #include "lib/comm/mpi_transport.h"
 #include "tests/integration/mpi_test_main.h"
@@ -28,6 +32,7 @@
 #include "lib/io/dataset.h"
 #include "lib/model/generate.h"
 #include "lib/model/spec_decode.h"
+#include "lib/model/spec_tree.h"
 #include "lib/model/target.h"
 #include "lib/train/drafter_source.h"
 
@@ -85,7 +90,8 @@ double tau(const model::SpecResult& r) {
 }
 
 int run(int argc, char** argv) {
-  Args a(argc, argv, {"target", "prompts", "drafter", "count", "max-new", "block", "taps", "vocab-limit", "min-tau"});
+  Args a(argc, argv, {"target", "prompts", "drafter", "count", "max-new", "block", "taps", "vocab-limit", "min-tau",
+                          "tree-budget", "tree-topk"});
   comm::MpiTransport tp(MPI_COMM_WORLD);
   const bool root = tp.rank() == 0;
   const std::string target_dir = a.str("target", "");
@@ -133,6 +139,13 @@ int run(int argc, char** argv) {
   so.max_new_tokens = max_new;
   so.vocab_limit = vocab_limit;
   std::vector<int> trained_accepted, random_accepted, forced_accepted, visited_forced;
+  model::TreeOptions tree;
+  tree.budget = int(a.integer("tree-budget", 0));
+  tree.topk = int(a.integer("tree-topk", 4));
+  model::TreeOptions chain_tree;  // budget B − 1, top-k 1: the chain as a tree
+  chain_tree.budget = B - 1;
+  chain_tree.topk = 1;
+  std::vector<int> tree_accepted[2];  // [untrained, given drafter]
   for (int i = 0; i < count && i < prompts.size(); ++i) {
     const std::vector<int32_t> prompt = model::prompt_of(prompts.read(i), prompts.path());
     const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompt, g);
@@ -197,10 +210,41 @@ int run(int argc, char** argv) {
         }
       }
       if (name == "random") random_accepted.insert(random_accepted.end(), r.accepted.begin(), r.accepted.end());
+      if (tree.budget > 0 && (name == "random" || name == "drafter") && !c.hybrid) {
+        model::TopkProposer* topk = name == "random" ? static_cast<model::TopkProposer*>(random_drafter.get())
+                                                     : static_cast<model::TopkProposer*>(trained_drafter.get());
+        const model::SpecResult t = model::speculative_generate_tree(target, head, tp, root ? topk : nullptr, prompt,
+                                                                     so, tree);
+        DFLASH_CHECK(t.tokens == greedy, "prompt {} proposer {}: tree decoding (budget {}, top-k {}) differs from "
+                     "greedy ({} tokens vs {})", i, k.name, tree.budget, tree.topk, t.tokens.size(), greedy.size());
+        DFLASH_CHECK(t.target_forwards == int(t.accepted.size()) + 1 &&
+                         std::accumulate(t.accepted.begin(), t.accepted.end(), 0) + 1 == int(greedy.size()),
+                     "prompt {} proposer {}: tree counts do not add up", i, k.name);
+        tree_accepted[name == "random" ? 0 : 1].insert(tree_accepted[name == "random" ? 0 : 1].end(),
+                                                       t.accepted.begin(), t.accepted.end());
+        const model::SpecResult ct = model::speculative_generate_tree(target, head, tp, root ? topk : nullptr, prompt,
+                                                                      so, chain_tree);
+        DFLASH_CHECK(ct.tokens == r.tokens && ct.accepted == r.accepted, "prompt {} proposer {}: the tree of budget "
+                     "B-1 = {} with top-k 1 does not keep what the chain keeps", i, k.name, B - 1);
+        if (root)
+          std::printf("prompt %d %-8s tree (budget %d, top-k %d): %zu tokens == greedy, tau_tree %.3f (chain %.3f, "
+                      "%.1f nodes per verify); budget %d top-k 1 == chain\n", i, k.name, tree.budget, tree.topk,
+                      t.tokens.size(), tau(t), tau(r), double(t.tree_nodes) / double(t.accepted.size()), B - 1);
+      }
       if (root)
         std::printf("prompt %d (%zu tokens) %-8s: %zu tokens == greedy, %d target forwards + %d rollback re-runs, "
                     "tau %.3f\n", i, prompt.size(), k.name, r.tokens.size(), r.target_forwards, r.rollback_forwards,
                     tau(r));
+    }
+    if (tree.budget > 0 && c.hybrid) {
+      bool refused = false;
+      try {
+        model::speculative_generate_tree(target, head, tp, root ? random_drafter.get() : nullptr, prompt, so, tree);
+      } catch (const Error& e) {
+        refused = std::string(e.what()).find("needs a dense target") != std::string::npos;
+      }
+      DFLASH_CHECK(refused, "prompt {}: tree verification on a hybrid target was not refused", i);
+      if (root) std::printf("prompt %d: tree verification refused on the hybrid target\n", i);
     }
     // an eos the greedy continuation produces halfway (its first occurrence): both stop right after it
     model::GenerateOptions ge = g;
@@ -229,6 +273,11 @@ int run(int argc, char** argv) {
                   "the %zu anchors speculative decoding visited",
                   trained->dir.c_str(), mean(trained_accepted), mean(forced_accepted), forced_accepted.size(),
                   mean(visited_forced), visited_forced.size());
+    if (tree.budget > 0 && !c.hybrid) {
+      std::printf("; tree (budget %d, top-k %d) lossless: untrained tau_tree %.3f", tree.budget, tree.topk,
+                  mean(tree_accepted[0]));
+      if (trained) std::printf(", drafter tau_tree %.3f (chain %.3f)", mean(tree_accepted[1]), mean(trained_accepted));
+    }
     std::printf("\n");
   }
   if (trained && a.has("min-tau")) {

@@ -3,10 +3,12 @@
 #   spec_eval.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE
 # train    (fixture tiny_drafter) dflash_mpi trains the quickstart drafter (mpi_launch/configs/tiny.yaml) for
 #          $STEPS steps on the tiny data and checkpoints at the end: WORK_DIR/run
-# lossless spec_decode_check with that drafter at TP 1 and TP 5: output == greedy token for token
+# lossless spec_decode_check with that drafter at TP 1 and TP 5: output == greedy token for token, chain and tree
+#          (budget 16, top-k 4; budget B-1 / top-k 1 == the chain); tau_tree is printed
 # hybrid   spec_decode_check on a random hybrid target (DeltaNet rollback) at TP 1 and TP 5
 # eval     dflash_eval on 16 prompts: a real speculative tau clearly above 1 (>= 1.3), printed next to the training
-#          tau from metrics.jsonl; the JSON has every field; the exported drafter gives the same tau; bad input fails
+#          tau from metrics.jsonl; the JSON has every field; tau_tree (--tree-budget 16) reported with consistent
+#          counts; the exported drafter gives the same tau; bad input fails
 set -euo pipefail
 build="$1" src="$2" work="$3" case="$4"
 tiny="$build/tests/integration/tiny_data"
@@ -30,8 +32,10 @@ case "$case" in
   lossless)
     for np in 1 5; do
       "$mpirun_sh" -np $np "$build/tests/integration/spec_decode_check" --target "$tiny/target" \
-        --prompts "$tiny/prompts.h5" --drafter "$run" --count 3 --max-new 40 --min-tau 1.3 | tee "$work/lossless_$np.log"
-      grep -q "TP $np (dense target): lossless for every proposer" "$work/lossless_$np.log" || fail "TP $np did not pass"
+        --prompts "$tiny/prompts.h5" --drafter "$run" --count 3 --max-new 40 --min-tau 1.3 --tree-budget 16 \
+        --tree-topk 4 | tee "$work/lossless_$np.log"
+      grep -q "TP $np (dense target): lossless for every proposer.*tree (budget 16, top-k 4) lossless.*drafter tau_tree" \
+        "$work/lossless_$np.log" || fail "TP $np did not pass"
     done
     echo "PASS (lossless)"
     ;;
@@ -40,7 +44,7 @@ case "$case" in
     rm -rf "$out"
     mkdir -p "$out"
     "$build/apps/dflash_eval" --target "$tiny/target" --drafter "$run" --prompts "$tiny/prompts.h5" --limit 16 \
-      --max-new-tokens 48 --out "$out/eval.json" --check-greedy --teacher-forced | tee "$out/log"
+      --max-new-tokens 48 --out "$out/eval.json" --check-greedy --teacher-forced --tree-budget 16 | tee "$out/log"
     python3 - "$out/eval.json" <<'PY' || fail "eval.json is not what it should be"
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -58,6 +62,14 @@ assert j["tau"] >= 1.3, f"speculative tau {j['tau']} is not clearly above 1"
 # teacher forcing at the anchors speculative decoding visited keeps exactly what it kept (same drafts, same target)
 assert abs(j["teacher_forced_tau_visited"] - j["tau"]) < 1e-12, (j["teacher_forced_tau_visited"], j["tau"])
 assert j["teacher_forced_anchors"] == 16 * 47, j["teacher_forced_anchors"]
+# tree verification (--tree-budget 16, top-k 4): the same tokens (checked by dflash_eval), counts that add up
+assert j["tree_budget"] == 16 and j["tree_topk"] == 4
+hist = j["kept_histogram_tree"]
+assert len(hist) == B + 1 and sum(hist) == j["verify_forwards_tree"]
+assert sum(k * n for k, n in enumerate(hist)) + 16 == j["generated_tokens"]
+assert abs(j["target_forwards_per_token_tree"] - (j["verify_forwards_tree"] + 16) / j["generated_tokens"]) < 1e-12
+assert B <= j["tree_nodes_per_verify"] <= 17, j["tree_nodes_per_verify"]
+print(f"tau_tree {j['tau_tree']:.3f} (budget 16, top-k 4) vs tau {j['tau']:.3f}")
 print(f"teacher-forced tau on the generated sequences {j['teacher_forced_tau']:.3f} (all anchors)")
 print(f"speculative tau {j['tau']:.3f} vs training (teacher-forced) tau {j['training_tau']:.3f}")
 PY
@@ -87,8 +99,9 @@ PY
       --linear-k-dim 16 --linear-v-dim 16 --seed 5 >/dev/null
     for np in 1 5; do
       "$mpirun_sh" -np $np "$build/tests/integration/spec_decode_check" --target "$work/hybrid/target" \
-        --prompts "$tiny/prompts.h5" --count 2 --max-new 30 | tee "$work/hybrid_$np.log"
+        --prompts "$tiny/prompts.h5" --count 2 --max-new 30 --tree-budget 8 | tee "$work/hybrid_$np.log"
       grep -q "TP $np (hybrid target): lossless for every proposer" "$work/hybrid_$np.log" || fail "TP $np did not pass"
+      grep -q "tree verification refused on the hybrid target" "$work/hybrid_$np.log" || fail "TP $np: tree not refused"
     done
     echo "PASS (hybrid)"
     ;;

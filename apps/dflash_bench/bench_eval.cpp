@@ -1,0 +1,205 @@
+// dflash_bench eval: speculative decoding on the CPU, one process (TP 1): plain cached greedy decoding, chain
+// speculative decoding (lib/model/spec_decode.h) and tree verification (lib/model/spec_tree.h) of the same prompts
+// in the same run, with tokens/s, target forwards per generated token, τ and τ_tree (docs/eval.md). Every decoding
+// is checked to give greedy's tokens. Built-in configs: `tiny` (the tiny recipe's target and drafter shapes) and
+// `larger` (H 512, 8 layers), each a random target, a random (untrained) drafter and random prompts, so τ stays near
+// 1 and the rows measure the machinery's cost; --target/--drafter/--prompt-file add a row for a real pair (e.g. the
+// tiny recipe's trained drafter).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/dflash_bench/bench.h"
+#include "lib/comm/transport.h"
+#include "lib/core/args.h"
+#include "lib/core/error.h"
+#include "lib/core/rng.h"
+#include "lib/core/timer.h"
+#include "lib/io/dataset.h"
+#include "lib/model/drafter_params.h"
+#include "lib/model/generate.h"
+#include "lib/model/random_target.h"
+#include "lib/model/spec_decode.h"
+#include "lib/model/spec_tree.h"
+#include "lib/model/target.h"
+#include "lib/train/drafter_source.h"
+
+namespace dflash::bench {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: dflash_bench eval [--config tiny,larger] [--prompts 8] [--prompt-len 32] [--max-new 64]\n"
+    "                         [--tree-budget 16] [--tree-topk 4] [--target DIR --drafter DIR --prompt-file P.h5]\n"
+    "  one process (TP 1): greedy, chain speculative and tree speculative decoding of the same prompts\n"
+    "  --config LIST   built-in random target + untrained drafter pairs: tiny, larger (empty: none)\n"
+    "  --prompts N     prompts per row (random ids for the built-in configs; the first N of --prompt-file)\n"
+    "  --target DIR --drafter DIR --prompt-file P.h5   one more row for a real pair (docs/eval.md)\n";
+
+struct Pair {
+  std::string name;
+  model::RandomTargetSpec target;
+  DrafterConfig drafter;
+  std::vector<int> taps;
+};
+
+Pair builtin(const std::string& name) {
+  Pair p;
+  p.name = name;
+  model::RandomTargetSpec& t = p.target;
+  DrafterConfig& d = p.drafter;
+  if (name == "tiny") {  // data/make_tiny.sh and mpi_launch/configs/tiny.yaml
+    t.hidden = 64, t.layers = 8, t.heads = 16, t.kv_heads = 8, t.head_dim = 16, t.intermediate = 128, t.vocab = 512;
+    d.layers = 2, d.heads = 4, d.kv_heads = 2, d.head_dim = 16, d.intermediate = 128;
+  } else if (name == "larger") {
+    t.hidden = 512, t.layers = 8, t.heads = 16, t.kv_heads = 8, t.head_dim = 32, t.intermediate = 1536;
+    t.vocab = 4096;
+    d.layers = 2, d.heads = 16, d.kv_heads = 8, d.head_dim = 32, d.intermediate = 1536;
+  } else {
+    DFLASH_USER_FAIL("--config: unknown config '{}' (tiny, larger)", name);
+  }
+  t.seed = 1;
+  d.hidden = t.hidden, d.vocab = t.vocab, d.mask_token_id = t.vocab - 1, d.block_size = 8;
+  p.taps = {1, 2, 3, 4, 5};
+  d.n_taps = int(p.taps.size());
+  d.window.assign(size_t(d.layers), 0);
+  return p;
+}
+
+struct Row {
+  model::SpecSummary chain, tree;
+  double greedy_seconds = 0;
+  int64_t greedy_tokens = 0;
+  explicit Row(int B) : chain(B), tree(B) {}
+};
+
+Row measure(const std::string& target_dir, const DrafterConfig& dc, const DrafterParams<float>& params,
+            const std::vector<int>& taps, const std::vector<std::vector<int32_t>>& prompts, int max_new,
+            const model::TreeOptions& tree) {
+  comm::SelfTransport self;
+  model::TargetModel target(target_dir, self);
+  model::GreedyHead head(target_dir, self);
+  const model::TargetVocab vocab = model::load_target_vocab(target_dir);
+  const int vocab_limit = dc.mask_token_id == dc.vocab - 1 ? dc.vocab - 1 : 0;
+  model::DrafterProposer drafter(dc, params, vocab.embedding.data(), vocab.lm_head(), vocab_limit);
+  model::SpecOptions so;
+  so.block_size = dc.block_size;
+  so.tap_layer_ids = taps;
+  so.max_new_tokens = max_new;
+  so.vocab_limit = vocab_limit;
+  model::GenerateOptions g;
+  g.max_new_tokens = max_new;
+  g.vocab_limit = vocab_limit;
+  Row row(dc.block_size);
+  // one untimed prompt first: page in the weights, size the arenas
+  model::speculative_generate_tree(target, head, self, &drafter, prompts[0], so, tree);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Timer t;
+    const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompts[i], g);
+    row.greedy_seconds += t.seconds();
+    row.greedy_tokens += int64_t(greedy.size());
+    const model::SpecResult c = model::speculative_generate(target, head, self, &drafter, prompts[i], so);
+    const model::SpecResult r = model::speculative_generate_tree(target, head, self, &drafter, prompts[i], so, tree);
+    DFLASH_CHECK(c.tokens == greedy && r.tokens == greedy, "prompt {}: speculative decoding (chain {}, tree {}) "
+                 "differs from greedy: a bug", i, c.tokens == greedy ? "same" : "differs",
+                 r.tokens == greedy ? "same" : "differs");
+    row.chain.add(c);
+    row.tree.add(r);
+  }
+  return row;
+}
+
+double per_token(const model::SpecSummary& s) {
+  return s.generated > 0 ? double(s.target_forwards + s.rollback_forwards) / double(s.generated) : 0.0;
+}
+
+void print_row(const std::string& name, const model::QwenConfig& c, size_t prompts, int max_new, const Row& r) {
+  const double greedy_tps = r.greedy_seconds > 0 ? double(r.greedy_tokens) / r.greedy_seconds : 0.0;
+  const double chain_tps = r.chain.seconds > 0 ? double(r.chain.generated) / r.chain.seconds : 0.0;
+  const double tree_tps = r.tree.seconds > 0 ? double(r.tree.generated) / r.tree.seconds : 0.0;
+  std::printf("| %s | %d × %d, V %d | %zu × %d | %.0f | %.0f | %.3f | %.3f | %.0f | %.3f | %.3f | %.1f |\n",
+              name.c_str(), c.hidden, c.layers, c.vocab, prompts, max_new, greedy_tps, chain_tps, per_token(r.chain),
+              r.chain.tau(), tree_tps, per_token(r.tree), r.tree.tau(),
+              r.tree.verifies > 0 ? double(r.tree.tree_nodes) / double(r.tree.verifies) : 0.0);
+  std::fflush(stdout);
+}
+
+std::vector<std::string> names(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ','))
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+}  // namespace
+
+int run_eval(int argc, char** argv) {
+  Args a(argc, argv, {"config", "prompts", "prompt-len", "max-new", "tree-budget", "tree-topk", "target", "drafter",
+                      "prompt-file"}, {}, kUsage);
+  const int n_prompts = int(a.integer("prompts", 8)), prompt_len = int(a.integer("prompt-len", 32));
+  const int max_new = int(a.integer("max-new", 64));
+  model::TreeOptions tree;
+  tree.budget = int(a.integer("tree-budget", 16));
+  tree.topk = int(a.integer("tree-topk", 4));
+  DFLASH_USER_CHECK(n_prompts >= 1 && prompt_len >= 1 && max_new >= 1, "--prompts, --prompt-len and --max-new must "
+                    "be >= 1");
+  DFLASH_USER_CHECK(tree.budget >= 1 && tree.topk >= 1, "--tree-budget and --tree-topk must be >= 1");
+  const bool pair = a.has("target") || a.has("drafter") || a.has("prompt-file");
+  DFLASH_USER_CHECK(!pair || (a.has("target") && a.has("drafter") && a.has("prompt-file")),
+                    "--target, --drafter and --prompt-file go together");
+
+  std::printf("eval bench: 1 process (TP 1, OMP threads as set), %d prompts × up to %d new tokens, tree budget %d "
+              "top-k %d; built-in rows: random target, untrained drafter (τ ≈ 1: the cost of the machinery)\n\n",
+              n_prompts, max_new, tree.budget, tree.topk);
+  std::printf("| config | target H × layers, vocab | prompts × new | greedy tokens/s | chain tokens/s | chain target "
+              "forwards / token | τ | tree tokens/s | tree target forwards / token | τ_tree | tree nodes / verify |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+  for (const std::string& name : names(a.str("config", "tiny,larger"))) {
+    const Pair p = builtin(name);
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             ("dflash_bench_eval_" + name + "_" + std::to_string(::getpid()))).string();
+    model::write_random_target(dir, p.target);
+    DrafterParams<float> params(p.drafter);
+    params.init_random(7, 0.02);
+    Rng rng(11);
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n_prompts));
+    for (auto& pr : prompts) {
+      pr.resize(size_t(prompt_len));
+      for (auto& t : pr) t = int32_t(rng.below(uint64_t(p.target.vocab - 1)));  // never the mask token
+    }
+    try {
+      const Row r = measure(dir, p.drafter, params, p.taps, prompts, max_new, tree);
+      print_row(name, p.target.config(), prompts.size(), max_new, r);
+    } catch (...) {
+      std::filesystem::remove_all(dir);
+      throw;
+    }
+    std::filesystem::remove_all(dir);
+  }
+  if (pair) {
+    const std::string target_dir = a.str("target", "");
+    const train::DrafterSource src = train::load_drafter_source(a.str("drafter", ""));
+    const model::QwenConfig c = model::load_qwen_config(target_dir);
+    DFLASH_USER_CHECK(src.drafter.config.vocab == c.vocab && src.drafter.config.hidden == c.hidden,
+                      "--drafter {} does not fit the target {} (vocab / hidden)", src.dir, target_dir);
+    io::Dataset file(a.str("prompt-file", ""), c.vocab);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t i = 0; i < file.size() && int(prompts.size()) < n_prompts; ++i)
+      prompts.push_back(model::prompt_of(file.read(i), file.path()));
+    DFLASH_USER_CHECK(!prompts.empty(), "{}: no prompts", file.path());
+    const Row r = measure(target_dir, src.drafter.config, src.drafter.params, src.drafter.info.target_layer_ids,
+                          prompts, max_new, tree);
+    print_row("given: " + std::filesystem::path(src.dir).filename().string(), c, prompts.size(), max_new, r);
+  }
+  return 0;
+}
+
+}  // namespace dflash::bench
