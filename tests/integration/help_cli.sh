@@ -23,7 +23,7 @@ check_usage_error() {
 }
 for cmd in "dflash_data export" "dflash_data import-jsonl" "dflash_data inspect" "dflash_data make-target" \
     "dflash_data make-prompts" "dflash_data regenerate" "dflash_bench drafter" "dflash_bench loss" \
-    "dflash_bench target" "dflash_logs" "dflash_eval" "dflash_mpi" "dflash_mpi --export"; do
+    "dflash_bench target" "dflash_bench eval" "dflash_logs" "dflash_eval" "dflash_mpi" "dflash_mpi --export"; do
   read -r prog sub <<<"$cmd"
   check_help "$build/apps/$prog" ${sub:+$sub}
   if [[ "$cmd" == "dflash_mpi" ]]; then
