@@ -114,7 +114,7 @@ TEST_CASE("attention_tree: matches the dense-mask reference on random trees, and
   }
 }
 
-TEST_CASE("forward_tree: each node's state is forward_cached's along its path; keep_tree_path keeps that path") {
+TEST_CASE("forward_tree: each node's state is forward_cached's along its path, and keep_tree_path keeps that path") {
   const auto spec = small_target(false);
   const auto dir = test::scratch_dir("tree_target");
   model::write_random_target(dir.string(), spec);
