@@ -13,6 +13,7 @@
 #          the newest step_* and never best; ckpt.resume = best is refused
 # stop     evals every 10 steps, --stop-after-steps at a due step (10) and just before one (9, where the target
 #          group may already wait for the weights of step 10): the job ends cleanly, no hang
+# groups   two target groups of TP 2 + 3 drafters: every drafter gets its held-out share from its own group
 # bad      eval.every without eval.data, eval.spec_every without eval.prompts, a missing eval file: a clear error,
 #          non-zero exit, within 30 s
 set -euo pipefail
@@ -142,6 +143,26 @@ PY
       echo "ok: --stop-after-steps $n ended cleanly ($spec speculative eval)"
     done
     echo "PASS (stop)"
+    ;;
+  groups)
+    # 2 target groups of TP 2 feeding 3 drafters (group 0 -> drafters 0 and 2, group 1 -> drafter 1): each group
+    # streams its own drafters' held-out sequences (7: 3, 2, 2 per drafter), group 0 decodes the prompts
+    out="$work/groups"
+    rm -rf "$out"
+    timeout 120 "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set "run.out_dir=$out" \
+      --set layout.target_tp=2 --set layout.target_groups=2 --set layout.drafter_dp=3 --set run.steps=12 \
+      --set log.every=1 --set eval.every=4 --set eval.spec_every=6 --set eval.max_sequences=7 \
+      >"$work/groups.log" 2>&1 || { tail -20 "$work/groups.log"; fail "two target groups: the job failed or hung"; }
+    python3 - "$out/metrics.jsonl" <<'PY' || fail "two target groups: wrong eval records"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+ev = [r for r in recs if r.get("kind") == "eval"]
+sp = [r for r in recs if r.get("kind") == "spec_eval"]
+assert [r["step"] for r in ev] == [4, 8, 12] and all(r["eval_sequences"] == 7 for r in ev), ev
+assert [r["step"] for r in sp] == [6, 12] and all(r["spec_prompts"] == 3 for r in sp), sp
+print(f"held-out loss {[round(r['eval_loss'], 4) for r in ev]}, speculative tau {[round(r['spec_tau'], 4) for r in sp]}")
+PY
+    echo "PASS (groups)"
     ;;
   bad)
     cfg=("$src/mpi_launch/configs/tiny.yaml" --set "target.path=$tiny/target" --set "data.path=$tiny/train.h5"
