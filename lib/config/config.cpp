@@ -253,6 +253,8 @@ void resolve_paths_against(TrainConfig& cfg, const std::filesystem::path& config
   resolve("run.out_dir", cfg.run.out_dir);
   resolve("target.path", cfg.target.path);
   resolve("data.path", cfg.data.path);
+  resolve("eval.data", cfg.eval.data);
+  resolve("eval.prompts", cfg.eval.prompts);
   if (cfg.ckpt.resume != "none" && cfg.ckpt.resume != "auto") resolve("ckpt.resume", cfg.ckpt.resume);
 }
 
@@ -301,6 +303,19 @@ void validate_config(const TrainConfig& c) {
     fail(where, "layout.transport is nccl but run.device is cpu; nccl needs cuda (use transport: mpi on cpu)");
   if (c.ckpt.resume.empty())
     fail(where, "ckpt.resume is empty; use none, auto or a checkpoint directory");
+  // in-training eval: a key that would do nothing is an error rather than a silent no-op
+  if (c.eval.every > 0 && c.eval.data.empty())
+    fail(where, fmt::format("eval.every is {} but eval.data is empty: set eval.data to a held-out HDF5 dataset (the "
+                            "format of data.path) or eval.every: 0", c.eval.every));
+  if (!c.eval.data.empty() && c.eval.every == 0)
+    fail(where, fmt::format("eval.data is {} but eval.every is 0: set eval.every (e.g. 200) or remove eval.data",
+                            c.eval.data));
+  if (c.eval.spec_every > 0 && c.eval.prompts.empty())
+    fail(where, fmt::format("eval.spec_every is {} but eval.prompts is empty: set eval.prompts to a prompts HDF5 "
+                            "(as dflash_eval --prompts) or eval.spec_every: 0", c.eval.spec_every));
+  if (!c.eval.prompts.empty() && c.eval.spec_every == 0)
+    fail(where, fmt::format("eval.prompts is {} but eval.spec_every is 0: set eval.spec_every (e.g. 1000) or remove "
+                            "eval.prompts", c.eval.prompts));
 }
 
 std::vector<int> default_target_layer_ids(int num_target_layers, int n_taps) {

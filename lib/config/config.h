@@ -1,6 +1,6 @@
 #pragma once
 // The training configuration: one typed struct per YAML section (run, layout, target, drafter, loss, optim, data,
-// ckpt, log). The member initialisers below ARE the defaults; the key table in schema.cpp names every member
+// ckpt, log, eval). The member initialisers below ARE the defaults; the key table in schema.cpp names every member
 // with its dotted path, type, range and help, and drives parsing, validation, printing, hashing and
 // docs/config.md. Adding a key = one member here + one row in schema.cpp + one row in docs/config.md.
 #include <cstdint>
@@ -96,6 +96,17 @@ struct LogSection {
   std::string level = "info";         // debug | info | warn | error (env DFLASH_LOG_LEVEL overrides)
 };
 
+// In-training evaluation (docs/eval.md "During training"): everything off by default.
+struct EvalSection {
+  std::string data;                   // held-out HDF5 (the format of data.path); "" = no held-out eval
+  int every = 0;                      // held-out eval after every N steps; 0 = off (needs eval.data)
+  int max_sequences = 64;             // the first N sequences of eval.data; 0 = all
+  std::string prompts;                // prompts HDF5 for the speculative eval; "" = none
+  int spec_every = 0;                 // speculative eval after every N steps; 0 = off (needs eval.prompts)
+  int spec_prompts = 8;               // the first N prompts of eval.prompts
+  int max_new_tokens = 64;            // tokens generated per prompt
+};
+
 // Where a key's value came from, for the resolved-config table.
 enum class ConfigSource { kDefault, kFile, kSet };
 
@@ -109,6 +120,7 @@ struct TrainConfig {
   DataSection data;
   CkptSection ckpt;
   LogSection log;
+  EvalSection eval;
 
   std::string file;                              // YAML file it was loaded from ("" when none)
   std::map<std::string, ConfigSource> source;    // per dotted key; absent = default

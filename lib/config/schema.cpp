@@ -161,6 +161,21 @@ std::vector<ConfigKey> build_schema() {
       unhashed(key("log.every", T::kInt, FIELD(log.every), kAtLeast1, "progress line and metrics record every N steps")),
       unhashed(choice("log.level", FIELD(log.level), {"debug", "info", "warn", "error"},
                       "per-rank log level; env DFLASH_LOG_LEVEL overrides")),
+      // eval (none of it changes the training math)
+      unhashed(key("eval.data", T::kString, FIELD(eval.data), kAny,
+                   "held-out HDF5 dataset (the format of data.path) for the teacher-forced eval; empty = none")),
+      unhashed(key("eval.every", T::kInt, FIELD(eval.every), kNonNeg,
+                   "held-out eval (loss, acc, tau; no gradients) after every N steps; 0 = off; needs eval.data")),
+      unhashed(key("eval.max_sequences", T::kInt, FIELD(eval.max_sequences), kNonNeg,
+                   "held-out sequences evaluated (the first N of eval.data); 0 = all")),
+      unhashed(key("eval.prompts", T::kString, FIELD(eval.prompts), kAny,
+                   "prompts HDF5 for the speculative eval (as dflash_eval --prompts); empty = none")),
+      unhashed(key("eval.spec_every", T::kInt, FIELD(eval.spec_every), kNonNeg,
+                   "real speculative decoding tau after every N steps; 0 = off; needs eval.prompts")),
+      unhashed(key("eval.spec_prompts", T::kInt, FIELD(eval.spec_prompts), kAtLeast1,
+                   "prompts decoded per speculative eval (the first N of eval.prompts)")),
+      unhashed(key("eval.max_new_tokens", T::kInt, FIELD(eval.max_new_tokens), kAtLeast1,
+                   "tokens generated per prompt in the speculative eval")),
   };
 }
 
@@ -175,7 +190,7 @@ const std::vector<ConfigKey>& config_schema() {
 
 const std::vector<std::string>& config_sections() {
   static const std::vector<std::string> sections = {"run",  "layout", "target", "drafter", "loss",
-                                                    "optim", "data",  "ckpt",   "log"};
+                                                    "optim", "data",  "ckpt",   "log", "eval"};
   return sections;
 }
 

@@ -404,6 +404,11 @@ std::string checkpoint_dir(const std::string& out_dir, int64_t step) {
 
 std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& drafter,
                             const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state) {
+  return save_checkpoint_in(checkpoint_dir(out_dir, state.step), drafter, params, opt, state);
+}
+
+std::string save_checkpoint_in(const std::string& step_dir, const DrafterConfig& drafter,
+                               const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state) {
   DFLASH_CHECK(state.step >= 0, "save_checkpoint: negative step {}", state.step);
   const std::vector<ParamInfo> layout = drafter_param_layout(drafter);
   const size_t P = param_count(layout);
@@ -412,13 +417,14 @@ std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& dra
   DFLASH_CHECK((opt.m.empty() && opt.v.empty()) || (opt.m.size() == P && opt.v.size() == P),
                "save_checkpoint: AdamW state holds {} / {} moments for {} parameters", opt.m.size(), opt.v.size(), P);
 
-  const fs::path root = fs::path(out_dir) / "ckpt";
-  const fs::path dir = checkpoint_dir(out_dir, state.step);
+  const fs::path dir = fs::path(step_dir);
+  const fs::path root = dir.parent_path();  // out_dir/ckpt
+  const fs::path out_dir = root.parent_path();
   std::error_code ec;
   const bool root_existed = fs::is_directory(root, ec);
   fs::create_directories(dir, ec);
   DFLASH_USER_CHECK(!ec, "checkpoint: cannot create {}: {}", dir.string(), ec.message());
-  if (!root_existed) fsync_path(fs::path(out_dir).empty() ? fs::path(".") : fs::path(out_dir), true);
+  if (!root_existed) fsync_path(out_dir.empty() ? fs::path(".") : out_dir, true);
   fsync_path(root, true);  // the step directory's entry is durable
 
   // 1. every file under a temporary name, fsync'd

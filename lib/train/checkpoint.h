@@ -62,6 +62,10 @@ struct TrainingState {
 std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& drafter,
                             const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state);
 
+// The same into any directory `step_dir` (created with its parents; the best checkpoint, lib/train/best_checkpoint.h).
+std::string save_checkpoint_in(const std::string& step_dir, const DrafterConfig& drafter,
+                               const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state);
+
 // `out_dir/ckpt/step_XXXXXXXX` for a step (no I/O).
 std::string checkpoint_dir(const std::string& out_dir, int64_t step);
 

@@ -79,6 +79,7 @@ class DrafterStep::Engine {
   virtual ~Engine() = default;
   virtual StepResult run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
                          bool stop_signal, StepCapture* capture) = 0;
+  virtual StepResult evaluate(const FeaturePacket& packet, const AnchorKey& key) = 0;
   virtual DrafterParams<float>& params() = 0;
   virtual AdamWState& optimizer() = 0;
   virtual void upload_state() = 0;
@@ -97,6 +98,7 @@ class EngineT final : public DrafterStep::Engine {
           comm::Transport& dp);
   StepResult run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet, bool stop_signal,
                  StepCapture* capture) override;
+  StepResult evaluate(const FeaturePacket& packet, const AnchorKey& key) override;
   DrafterParams<float>& params() override;
   AdamWState& optimizer() override;
   void upload_state() override;
@@ -107,7 +109,9 @@ class EngineT final : public DrafterStep::Engine {
 
  private:
   static constexpr bool kMasterIsCompute = std::is_same_v<T, float>;
-  void micro_batch(int64_t step, int micro, const FeaturePacket& packet, StepResult& r, StepCapture* capture);
+  // backward = false: forward and loss only (held-out eval)
+  void micro_batch(const AnchorKey& key, const FeaturePacket& packet, StepResult& r, StepCapture* capture,
+                   bool backward = true);
   // The compute weights from the master weights (bf16: a rounding copy; fp32: nothing to do).
   void refresh_compute_weights();
   // An fp32 host array as T in the backend's memory: the array itself on the CPU, else uploaded into `out`
@@ -235,13 +239,12 @@ void EngineT<T>::upload_state() {
 }
 
 template <typename T>
-void EngineT<T>::micro_batch(int64_t step, int micro, const FeaturePacket& pk, StepResult& r,
-                             StepCapture* capture) {
+void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, StepResult& r, StepCapture* capture,
+                             bool backward) {
   kernels::Backend<T>& be = *backend_;
   const DrafterConfig& c = plan_.drafter;
   const int S = pk.header.seq_len, H = c.hidden, B = c.block_size;
   r.tokens += S;
-  const AnchorKey key{uint64_t(cfg_.run.seed), step, int64_t(micro) * cfg_.layout.drafter_dp + dp_rank_};
   const std::vector<int> anchors = sample_anchors(pk.loss_mask.data(), S, cfg_.loss.anchors_per_seq, key);
   if (capture)
     capture->inputs.push_back({pk.header.seq_index, pk.tokens, pk.loss_mask, anchors, pk.taps, pk.final_hidden});
@@ -284,10 +287,11 @@ void EngineT<T>::micro_batch(int64_t step, int micro, const FeaturePacket& pk, S
   // in it), so no extra round trip is needed before the first micro-batch.
   ensure(dx_rows_, kind, size_t(T_rows) * H * sizeof(T));
   VocabLossResult res = loss_->forward(batch, loss_ctx_, 1.0, dx_rows_.as<T>());
-  loss_->backward(batch, loss_ctx_, 1.0, dx_rows_.as<T>());
   r.sums.add(res.sums);
   r.metrics.add(res.metrics);
   for (float w : rows.weight) r.positions += w > 0;
+  if (!backward) return;
+  loss_->backward(batch, loss_ctx_, 1.0, dx_rows_.as<T>());
 
   const size_t out_elems = anchors.size() * size_t(B) * H;
   ensure(d_out_, kind, out_elems * sizeof(T));
@@ -309,7 +313,8 @@ StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, 
   for (int m = 0; m < cfg_.optim.micro_batches; ++m) {
     FeaturePacket packet = next_packet(m, &r.wait_seconds);
     Timer t;
-    micro_batch(step, m, packet, r, capture);
+    const AnchorKey key{uint64_t(cfg_.run.seed), step, int64_t(m) * cfg_.layout.drafter_dp + dp_rank_};
+    micro_batch(key, packet, r, capture);
     be.synchronize(exec_);
     r.compute_seconds += t.seconds();
   }
@@ -360,6 +365,19 @@ StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, 
   return r;
 }
 
+template <typename T>
+StepResult EngineT<T>::evaluate(const FeaturePacket& packet, const AnchorKey& key) {
+  StepResult r;
+  r.step = key.step;
+  r.metrics.correct.assign(plan_.drafter.block_size, 0);
+  r.metrics.scored.assign(plan_.drafter.block_size, 0);
+  Timer t;
+  micro_batch(key, packet, r, nullptr, /*backward=*/false);
+  backend_->synchronize(exec_);
+  r.compute_seconds = t.seconds();
+  return r;
+}
+
 std::unique_ptr<DrafterStep::Engine> make_engine(const TrainConfig& cfg, const RunPlan& plan, const float* embed,
                                                  const float* lm_head, int dp_rank, comm::Transport& dp) {
   if (cfg.run.compute_precision() == "bf16") {
@@ -383,6 +401,9 @@ DrafterStep::~DrafterStep() = default;
 StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
                             bool stop_signal, StepCapture* capture) {
   return engine_->run(step, next_packet, stop_signal, capture);
+}
+StepResult DrafterStep::evaluate(const FeaturePacket& packet, const AnchorKey& key) {
+  return engine_->evaluate(packet, key);
 }
 DrafterParams<float>& DrafterStep::params() { return engine_->params(); }
 AdamWState& DrafterStep::optimizer() { return engine_->optimizer(); }

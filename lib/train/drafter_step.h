@@ -12,6 +12,7 @@
 #include "lib/model/adamw.h"
 #include "lib/model/drafter.h"
 #include "lib/model/vocab_loss.h"
+#include "lib/train/anchors.h"
 #include "lib/train/packet.h"
 #include "lib/train/run_plan.h"
 
@@ -65,6 +66,10 @@ class DrafterStep {
   // capture: when given, filled for --dump-step.
   StepResult run(int64_t step, const std::function<FeaturePacket(int micro, double* wait_seconds)>& next_packet,
                  bool stop_signal = false, StepCapture* capture = nullptr);
+
+  // Held-out eval of one packet: forward + loss with the current weights, no gradients, nothing changed. Anchors
+  // drawn as a training step draws them for `key`. This rank's unreduced sums and counts (the caller reduces).
+  StepResult evaluate(const FeaturePacket& packet, const AnchorKey& key);
 
   // Host copies of the weights and optimizer state (downloaded from the backend on each call). A caller that
   // changes them (resume) calls upload_state() afterwards.

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <deque>
 #include <optional>
 
 #include "lib/comm/mpi_transport.h"
@@ -7,12 +8,15 @@
 #include "lib/train/checkpoint.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/target.h"
+#include "lib/train/best_checkpoint.h"
 #include "lib/train/checkpointing.h"
 #include "lib/train/drafter_step.h"
 #include "lib/train/metrics.h"
 #include "lib/train/packet.h"
 #include "lib/train/progress.h"
+#include "lib/train/heldout_eval.h"
 #include "lib/train/signals.h"
+#include "lib/train/spec_eval.h"
 #include "lib/train/step_dump.h"
 #include "lib/train/workers.h"
 
@@ -90,14 +94,29 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
                                 uint64_t(cfg.run.seed), cfg.data.shuffle, cfg.data.path);
   int64_t plan_step = opt.start_step;
   int plan_micro = 0;
+  // held-out eval (eval.every): this rank's share of the held-out sequences follows the packets of a due step
+  const std::vector<int64_t> heldout =
+      opt.eval.data ? heldout_sequences(heldout_count(cfg, *opt.eval.data), cfg.layout.drafter_dp, layout.dp_rank)
+                    : std::vector<int64_t>{};
+  std::deque<PacketPlan> heldout_plans;
   auto next_plan = [&]() -> std::optional<PacketPlan> {
+    if (!heldout_plans.empty()) {
+      const PacketPlan p = heldout_plans.front();
+      heldout_plans.pop_front();
+      return p;
+    }
     if (plan_step >= plan.total_steps) return std::nullopt;
     PacketPlan p;
     p.step = plan_step;
     p.micro = plan_micro;
     p.seq_index = schedule.sequence(plan_step, plan_micro, layout.dp_rank);
     p.seq_len = streamed_length(cfg, data, p.seq_index);
-    if (++plan_micro == cfg.optim.micro_batches) plan_micro = 0, ++plan_step;
+    if (++plan_micro == cfg.optim.micro_batches) {
+      plan_micro = 0;
+      ++plan_step;
+      if (opt.eval.data && heldout_due(cfg, plan_step))
+        for (int64_t i : heldout) heldout_plans.push_back(heldout_plan(cfg, *opt.eval.data, plan_step - 1, i));
+    }
     return p;
   };
   std::vector<int> sources;
@@ -122,6 +141,20 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     log.info("checkpoint: {} ({:.2f} s){}", dir, t.seconds(),
              removed.empty() ? "" : fmt::format("; removed {} older", removed.size()));
   };
+
+  // the best checkpoint (lib/train/best_checkpoint.h): by the speculative tau when it is measured, else held-out
+  std::optional<BestCheckpoint> best;
+  if (reporter && (cfg.eval.spec_every > 0 || cfg.eval.every > 0)) {
+    best.emplace(cfg.run.out_dir, cfg.eval.spec_every > 0 ? "spec_tau" : "eval_tau", opt.start_step == 0);
+    if (!best->notice().empty()) log.info("best checkpoint: {}", best->notice());
+  }
+  auto offer_best = [&](int64_t step, double tau) {
+    Timer t;
+    if (best->offer(tau, plan.drafter, trainer.params(), training_state(cfg, plan, step, opt.dataset_identity)))
+      log.info("best checkpoint: {} = step {} ({} {:.4f}, {:.2f} s)", best_checkpoint_dir(cfg.run.out_dir), step,
+               best->metric(), tau, t.seconds());
+  };
+  double heldout_seconds = 0, spec_seconds = 0;  // this rank's time in the evals (the end-of-run summary)
 
   Timer run_timer, interval;
   ProgressInterval progress(plan.drafter.block_size);
@@ -155,6 +188,28 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
       interval.reset();
       progress.reset();
     }
+    // the evals after this step (a stop skips the held-out one: its packets are dropped with the step's)
+    // (every drafter rank joins its reduction, also one with no held-out sequence of its own)
+    if (opt.eval.data && heldout_due(cfg, next_step) && !stop) {
+      const HeldoutResult e = run_heldout_eval(trainer, dp, cfg, next_step, int64_t(heldout.size()),
+                                               plan.drafter.block_size,
+                                               [&](double* wait) { return receiver.next(wait); });
+      heldout_seconds += e.seconds;
+      if (reporter) {
+        log.info("{}", heldout_line(e, plan.drafter.block_size, cfg.loss.top_k));
+        metrics->write(heldout_record(e, plan.drafter.block_size));
+        if (best && best->metric() == "eval_tau") offer_best(next_step, heldout_tau(e));
+      }
+    }
+    // drafter rank 0 always answers a due speculative eval: its target group waits for the weights
+    if (reporter && spec_eval_due(cfg, next_step)) {
+      Timer t;
+      const nlohmann::ordered_json totals = spec_eval_exchange(world, trainer.params().flat, sources[0]);
+      spec_seconds += t.seconds();
+      log.info("{}", spec_eval_line(next_step, totals));
+      metrics->write(spec_eval_record(next_step, totals));
+      offer_best(next_step, totals.at("tau").get<double>());
+    }
     const bool periodic = cfg.ckpt.every > 0 && (next_step % cfg.ckpt.every == 0 || last);
     if (periodic || (stop && !dumping)) save(next_step);
     if (r.stop_requested)
@@ -163,8 +218,12 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     if (stop) break;
   }
   const int dropped = receiver.finish(next_step, sources[0]);
-  log.info("drafter: ran steps {}..{} in {:.1f} s{}", opt.start_step + 1, next_step, run_timer.seconds(),
+  const double run_seconds = run_timer.seconds();
+  log.info("drafter: ran steps {}..{} in {:.1f} s{}", opt.start_step + 1, next_step, run_seconds,
            dropped ? fmt::format(" ({} prefetched packets dropped)", dropped) : std::string());
+  if (heldout_seconds > 0 || spec_seconds > 0)
+    log.info("drafter: held-out eval {:.2f} s ({:.1f}% of the run), speculative eval {:.2f} s ({:.1f}%)",
+             heldout_seconds, 100 * heldout_seconds / run_seconds, spec_seconds, 100 * spec_seconds / run_seconds);
   if (reporter && next_step == plan.total_steps) {
     const std::string path = write_final_weights(cfg.run.out_dir, trainer.params());
     log.info("drafter: final fp32 weights in {}", path);

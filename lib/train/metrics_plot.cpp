@@ -133,6 +133,7 @@ MetricsSeries read_metrics(const std::string& run_dir, int* skipped) {
       ++bad;
       continue;
     }
+    if (j.contains("kind")) continue;  // an eval record ({"kind": "eval" | "spec_eval"}): not a training step
     const size_t i = s.steps.size();
     s.steps.push_back(j["step"].get<double>());
     for (const char* k : kKeys) s.values[k].push_back(number_or_nan(j, k));

@@ -16,7 +16,7 @@ struct MetricsSeries {
   int block_positions = 0;  // length of acc_by_pos (B - 1); its values are acc_pos1, acc_pos2, ...
 };
 
-// Reads <run_dir>/metrics.jsonl; a line that is not a JSON record with a "step" (a torn last line) is skipped
+// Reads the training records of <run_dir>/metrics.jsonl (eval records, which carry a "kind", are left out); a line that is not a JSON record with a "step" (a torn last line) is skipped
 // and counted in *skipped. Throws naming the file when there is none or it holds no record.
 MetricsSeries read_metrics(const std::string& run_dir, int* skipped = nullptr);
 

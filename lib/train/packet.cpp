@@ -90,6 +90,7 @@ void PacketReceiver::top_up() {
     h.seq_len = plan->seq_len;
     h.tap_width = tap_width_;
     h.hidden = hidden_;
+    h.kind = plan->kind;
     p.packet.allocate(h);
     const int tp = int(sources_.size());
     p.requests.push_back(world_.irecv_bytes(&p.header, sizeof(PacketHeader), sources_[0], kTagHeader));
@@ -116,11 +117,13 @@ FeaturePacket PacketReceiver::next(double* wait_seconds) {
   if (wait_seconds) *wait_seconds += t.seconds();
   const PacketHeader& got = p.header;
   DFLASH_CHECK(got.seq_index == p.plan.seq_index && got.step == p.plan.step && got.micro == p.plan.micro &&
-                   got.seq_len == p.plan.seq_len && got.tap_width == tap_width_ && got.hidden == hidden_,
-               "feature stream out of order: expected sequence {} (step {}, micro-batch {}, {} tokens, width {}/{}) "
-               "from target rank {}, got sequence {} (step {}, micro-batch {}, {} tokens, width {}/{}); the target "
+                   got.seq_len == p.plan.seq_len && got.tap_width == tap_width_ && got.hidden == hidden_ &&
+                   got.kind == p.plan.kind,
+               "feature stream out of order: expected {}sequence {} (step {}, micro-batch {}, {} tokens, width {}/{}) "
+               "from target rank {}, got {}sequence {} (step {}, micro-batch {}, {} tokens, width {}/{}); the target "
                "and drafter ranks disagree on the data schedule or the model",
-               p.plan.seq_index, p.plan.step, p.plan.micro, p.plan.seq_len, tap_width_, hidden_, sources_[0],
+               p.plan.kind == kEvalPacket ? "held-out eval " : "", p.plan.seq_index, p.plan.step, p.plan.micro,
+               p.plan.seq_len, tap_width_, hidden_, sources_[0], got.kind == kEvalPacket ? "held-out eval " : "",
                got.seq_index, got.step, got.micro, got.seq_len, got.tap_width, got.hidden);
   top_up();  // post the following receives before the caller starts computing
   return std::move(p.packet);

@@ -22,7 +22,12 @@ struct PacketHeader {
   int32_t seq_len = 0;     // S
   int32_t tap_width = 0;   // n_taps * H
   int32_t hidden = 0;      // H
+  int32_t kind = 0;        // PacketKind: a training sequence or a held-out eval one (sent after the step's)
 };
+
+// What a packet is for. Eval packets follow the packets of the step they are named for and count as packets of
+// that step in the stop protocol below (a stop drops them like the step's own).
+enum PacketKind : int32_t { kTrainPacket = 0, kEvalPacket = 1 };
 
 struct FeaturePacket {
   PacketHeader header;
@@ -75,6 +80,7 @@ class PacketSender {
 struct PacketPlan {
   int64_t seq_index = -1, step = 0;
   int32_t micro = 0, seq_len = 0;
+  int32_t kind = kTrainPacket;
 };
 
 // Drafter side: receives the packets of one target group (its TP ranks' world ranks in `sources`), keeping the

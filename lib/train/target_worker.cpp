@@ -1,8 +1,12 @@
+#include <memory>
+
 #include "lib/comm/mpi_transport.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/model/target.h"
+#include "lib/train/heldout_eval.h"
 #include "lib/train/packet.h"
+#include "lib/train/spec_eval.h"
 #include "lib/train/workers.h"
 
 namespace dflash::train {
@@ -14,7 +18,7 @@ int streamed_length(const TrainConfig& cfg, const io::Dataset& data, int64_t ind
 
 void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                        const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log,
-                       Watchdog& watchdog) {
+                       Watchdog& watchdog, const EvalInputs& eval) {
   comm::MpiTransport tp_mpi(comms.tp()), world_mpi(comms.world());
   WatchedTransport tp(tp_mpi, watchdog, fmt::format("target TP group {}", layout.group)),
       world(world_mpi, watchdog, "world");
@@ -29,6 +33,24 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
   PacketSender sender(world, cfg.layout.packets_in_flight);
   const int H = plan.target.hidden, tap_width = int(plan.tap_ids.size()) * H;
   const std::vector<int> drafters = layout.drafters_of_group(layout.group);
+  // one packet: the target forward of `seq` (every TP rank), its slice streamed to drafter rank d
+  auto stream = [&](io::Sequence&& seq, PacketHeader h, int d) {
+    h.seq_len = int32_t(seq.tokens.size());
+    h.tap_width = tap_width;
+    h.hidden = H;
+    FeaturePacket p;
+    p.allocate(h);
+    p.tokens = std::move(seq.tokens);
+    p.loss_mask = std::move(seq.loss_mask);
+    if (h.seq_len > 0)
+      target.forward(p.tokens.data(), h.seq_len, plan.tap_ids, p.taps.data(), p.final_hidden.data());
+    return sender.send(std::move(p), layout.drafter_world_rank(d), layout.tp_rank, tp.size());
+  };
+  const int64_t heldout = eval.data ? heldout_count(cfg, *eval.data) : 0;
+  std::unique_ptr<SpecEvalTarget> spec;  // the group that feeds drafter rank 0
+  if (eval.prompts && layout.group == 0)
+    spec = std::make_unique<SpecEvalTarget>(cfg, plan, target, tp, world, *eval.prompts, layout.drafter_world_rank(0),
+                                            watchdog);
   Timer interval;
   int64_t interval_tokens = 0;
   double interval_blocked = 0;
@@ -40,22 +62,29 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
       for (int d : drafters) {
         const int64_t index = schedule.sequence(step, micro, d);
         io::Sequence seq = data.read(index, cfg.data.max_seq_len);
-        FeaturePacket p;
         PacketHeader h;
         h.seq_index = index;
         h.step = step;
         h.micro = micro;
-        h.seq_len = int32_t(seq.tokens.size());
-        h.tap_width = tap_width;
-        h.hidden = H;
-        p.allocate(h);
-        p.tokens = std::move(seq.tokens);
-        p.loss_mask = std::move(seq.loss_mask);
-        if (h.seq_len > 0)
-          target.forward(p.tokens.data(), h.seq_len, plan.tap_ids, p.taps.data(), p.final_hidden.data());
-        interval_tokens += h.seq_len;
-        interval_blocked += sender.send(std::move(p), layout.drafter_world_rank(d), layout.tp_rank, tp.size());
+        interval_tokens += int64_t(seq.tokens.size());
+        interval_blocked += stream(std::move(seq), h, d);
       }
+    }
+    // the held-out packets count as packets of this step (the stop protocol drops them with it)
+    if (heldout > 0 && heldout_due(cfg, step + 1)) {
+      for (int d : drafters)
+        for (int64_t i : heldout_sequences(heldout, cfg.layout.drafter_dp, d)) {
+          const PacketPlan pp = heldout_plan(cfg, *eval.data, step, i);
+          PacketHeader h;
+          h.seq_index = pp.seq_index;
+          h.step = pp.step;
+          h.micro = pp.micro;
+          h.kind = pp.kind;
+          interval_blocked += stream(eval.data->read(i, cfg.data.max_seq_len), h, d);
+        }
+    }
+    if (spec && spec_eval_due(cfg, step + 1)) {
+      spec->run(step + 1, log);
     }
     if ((step + 1) % cfg.log.every == 0 || step + 1 == plan.total_steps) {
       const double secs = interval.seconds();

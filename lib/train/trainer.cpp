@@ -31,6 +31,7 @@
 #include "lib/train/run_lock.h"
 #include "lib/train/signal_margin.h"
 #include "lib/train/signals.h"
+#include "lib/train/spec_eval.h"
 #include "lib/train/target_check.h"
 #include "lib/train/tokenizer_check.h"
 #include "lib/train/run_plan.h"
@@ -39,6 +40,13 @@
 namespace dflash::train {
 
 namespace {
+
+// An eval file named by the config must exist before the job spends time loading the target.
+void check_eval_file(const char* key, const std::string& path, const char* switch_key) {
+  DFLASH_USER_CHECK(std::filesystem::is_regular_file(path),
+                    "{} = {}: no such file; give an HDF5 dataset (data/README.md) or turn the eval off ({}: 0)", key,
+                    path, switch_key);
+}
 
 // --check: everything that can be validated without the MPI job, and what the job would need.
 int run_check(const TrainConfig& cfg) {
@@ -54,6 +62,25 @@ int run_check(const TrainConfig& cfg) {
   const RunPlan plan = make_run_plan(cfg, target, data.size());
   const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
   check_data_facts(facts, cfg);
+  std::string eval_lines;  // the in-training eval's files, checked as the job checks them
+  if (cfg.eval.every > 0) {
+    check_eval_file("eval.data", cfg.eval.data, "eval.every");
+    const io::Dataset eval(cfg.eval.data, target.vocab);
+    TrainConfig as_data = cfg;
+    as_data.data.path = cfg.eval.data;
+    const DataFacts f = scan_data_facts(eval, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+    check_data_facts(f, as_data);
+    eval_lines += fmt::format("  eval data      {}: {} of {} sequences every {} steps (held-out loss, acc, tau)\n",
+                              cfg.eval.data, cfg.eval.max_sequences > 0 ? std::min<int64_t>(cfg.eval.max_sequences,
+                              eval.size()) : eval.size(), eval.size(), cfg.eval.every);
+  }
+  if (cfg.eval.spec_every > 0) {
+    check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
+    const io::Dataset prompts(cfg.eval.prompts, target.vocab);
+    eval_lines += fmt::format("  eval prompts   {}: {} prompts x {} new tokens every {} steps (speculative tau)\n",
+                              cfg.eval.prompts, spec_eval_prompt_count(cfg, prompts), cfg.eval.max_new_tokens,
+                              cfg.eval.spec_every);
+  }
   const TokenizerFacts tokenizer = read_tokenizer_facts(cfg.target.path);
   const TokenizerCheck tok = check_tokenizer(tokenizer, cfg.target.path, target.vocab, facts.max_token,
                                              plan.drafter.mask_token_id);
@@ -102,6 +129,7 @@ int run_check(const TrainConfig& cfg) {
     std::printf("  tokenizer      %s: %lld tokens, %zu special; fits vocab_size %d, the eos/bos ids and the data\n",
                 tokenizer.path.c_str(), (long long)tokenizer.tokens, tokenizer.special_ids.size(), target.vocab);
   for (const std::string& n : tok.notes) std::printf("  note           %s\n", n.c_str());
+  std::printf("%s", eval_lines.c_str());
   std::printf("  data identity  %s (recorded in checkpoints; a resume on other data is refused)\n",
               facts.identity().c_str());
   std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "
@@ -258,6 +286,17 @@ int dflash_mpi_main(int argc, char** argv) {
     const bool is_target = layout.role == comm::Role::Target;
     const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/is_target);
     const RunPlan plan = make_run_plan(cfg, target, data.size());
+    // the in-training eval's files, opened on every rank at start-up (an error is every rank's: rank 0 prints it)
+    std::optional<io::Dataset> eval_data, eval_prompts;
+    if (cfg.eval.every > 0) {
+      check_eval_file("eval.data", cfg.eval.data, "eval.every");
+      eval_data.emplace(cfg.eval.data, target.vocab, /*scan_tokens=*/is_target);
+    }
+    if (cfg.eval.spec_every > 0) {
+      check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
+      eval_prompts.emplace(cfg.eval.prompts, target.vocab);
+      spec_eval_prompt_count(cfg, *eval_prompts);  // every prompt used has one
+    }
     if (rank == 0) {
       std::printf("%s\n", format_config_table(cfg).c_str());
       const std::string resolved = write_resolved_config(cfg);
@@ -305,9 +344,17 @@ int dflash_mpi_main(int argc, char** argv) {
       dataset_identity = facts.identity();
       log->info("data: {}; {} trained tokens, {} anchor candidates", dataset_identity, facts.trained_tokens,
                 facts.anchor_candidates);
+      if (eval_data) {  // what would score nothing is refused as for data.path
+        TrainConfig as_data = cfg;
+        as_data.data.path = cfg.eval.data;
+        check_data_facts(scan_data_facts(*eval_data, plan.drafter.mask_token_id, cfg.data.max_seq_len), as_data);
+      }
       const std::string dir = resolve_resume_dir(cfg);
       if (!dir.empty()) {
         resumed.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan, dataset_identity)));
+        DFLASH_USER_CHECK(!resumed->state.extra.contains("best"),
+                          "ckpt.resume = {}: the best checkpoint holds weights without optimizer state and is not "
+                          "for resuming; resume from a step_* checkpoint (ckpt.resume: auto)", dir);
         start_step = resumed->state.step;
         log->info("resuming from {} at step {}", dir, start_step);
       } else if (cfg.ckpt.resume == "auto") {
@@ -318,7 +365,10 @@ int dflash_mpi_main(int argc, char** argv) {
     DFLASH_USER_CHECK(start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
                  start_step, plan.total_steps);
     if (is_target) {
-      run_target_worker(cfg, plan, layout, comms, data, start_step, *log, watchdog);
+      EvalInputs eval;
+      eval.data = eval_data ? &*eval_data : nullptr;
+      eval.prompts = eval_prompts ? &*eval_prompts : nullptr;
+      run_target_worker(cfg, plan, layout, comms, data, start_step, *log, watchdog, eval);
     } else {
       DrafterRunOptions o;
       o.start_step = start_step;
@@ -326,6 +376,7 @@ int dflash_mpi_main(int argc, char** argv) {
       o.stop_after = options->stop_after;
       o.dump_dir = options->dump_dir;
       o.dataset_identity = dataset_identity;
+      o.eval.data = eval_data ? &*eval_data : nullptr;
       run_drafter_worker(cfg, plan, layout, comms, data, o, *log, watchdog);
     }
     world.barrier();

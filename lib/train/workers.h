@@ -16,10 +16,18 @@
 
 namespace dflash::train {
 
-// Steps [start_step, plan.total_steps) of this rank's target group, or until its drafters ask it to stop.
+// The in-training eval's inputs (docs/eval.md "During training"), opened and checked at start-up; null = off.
+struct EvalInputs {
+  const io::Dataset* data = nullptr;     // eval.data (eval.every > 0)
+  const io::Dataset* prompts = nullptr;  // eval.prompts (eval.spec_every > 0)
+};
+
+// Steps [start_step, plan.total_steps) of this rank's target group, or until its drafters ask it to stop. After
+// a step the held-out eval is due at, the group also streams its drafters' held-out packets; the group that feeds
+// drafter rank 0 runs the speculative eval when it is due (lib/train/heldout_eval.h, spec_eval.h).
 void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                        const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log,
-                       Watchdog& watchdog);
+                       Watchdog& watchdog, const EvalInputs& eval = {});
 
 struct DrafterRunOptions {
   int64_t start_step = 0;                     // first step to run (> 0 when resuming)
@@ -27,6 +35,7 @@ struct DrafterRunOptions {
   int64_t stop_after = 0;                     // > 0: stop (with a checkpoint) after this many steps of this run
   std::string dump_dir;                       // non-empty: run one step, write its dump there, stop
   std::string dataset_identity;               // on drafter rank 0: DataFacts::identity(), recorded in checkpoints
+  EvalInputs eval;                            // the in-training eval (data only: prompts live on the targets)
 };
 
 // Steps [start_step, plan.total_steps) on this drafter rank, or fewer on a stop. The first drafter rank prints
