@@ -12,6 +12,7 @@ const Subcommand kSubcommands[] = {
     {"target", dflash::bench::run_target, "TP target forward tokens/s and all-reduce time (mpirun -np K)"},
     {"loss", dflash::bench::run_loss, "chunked vocab loss (recompute|fused|naive) vs its GEMMs alone, and its memory"},
     {"cuda", dflash::bench::run_cuda, "CUDA backend: vocab loss and drafter fwd+bwd vs their cuBLASLt GEMMs alone"},
+    {"stream", dflash::bench::run_stream, "packet GB/s, drafter wait share, TP all-reduce per layer (mpirun -np K)"},
 };
 
 }  // namespace
