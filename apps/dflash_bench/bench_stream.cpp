@@ -151,6 +151,11 @@ int run_stream(int argc, char** argv) {
                   comm::data_plane_name(plane));
       std::printf("| drafter waiting share | %.0f%% | measured: wait in next() / total %.2f s |\n",
                   100 * stream[1] / stream[0], stream[0]);
+      const double compute = packets * drafter_ms / 1e3;
+      std::printf("| drafter receive overhead share | %.0f%% | measured: the rest of the total less %.2f s of "
+                  "compute: allocating the next packets' buffers and posting their receives (MPI also copies pending "
+                  "transfers inside these calls) |\n",
+                  100 * std::max(0.0, stream[0] - stream[1] - compute) / stream[0], compute);
       if (allreduce_best >= 0)
         std::printf("| TP all-reduce per target layer | %.1f ms | measured: 2 x all-reduce of [%d, %d] float32 over "
                     "%d ranks, best of %d |\n", 1e3 * allreduce_best, S, H, tp, reps);

@@ -37,7 +37,9 @@ struct NcclState {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  std::string who() const { return fmt::format("NCCL {} (world rank {}, rank {} of {})", name, world_rank, rank, size); }
+  std::string who() const {
+    return fmt::format("NCCL {} (world rank {}, rank {} of {})", name, world_rank, rank, size);
+  }
 
   [[noreturn]] void abort_and_fail(const std::string& what, const std::string& why) {
     dead = true;
@@ -111,9 +113,14 @@ struct NcclOp {
     if (staging) cudaFreeAsync(staging, s->stream);
     if (done) cudaEventDestroy(done);
   }
+  // After `done`: the result back into the host buffer, on the copy stream (cudaMemcpy on the legacy default
+  // stream would also wait for the compute kernels of any blocking stream of this device).
   void complete() {
-    if (host_out && bytes > 0) cuda_check(cudaMemcpy(host_out, staging, bytes, cudaMemcpyDeviceToHost),
-                                          "cudaMemcpy (staging to host)", s->who());
+    if (host_out && bytes > 0) {
+      cuda_check(cudaMemcpyAsync(host_out, staging, bytes, cudaMemcpyDeviceToHost, s->copy),
+                 "cudaMemcpyAsync (staging to host)", s->who());
+      cuda_check(cudaStreamSynchronize(s->copy), "cudaStreamSynchronize (staging to host)", s->who());
+    }
     host_out = nullptr;
   }
 };
@@ -174,11 +181,13 @@ class NcclTransport final : public Transport {
 
   ~NcclTransport() override {  // the streams go with the last pending request (NcclState)
     if (s_->comm) {
-      // a pending request on a live communicator would leave NCCL work queued: finish it before destroying
-      cudaStreamSynchronize(s_->stream);
-      ncclResult_t rc = ncclCommFinalize(s_->comm);
+      // queued NCCL work (a receive nobody will match after an error) must not hang the exit: bounded waits for
+      // the stream and the finalize, then abort
+      const double limit = s_->timeout > 0 ? s_->timeout : 60;
       Timer t;
-      while (rc == ncclInProgress && (s_->timeout <= 0 || t.seconds() < s_->timeout)) {
+      while (cudaStreamQuery(s_->stream) == cudaErrorNotReady && t.seconds() < limit) usleep(100);
+      ncclResult_t rc = cudaStreamQuery(s_->stream) == cudaSuccess ? ncclCommFinalize(s_->comm) : ncclInternalError;
+      while (rc == ncclInProgress && t.seconds() < limit) {
         usleep(100);
         ncclCommGetAsyncError(s_->comm, &rc);
       }
@@ -191,8 +200,12 @@ class NcclTransport final : public Transport {
   int rank() const override { return s_->rank; }
   int size() const override { return s_->size; }
 
-  void allreduce_sum(float* data, size_t n) override { reduce(data, n, ncclFloat32, sizeof(float), "ncclAllReduce(float)"); }
-  void allreduce_sum(double* data, size_t n) override { reduce(data, n, ncclFloat64, sizeof(double), "ncclAllReduce(double)"); }
+  void allreduce_sum(float* data, size_t n) override {
+    reduce(data, n, ncclFloat32, sizeof(float), "ncclAllReduce(float)");
+  }
+  void allreduce_sum(double* data, size_t n) override {
+    reduce(data, n, ncclFloat64, sizeof(double), "ncclAllReduce(double)");
+  }
 
   void broadcast_bytes(void* data, size_t bytes, int root) override {
     if (bytes == 0) return;

@@ -19,9 +19,10 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
   WatchedTransport tp(tp_mpi, watchdog, fmt::format("target TP group {}", layout.group)),
       world(world_mpi, watchdog, "world");
   // the data plane (layout.transport): the TP all-reduces of the forward and the packets' tensors
+  const char* plane = comm::data_plane_name(comms.plane());
   WatchedTransport tp_data(comms.tp_data(), watchdog, fmt::format("target TP group {} ({} data plane)", layout.group,
-                                                                  comm::data_plane_name(comms.plane()))),
-      world_data(comms.world_data(), watchdog, fmt::format("world ({} data plane)", comm::data_plane_name(comms.plane())));
+                                                                  plane)),
+      world_data(comms.world_data(), watchdog, fmt::format("world ({} data plane)", plane));
   Timer load_timer;
   model::TargetModel target(cfg.target.path, tp_data);
   log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB in {:.2f} s; taps {}",
