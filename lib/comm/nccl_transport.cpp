@@ -8,6 +8,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <exception>
 #include <vector>
 
 #include "lib/core/timer.h"
@@ -41,10 +42,15 @@ struct NcclState {
     return fmt::format("NCCL {} (world rank {}, rank {} of {})", name, world_rank, rank, size);
   }
 
-  [[noreturn]] void abort_and_fail(const std::string& what, const std::string& why) {
+  // Unblocks this rank's kernels on this communicator; peers see the error on their next poll.
+  void abort() {
     dead = true;
-    if (comm) ncclCommAbort(comm);  // unblocks this rank's kernels; peers see the error on their next poll
+    if (comm) ncclCommAbort(comm);
     comm = nullptr;
+  }
+
+  [[noreturn]] void abort_and_fail(const std::string& what, const std::string& why) {
+    abort();
     DFLASH_FAIL("{}: {} failed: {}; the communicator is aborted (a peer rank died, stalled or its link failed; "
                 "NCCL_DEBUG=WARN says more)", who(), what, why);
   }
@@ -129,6 +135,12 @@ class NcclRequest final : public Request::Impl {
  public:
   explicit NcclRequest(std::shared_ptr<NcclOp> op) : op_(std::move(op)) {}
   void wait() override {
+    if (std::uncaught_exceptions() > 0) {
+      // a request destroyed while an error unwinds (the job is about to be aborted): waiting for a peer that may
+      // never come would only delay the abort, so the communicator goes now
+      op_->s->abort();
+      return;
+    }
     check_recorded();
     op_->s->wait_event(op_->done, op_->what);
     op_->complete();
@@ -180,6 +192,7 @@ class NcclTransport final : public Transport {
   }
 
   ~NcclTransport() override {  // the streams go with the last pending request (NcclState)
+    if (s_->comm && std::uncaught_exceptions() > 0) s_->abort();  // an error unwinds: no waiting for peers
     if (s_->comm) {
       // queued NCCL work (a receive nobody will match after an error) must not hang the exit: bounded waits for
       // the stream and the finalize, then abort
