@@ -16,6 +16,9 @@ DataPlane choose_data_plane(const std::string& requested, bool cuda_device, bool
                                  "run.device: cuda or layout.transport: mpi");
   DFLASH_USER_CHECK(nccl_in_build, "layout.transport is nccl but this build has no CUDA/NCCL; rebuild with the CUDA "
                                    "toolkit and NCCL installed, or set layout.transport: mpi");
+  DFLASH_USER_CHECK(node.min_gpus_per_node > 0,
+                    "layout.transport is nccl but a node shows no GPU (no device, no driver, or CUDA_VISIBLE_DEVICES "
+                    "empty); run where every rank has a GPU or set layout.transport: mpi");
   DFLASH_USER_CHECK(own_gpu,
                     "layout.transport is nccl but a node runs {} ranks on {} GPU(s): NCCL refuses two ranks on one "
                     "GPU; run at most one rank per GPU (more nodes, or fewer ranks per node) or set "

@@ -46,6 +46,7 @@ TEST_CASE("data plane: nccl is refused with the reason and the fix") {
   const std::string shared = refusal("nccl", true, true, {8, 1});
   CHECK(shared.find("a node runs 8 ranks on 1 GPU(s)") != std::string::npos);
   CHECK(shared.find("NCCL refuses two ranks on one GPU") != std::string::npos);
+  CHECK(refusal("nccl", true, true, {2, 0}).find("a node shows no GPU") != std::string::npos);
   CHECK(refusal("gloo", true, true, {8, 8}).find("layout.transport = gloo: use auto, mpi or nccl") !=
         std::string::npos);
 }
