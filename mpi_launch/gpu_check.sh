@@ -7,7 +7,10 @@
 #   4. dflash_bench cuda: vocab loss at the seed's shapes (T 32768, H 5120, V 248320, chunk 2048), a small fp32
 #      loss, and a small drafter forward+backward, each against its cuBLASLt GEMMs alone
 #   5. the tiny training job with run.device=cuda: fp32 against the same job on the CPU (50 steps' losses within
-#      1e-4 relative), and bf16 learning (its loss falls)
+#      1e-4 relative), and bf16 learning (its loss falls); 8 ranks on one GPU, so the data plane is mpi
+#   6. the NCCL data plane: bootstrap + one-rank collectives, device and host (staged) buffers (nccl_np1); with
+#      more GPUs than one also the multi-rank NCCL checks (ring, timeout abort, the packet stream and its stop
+#      protocol on nccl), each needing as many GPUs as ranks; with one GPU they are listed as SKIP (not a failure)
 # Usage: bash mpi_launch/gpu_check.sh        env: DFLASH_GPU_BUILD_DIR (default ./build-gpu), DFLASH_JOBS (16),
 #        DFLASH_CUDA_ARCH (90). Logs: $build/gpu_check/*.log. Exit status 0 only when no step failed.
 set -uo pipefail
@@ -105,6 +108,28 @@ else
   failed=1
   tail -n 30 "$logs/tiny_job.log"
 fi
+
+# 6. NCCL: one rank always (a skip is a failure: it means NCCL or the GPU is missing); multi-rank ones need GPUs
+mpirun_sh="$root/tests/integration/mpirun.sh"
+step nccl_np1 120 bash "$mpirun_sh" -np 1 "$build/tests/integration/nccl_check"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [[ "${gpus:-0}" -ge 4 ]]; then
+  step nccl_np2 120 bash "$mpirun_sh" -np 2 "$build/tests/integration/nccl_check"
+  step nccl_timeout 120 bash "$mpirun_sh" -np 2 "$build/tests/integration/nccl_check" --timeout-check
+  step stream_nccl 120 bash "$mpirun_sh" -np 4 "$build/tests/integration/stream_check" --dir "$logs/stream_nccl" \
+    --tp 2 --dp 2 --packets 8 --stop-after 3 --plane nccl
+elif [[ "${gpus:-0}" -ge 2 ]]; then
+  step nccl_np2 120 bash "$mpirun_sh" -np 2 "$build/tests/integration/nccl_check"
+  step nccl_timeout 120 bash "$mpirun_sh" -np 2 "$build/tests/integration/nccl_check" --timeout-check
+  step stream_nccl 120 bash "$mpirun_sh" -np 2 "$build/tests/integration/stream_check" --dir "$logs/stream_nccl" \
+    --tp 1 --dp 1 --packets 5 --plane nccl
+  summary+=("$(printf '%-14s SKIP  (stream_tp2_dp2_stop_nccl needs 4 GPUs, %s visible)' nccl_4gpu "$gpus")")
+else
+  summary+=("$(printf '%-14s SKIP  (nccl_np2, nccl_timeout, stream_*_nccl need one GPU per rank: %s visible)' \
+    nccl_multi "${gpus:-0}")")
+fi
+# the packet stream over NCCL on one GPU cannot run (two ranks); its throughput on this GPU: dflash_bench stream
+step bench_stream 120 bash "$mpirun_sh" -np 2 "$build/apps/dflash_bench" stream --plane mpi --seq 8192 --packets 4
 
 echo
 echo "gpu_check summary ($(( $(date +%s) - t_all )) s in all; logs in $logs)"

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "lib/comm/data_plane.h"
 #include "lib/core/error.h"
 
 namespace dflash::comm {
@@ -61,16 +62,35 @@ RankLayout make_rank_layout(int target_tp, int target_groups, int drafter_dp, in
   return l;
 }
 
-RoleComms::RoleComms(const RankLayout& l, MPI_Comm world) : world_(world) {
+RoleComms::RoleComms(const RankLayout& l, MPI_Comm world, DataPlane plane, double timeout_seconds)
+    : world_(world), plane_(plane), role_(l.role) {
   // One split: colour g for target group g, colour target_groups for the drafters; key keeps layout order.
   const int colour = l.role == Role::Target ? l.group : l.target_groups;
   const int key = l.role == Role::Target ? l.tp_rank : l.dp_rank;
   MPI_Comm c = MPI_COMM_NULL;
   DFLASH_CHECK(MPI_Comm_split(world, colour, key, &c) == MPI_SUCCESS, "{}: MPI_Comm_split failed", l.describe());
   (l.role == Role::Target ? tp_ : dp_) = c;
+  // every rank joins the world's data communicator first, then its role's: the same order everywhere
+  world_data_ = make_data_transport(plane, world, "world", timeout_seconds);
+  role_data_ = make_data_transport(plane, c,
+                                   l.role == Role::Target ? fmt::format("target TP group {}", l.group)
+                                                          : std::string("drafter DP group"),
+                                   timeout_seconds);
+}
+
+Transport& RoleComms::tp_data() const {
+  DFLASH_CHECK(role_ == Role::Target, "tp_data(): a drafter rank has no target TP group");
+  return *role_data_;
+}
+
+Transport& RoleComms::dp_data() const {
+  DFLASH_CHECK(role_ == Role::Drafter, "dp_data(): a target rank has no drafter DP group");
+  return *role_data_;
 }
 
 RoleComms::~RoleComms() {
+  role_data_.reset();  // NCCL communicators go before the MPI communicators they were bootstrapped over
+  world_data_.reset();
   if (tp_ != MPI_COMM_NULL) MPI_Comm_free(&tp_);
   if (dp_ != MPI_COMM_NULL) MPI_Comm_free(&dp_);
 }

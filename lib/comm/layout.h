@@ -5,8 +5,11 @@
 // Target group g feeds the drafter ranks d with d % target_groups == g.
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "lib/comm/transport.h"
 
 namespace dflash::comm {
 
@@ -43,9 +46,13 @@ RankLayout make_rank_layout(int target_tp, int target_groups, int drafter_dp, in
 //   tp: this rank's target TP group (target ranks; MPI_COMM_NULL on drafters), rank in it = tp_rank;
 //   dp: all drafter ranks (drafter ranks; MPI_COMM_NULL on targets), rank in it = dp_rank.
 // Packets between a target group and its drafters travel on `world` with layout world ranks.
+// The MPI communicators are the control plane. The data plane (`plane`, lib/comm/data_plane.h) has one transport
+// per communicator of this rank: world_data (packets), tp_data (target TP all-reduce), dp_data (drafter gradient
+// all-reduce); with nccl each is an NCCL communicator bootstrapped over its MPI twin (collective over `world`).
+// timeout_seconds bounds NCCL waits (≤ 0: unbounded).
 class RoleComms {
  public:
-  RoleComms(const RankLayout& layout, MPI_Comm world);
+  RoleComms(const RankLayout& layout, MPI_Comm world, DataPlane plane = DataPlane::Mpi, double timeout_seconds = 0);
   ~RoleComms();
   RoleComms(const RoleComms&) = delete;
   RoleComms& operator=(const RoleComms&) = delete;
@@ -54,8 +61,16 @@ class RoleComms {
   MPI_Comm tp() const { return tp_; }
   MPI_Comm dp() const { return dp_; }
 
+  DataPlane plane() const { return plane_; }
+  Transport& world_data() const { return *world_data_; }
+  Transport& tp_data() const;  // target ranks only
+  Transport& dp_data() const;  // drafter ranks only
+
  private:
   MPI_Comm world_ = MPI_COMM_NULL, tp_ = MPI_COMM_NULL, dp_ = MPI_COMM_NULL;
+  DataPlane plane_ = DataPlane::Mpi;
+  std::unique_ptr<Transport> world_data_, role_data_;  // role_data_: tp (target) or dp (drafter)
+  Role role_ = Role::Target;
 };
 
 }  // namespace dflash::comm

@@ -4,6 +4,8 @@
 
 namespace dflash::comm {
 
+const char* data_plane_name(DataPlane p) { return p == DataPlane::Nccl ? "nccl" : "mpi"; }
+
 void SelfTransport::send_bytes(const void*, size_t, int dest, int) {
   DFLASH_FAIL("SelfTransport: no rank {} to send to (a group of one has no peers)", dest);
 }

@@ -1,11 +1,17 @@
 #pragma once
 // Point-to-point and collective communication inside one communicator (a target TP group, the drafter DP group,
-// the world), behind one interface: MpiTransport now, NCCL with the CUDA backend. Ranks are ranks of that
-// communicator. Byte calls are the primitive; the typed templates count elements.
+// the world), behind one interface. Ranks are ranks of that communicator. Byte calls are the primitive; the typed
+// templates count elements. Two implementations carry the data plane (lib/comm/data_plane.h): MpiTransport (host
+// buffers, anywhere) and the NCCL transport (lib/comm/nccl_transport.h, CUDA builds); the control plane (layout,
+// stop protocol, packet headers, small messages) is always MPI.
 #include <cstddef>
 #include <memory>
 
 namespace dflash::comm {
+
+// Which transport carries the data plane (lib/comm/data_plane.h chooses it).
+enum class DataPlane { Mpi, Nccl };
+const char* data_plane_name(DataPlane p);  // "mpi" | "nccl"
 
 // A pending non-blocking send or receive. wait() blocks until the buffer may be reused (send) or read (receive).
 // Move-only; destroying a pending request waits for it, so a buffer is never released under a transfer.
@@ -77,6 +83,14 @@ class Transport {
   virtual void barrier() = 0;
   // True when a message with `tag` from `src` (-1 = any source) is waiting to be received; does not receive it.
   virtual bool probe(int src, int tag) = 0;
+  // False where a posted receive cannot be withdrawn (NCCL): callers then post a receive only once they know the
+  // matching send was issued (the packet receiver waits for the header on the control plane).
+  virtual bool cancellable_receives() const { return true; }
+  // Point-to-point calls between group_start and group_end are issued together (NCCL: ncclGroupStart/End, so the
+  // transfers to or from several peers progress at once); their requests may be waited for only after group_end.
+  // MPI needs no grouping: no-ops.
+  virtual void group_start() {}
+  virtual void group_end() {}
 
   template <typename T>
   void broadcast(T* data, size_t count, int root) { broadcast_bytes(data, count * sizeof(T), root); }

@@ -28,7 +28,7 @@ struct LayoutSection {
   int target_tp = 5;                  // ranks per target tensor-parallel group
   int target_groups = 1;              // target groups; world = target_tp * target_groups + drafter_dp
   int drafter_dp = 3;                 // drafter data-parallel ranks
-  std::string transport = "mpi";      // mpi | nccl
+  std::string transport = "auto";     // auto | mpi | nccl (lib/comm/data_plane.h)
   int packets_in_flight = 2;          // packets a target group may run ahead of each drafter rank
 };
 

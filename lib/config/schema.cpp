@@ -88,8 +88,9 @@ std::vector<ConfigKey> build_schema() {
       key("layout.target_groups", T::kInt, FIELD(layout.target_groups), kAtLeast1,
           "target groups; world size = target_tp * target_groups + drafter_dp"),
       key("layout.drafter_dp", T::kInt, FIELD(layout.drafter_dp), kAtLeast1, "drafter data-parallel ranks"),
-      unhashed(choice("layout.transport", FIELD(layout.transport), {"mpi", "nccl"},
-                      "target->drafter packets and drafter all-reduce: mpi (anywhere) or nccl (GPUs)")),
+      unhashed(choice("layout.transport", FIELD(layout.transport), {"auto", "mpi", "nccl"},
+                      "data plane (packets, TP and DP all-reduce): mpi (anywhere), nccl (one GPU per rank) or "
+                      "auto (nccl when run.device is cuda and every rank has its own GPU)")),
       unhashed(key("layout.packets_in_flight", T::kInt, FIELD(layout.packets_in_flight), kAtLeast1,
                    "packets a target group may run ahead of each drafter rank (back-pressure)")),
       // target

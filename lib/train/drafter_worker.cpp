@@ -76,12 +76,16 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
                         Logger& log, Watchdog& watchdog) {
   comm::MpiTransport dp_mpi(comms.dp()), world_mpi(comms.world());
   WatchedTransport dp(dp_mpi, watchdog, "drafter DP group"), world(world_mpi, watchdog, "world");
+  // the data plane (layout.transport): the gradient all-reduce and the packets' tensors
+  const char* plane = comm::data_plane_name(comms.plane());
+  WatchedTransport dp_data(comms.dp_data(), watchdog, fmt::format("drafter DP group ({} data plane)", plane)),
+      world_data(comms.world_data(), watchdog, fmt::format("world ({} data plane)", plane));
   Timer load_timer;
   const model::TargetVocab vocab = model::load_target_vocab(cfg.target.path);
   DFLASH_CHECK(vocab.vocab == plan.target.vocab && vocab.hidden == plan.target.hidden,
                "{}: embedding is [{}, {}] but config.json says [{}, {}]", cfg.target.path, vocab.vocab, vocab.hidden,
                plan.target.vocab, plan.target.hidden);
-  DrafterStep trainer(cfg, plan, vocab.embedding.data(), vocab.lm_head(), layout.dp_rank, dp);
+  DrafterStep trainer(cfg, plan, vocab.embedding.data(), vocab.lm_head(), layout.dp_rank, dp_data);
   if (opt.start_step > 0) restore(dp, trainer, opt.resume);
   log.info("drafter: {} layers, H {}, {} Q / {} KV heads, block {}, {} parameters on the {} backend; {} in {:.2f} s",
            plan.drafter.layers, plan.drafter.hidden, plan.drafter.heads, plan.drafter.kv_heads,
@@ -121,7 +125,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   };
   std::vector<int> sources;
   for (int t = 0; t < cfg.layout.target_tp; ++t) sources.push_back(layout.target_world_rank(layout.group, t));
-  PacketReceiver receiver(world, sources, int(plan.tap_ids.size()) * plan.target.hidden, plan.target.hidden,
+  PacketReceiver receiver(world, world_data, sources, int(plan.tap_ids.size()) * plan.target.hidden, plan.target.hidden,
                           cfg.layout.packets_in_flight, next_plan);
 
   const bool reporter = layout.dp_rank == 0;

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <exception>
+
 #include "lib/comm/shard.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
@@ -27,18 +29,21 @@ double PacketSender::send(FeaturePacket&& p, int dest, int tp_rank, int tp_size)
   in_flight_.push_back({std::move(p), {}});
   InFlight& f = in_flight_.back();
   const PacketHeader& h = f.packet.header;
-  if (tp_rank == 0) {
-    f.requests.push_back(world_.isend_bytes(&f.packet.header, sizeof(PacketHeader), dest, kTagHeader));
-    f.requests.push_back(world_.isend(f.packet.tokens.data(), f.packet.tokens.size(), dest, kTagTokens));
-    f.requests.push_back(world_.isend(f.packet.loss_mask.data(), f.packet.loss_mask.size(), dest, kTagMask));
-  }
+  // the header first: on NCCL the drafter posts the data receives once it has it
+  if (tp_rank == 0) f.requests.push_back(world_.isend_bytes(&f.packet.header, sizeof(PacketHeader), dest, kTagHeader));
   const comm::Range rows = comm::shard_range(h.seq_len, 1, tp_size, tp_rank);
-  if (rows.size() > 0) {
-    f.requests.push_back(world_.isend(f.packet.taps.data() + rows.begin * h.tap_width,
-                                      size_t(rows.size()) * h.tap_width, dest, kTagTaps));
-    f.requests.push_back(world_.isend(f.packet.final_hidden.data() + rows.begin * h.hidden,
-                                      size_t(rows.size()) * h.hidden, dest, kTagFinal));
+  data_.group_start();
+  if (tp_rank == 0) {
+    f.requests.push_back(data_.isend(f.packet.tokens.data(), f.packet.tokens.size(), dest, kTagTokens));
+    f.requests.push_back(data_.isend(f.packet.loss_mask.data(), f.packet.loss_mask.size(), dest, kTagMask));
   }
+  if (rows.size() > 0) {
+    f.requests.push_back(data_.isend(f.packet.taps.data() + rows.begin * h.tap_width,
+                                     size_t(rows.size()) * h.tap_width, dest, kTagTaps));
+    f.requests.push_back(data_.isend(f.packet.final_hidden.data() + rows.begin * h.hidden,
+                                     size_t(rows.size()) * h.hidden, dest, kTagFinal));
+  }
+  data_.group_end();
   return blocked;
 }
 
@@ -65,12 +70,25 @@ void PacketSender::finish(comm::Transport& tp, int64_t last_step, const std::vec
   flush();
 }
 
-PacketReceiver::PacketReceiver(comm::Transport& world, std::vector<int> sources, int tap_width, int hidden,
-                               int depth, PlanSource plans)
-    : world_(world), sources_(std::move(sources)), tap_width_(tap_width), hidden_(hidden),
+PacketReceiver::PacketReceiver(comm::Transport& control, comm::Transport& data, std::vector<int> sources,
+                               int tap_width, int hidden, int depth, PlanSource plans)
+    : world_(control), data_(data), sources_(std::move(sources)), tap_width_(tap_width), hidden_(hidden),
       depth_(depth < 1 ? 1 : depth), plans_(std::move(plans)) {
   DFLASH_CHECK(!sources_.empty(), "packet receiver: no target ranks to receive from");
   top_up();
+}
+
+PacketReceiver::~PacketReceiver() {
+  if (std::uncaught_exceptions() == 0) return;  // normal end: pending receives complete (Request waits)
+  for (auto& p : pending_) {
+    try {
+      p.header_request.cancel();
+      if (data_.cancellable_receives())
+        for (auto& r : p.requests) r.cancel();
+    } catch (...) {
+      // already failing: the first error is the one reported
+    }
+  }
 }
 
 void PacketReceiver::top_up() {
@@ -92,29 +110,32 @@ void PacketReceiver::top_up() {
     h.hidden = hidden_;
     h.kind = plan->kind;
     p.packet.allocate(h);
-    const int tp = int(sources_.size());
-    p.requests.push_back(world_.irecv_bytes(&p.header, sizeof(PacketHeader), sources_[0], kTagHeader));
-    p.requests.push_back(world_.irecv(p.packet.tokens.data(), p.packet.tokens.size(), sources_[0], kTagTokens));
-    p.requests.push_back(world_.irecv(p.packet.loss_mask.data(), p.packet.loss_mask.size(), sources_[0], kTagMask));
-    for (int t = 0; t < tp; ++t) {
-      const comm::Range rows = comm::shard_range(h.seq_len, 1, tp, t);
-      if (rows.size() == 0) continue;
-      p.requests.push_back(world_.irecv(p.packet.taps.data() + rows.begin * tap_width_,
-                                        size_t(rows.size()) * tap_width_, sources_[t], kTagTaps));
-      p.requests.push_back(world_.irecv(p.packet.final_hidden.data() + rows.begin * hidden_,
-                                        size_t(rows.size()) * hidden_, sources_[t], kTagFinal));
-    }
+    p.header_request = world_.irecv_bytes(&p.header, sizeof(PacketHeader), sources_[0], kTagHeader);
+    if (data_.cancellable_receives()) post_data(p);
   }
+  post_ready_data();
 }
 
-FeaturePacket PacketReceiver::next(double* wait_seconds) {
-  DFLASH_CHECK(!pending_.empty(), "packet receiver: no more packets are expected");
-  Timer t;
-  // wait in place: the header is received into the deque element itself, which must not move before then
-  for (auto& r : pending_.front().requests) r.wait();
-  Pending p = std::move(pending_.front());
-  pending_.pop_front();
-  if (wait_seconds) *wait_seconds += t.seconds();
+void PacketReceiver::post_data(Pending& p) {
+  const PacketHeader& h = p.packet.header;  // the plan's shapes (a header that disagrees is refused before)
+  const int tp = int(sources_.size());
+  data_.group_start();
+  p.requests.push_back(data_.irecv(p.packet.tokens.data(), p.packet.tokens.size(), sources_[0], kTagTokens));
+  p.requests.push_back(data_.irecv(p.packet.loss_mask.data(), p.packet.loss_mask.size(), sources_[0], kTagMask));
+  for (int t = 0; t < tp; ++t) {
+    const comm::Range rows = comm::shard_range(h.seq_len, 1, tp, t);
+    if (rows.size() == 0) continue;
+    p.requests.push_back(data_.irecv(p.packet.taps.data() + rows.begin * tap_width_,
+                                     size_t(rows.size()) * tap_width_, sources_[t], kTagTaps));
+    p.requests.push_back(data_.irecv(p.packet.final_hidden.data() + rows.begin * hidden_,
+                                     size_t(rows.size()) * hidden_, sources_[t], kTagFinal));
+  }
+  data_.group_end();
+  p.data_posted = true;
+}
+
+void PacketReceiver::check_header(Pending& p) {
+  if (p.header_checked) return;
   const PacketHeader& got = p.header;
   DFLASH_CHECK(got.seq_index == p.plan.seq_index && got.step == p.plan.step && got.micro == p.plan.micro &&
                    got.seq_len == p.plan.seq_len && got.tap_width == tap_width_ && got.hidden == hidden_ &&
@@ -125,6 +146,39 @@ FeaturePacket PacketReceiver::next(double* wait_seconds) {
                p.plan.kind == kEvalPacket ? "held-out eval " : "", p.plan.seq_index, p.plan.step, p.plan.micro,
                p.plan.seq_len, tap_width_, hidden_, sources_[0], got.kind == kEvalPacket ? "held-out eval " : "",
                got.seq_index, got.step, got.micro, got.seq_len, got.tap_width, got.hidden);
+  p.header_checked = true;
+}
+
+// In order only: a packet's data is posted after every earlier packet's (the pair order both sides keep).
+void PacketReceiver::post_ready_data() {
+  for (Pending& p : pending_) {
+    if (p.data_posted) continue;
+    if (!p.header_request.test()) return;
+    check_header(p);
+    post_data(p);
+  }
+}
+
+bool PacketReceiver::arrived(Pending& p) {
+  if (!p.data_posted) post_ready_data();
+  if (!p.data_posted) return false;
+  bool done = p.header_request.test();
+  for (auto& r : p.requests) done = r.test() && done;
+  return done;
+}
+
+FeaturePacket PacketReceiver::next(double* wait_seconds) {
+  DFLASH_CHECK(!pending_.empty(), "packet receiver: no more packets are expected");
+  Timer t;
+  // wait in place: the header is received into the deque element itself, which must not move before then
+  Pending& front = pending_.front();
+  front.header_request.wait();
+  check_header(front);  // before any data lands in buffers sized by the plan
+  if (!front.data_posted) post_data(front);
+  for (auto& r : front.requests) r.wait();
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  if (wait_seconds) *wait_seconds += t.seconds();
   top_up();  // post the following receives before the caller starts computing
   return std::move(p.packet);
 }
@@ -136,14 +190,10 @@ int PacketReceiver::finish(int64_t stop_step, int target_rank0) {
   int dropped = 0;
   // keep the front packet's receives moving: the target may be blocked on back-pressure until they complete
   while (!last.test()) {
-    if (!pending_.empty()) {
-      bool done = true;
-      for (auto& r : pending_.front().requests) done = r.test() && done;
-      if (done) {
-        next(nullptr);
-        ++dropped;
-        continue;
-      }
+    if (!pending_.empty() && arrived(pending_.front())) {
+      next(nullptr);
+      ++dropped;
+      continue;
     }
     usleep(200);  // the cores are shared with the target ranks that are finishing their sends
   }
@@ -151,8 +201,12 @@ int PacketReceiver::finish(int64_t stop_step, int target_rank0) {
     next(nullptr);
     ++dropped;
   }
-  for (auto& p : pending_)  // posted for steps the target never produced
+  // posted for steps the target never produced: headers (MPI) and, on MPI, the data; on NCCL no data receive is
+  // posted before its header arrived, and every header that arrived was for a step ≤ last_step
+  for (auto& p : pending_) {
+    p.header_request.cancel();
     for (auto& r : p.requests) r.cancel();
+  }
   pending_.clear();
   plans_done_ = true;
   return dropped;

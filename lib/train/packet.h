@@ -3,8 +3,14 @@
 //
 // Every TP rank of the group holds the full activations after the target forward, so each sends a slice of the
 // rows (shard_range(S, 1, tp_size, tp_rank)) of the taps and the final hidden: all links work at once. TP rank 0
-// also sends the header, the tokens and the loss mask. Messages travel on the world communicator with one tag per
-// field; MPI keeps messages of one (source, tag) in order, so packets arrive in the order they were sent.
+// also sends the header, the tokens and the loss mask.
+// Two planes (lib/comm/data_plane.h): the header and the stop protocol travel on the control plane (MPI world);
+// tokens, mask, taps and final hidden on the data plane (the world's data transport: MPI or NCCL), one tag per
+// field. Both keep the messages of one pair of ranks in the order they were issued, and both sides issue them in
+// packet order, so packets arrive in the order they were sent. On the MPI data plane the drafter posts the
+// receives of the next `depth` packets at once; NCCL cannot withdraw a posted receive (a stop would leave it
+// dangling), so there a packet's data receives are posted once its header has arrived (the target has issued
+// the sends), which still overlaps the next packet's transfer with the current packet's compute.
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -53,7 +59,9 @@ enum PacketTag : int { kTagHeader = 7101, kTagTokens, kTagMask, kTagTaps, kTagFi
 // send() first waits for the oldest when the window is full.
 class PacketSender {
  public:
-  PacketSender(comm::Transport& world, int max_in_flight) : world_(world), max_in_flight_(max_in_flight) {}
+  // control: the MPI world; data: the world's data-plane transport (may be the same object).
+  PacketSender(comm::Transport& control, comm::Transport& data, int max_in_flight)
+      : world_(control), data_(data), max_in_flight_(max_in_flight) {}
   ~PacketSender() { flush(); }
 
   // Sends this TP rank's share of `packet` to world rank `dest`. Returns the seconds spent blocked by the window.
@@ -71,7 +79,8 @@ class PacketSender {
     FeaturePacket packet;  // owned until its sends complete
     std::vector<comm::Request> requests;
   };
-  comm::Transport& world_;
+  comm::Transport& world_;  // control plane
+  comm::Transport& data_;
   int max_in_flight_;
   std::deque<InFlight> in_flight_;
 };
@@ -88,8 +97,15 @@ struct PacketPlan {
 class PacketReceiver {
  public:
   using PlanSource = std::function<std::optional<PacketPlan>()>;  // the next expected packet, or none at the end
-  PacketReceiver(comm::Transport& world, std::vector<int> sources, int tap_width, int hidden, int depth,
-                 PlanSource plans);
+  // control: the MPI world; data: the world's data-plane transport (may be the same object).
+  PacketReceiver(comm::Transport& control, comm::Transport& data, std::vector<int> sources, int tap_width,
+                 int hidden, int depth, PlanSource plans);
+  // Unwinding from an error (a stream-order mismatch), waiting for the pending receives could wait forever: the
+  // target may be blocked on back-pressure behind a packet whose data this side never posted. Then the receives
+  // that can be withdrawn are (headers; MPI data), so the error reaches the handler that aborts the job.
+  ~PacketReceiver();
+  PacketReceiver(const PacketReceiver&) = delete;
+  PacketReceiver& operator=(const PacketReceiver&) = delete;
 
   // The next packet, checked against its plan (a mismatch is a stream-order error naming both). wait_seconds
   // (+=) the time spent waiting for it.
@@ -104,11 +120,19 @@ class PacketReceiver {
     PacketPlan plan;
     PacketHeader header;
     FeaturePacket packet;
-    std::vector<comm::Request> requests;
+    comm::Request header_request;          // control plane
+    bool header_checked = false;
+    bool data_posted = false;
+    std::vector<comm::Request> requests;   // data plane
   };
   void top_up();
+  void post_data(Pending& p);
+  void post_ready_data();  // data receives of the leading packets whose header has arrived
+  bool arrived(Pending& p);  // header and data complete (posts the data when the header is in)
+  void check_header(Pending& p);
 
-  comm::Transport& world_;
+  comm::Transport& world_;  // control plane
+  comm::Transport& data_;
   std::vector<int> sources_;
   int tap_width_, hidden_, depth_;
   PlanSource plans_;

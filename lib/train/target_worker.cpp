@@ -22,15 +22,20 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
   comm::MpiTransport tp_mpi(comms.tp()), world_mpi(comms.world());
   WatchedTransport tp(tp_mpi, watchdog, fmt::format("target TP group {}", layout.group)),
       world(world_mpi, watchdog, "world");
+  // the data plane (layout.transport): the TP all-reduces of the forward and the packets' tensors
+  const char* plane = comm::data_plane_name(comms.plane());
+  WatchedTransport tp_data(comms.tp_data(), watchdog, fmt::format("target TP group {} ({} data plane)", layout.group,
+                                                                  plane)),
+      world_data(comms.world_data(), watchdog, fmt::format("world ({} data plane)", plane));
   Timer load_timer;
-  model::TargetModel target(cfg.target.path, tp);
+  model::TargetModel target(cfg.target.path, tp_data);
   log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB in {:.2f} s; taps {}",
            cfg.target.path, plan.target.layers, plan.target.hidden, plan.target.heads, plan.target.kv_heads,
            target.weight_bytes() / 1048576.0, load_timer.seconds(), fmt::join(plan.tap_ids, ","));
 
   io::SequenceSchedule schedule(plan.num_sequences, cfg.layout.drafter_dp, cfg.optim.micro_batches,
                                 uint64_t(cfg.run.seed), cfg.data.shuffle, cfg.data.path);
-  PacketSender sender(world, cfg.layout.packets_in_flight);
+  PacketSender sender(world, world_data, cfg.layout.packets_in_flight);
   const int H = plan.target.hidden, tap_width = int(plan.tap_ids.size()) * H;
   const std::vector<int> drafters = layout.drafters_of_group(layout.group);
   // one packet: the target forward of `seq` (every TP rank), its slice streamed to drafter rank d

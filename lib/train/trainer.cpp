@@ -14,7 +14,9 @@
 
 #include "kernels/backend.h"
 #include "lib/comm/layout.h"
+#include "lib/comm/data_plane.h"
 #include "lib/comm/mpi_transport.h"
+#include "lib/comm/nccl_transport.h"
 #include "lib/config/config.h"
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
@@ -273,9 +275,9 @@ int dflash_mpi_main(int argc, char** argv) {
       const int gpu = kernels::bind_cuda_device(local_rank);
       if (layout.role == comm::Role::Drafter) std::printf("%s: drafter step on GPU %d\n", who.c_str(), gpu);
     }
-    DFLASH_USER_CHECK(cfg.layout.transport == "mpi",
-                 "layout.transport = {}: only the MPI transport is implemented; set layout.transport: mpi",
-                 cfg.layout.transport);
+    // the data plane (lib/comm/data_plane.h): every rank decides alike from the job's shape
+    const comm::DataPlane plane = comm::choose_data_plane(cfg.layout.transport, cfg.run.device == "cuda",
+                                                          comm::nccl_built(), comm::node_shape(MPI_COMM_WORLD));
     // nothing is written to out_dir before world rank 0 holds it (a refused job must not touch another's files)
     const JobIdentity me = current_job_identity();
     if (rank == 0) lock.emplace(cfg.run.out_dir, me);
@@ -306,7 +308,7 @@ int dflash_mpi_main(int argc, char** argv) {
                   (long long)plan.total_steps, cfg.layout.drafter_dp, cfg.optim.micro_batches, resolved.c_str());
       std::fflush(stdout);
     }
-    comm::RoleComms comms(layout, MPI_COMM_WORLD);
+    comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, cfg.run.watchdog_seconds);
     LogIdentity id;
     id.rank = rank;
     id.role = comm::role_name(layout.role);
@@ -329,7 +331,8 @@ int dflash_mpi_main(int argc, char** argv) {
     });
     comm::MpiTransport world_mpi(MPI_COMM_WORLD);
     WatchedTransport world(world_mpi, watchdog, "world");
-    log->info("{} ranks ({}); config {} (hash {})", size, who, options->config, config_hash_hex(cfg));
+    log->info("{} ranks ({}); config {} (hash {}); data plane {} (layout.transport {})", size, who, options->config,
+              config_hash_hex(cfg), comm::data_plane_name(plane), cfg.layout.transport);
 
     // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
     std::optional<LoadedCheckpoint> resumed;

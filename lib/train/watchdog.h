@@ -79,6 +79,9 @@ class WatchedTransport final : public comm::Transport {
   comm::Request irecv_bytes(void* data, size_t bytes, int src, int tag) override;
   void barrier() override;
   bool probe(int src, int tag) override { return inner_.probe(src, tag); }  // does not block
+  bool cancellable_receives() const override { return inner_.cancellable_receives(); }
+  void group_start() override { inner_.group_start(); }
+  void group_end() override { inner_.group_end(); }
 
  private:
   comm::Transport& inner_;

@@ -4,7 +4,18 @@
 // that its taps and final hidden equal a single-process target forward of the same tokens:
 //   max |received − single| / max |single| ≤ 1e-5 per tensor (TP splits the reductions differently),
 // and that tokens and loss mask arrived exactly. Exit 0 only when every check on every rank passed.
-//   mpirun -np 7 stream_check --dir DIR --tp 5 --dp 2 [--packets 6]
+// Every run ends with the trainer's stop protocol (packet.h): with --stop-after K < packets the drafters stop after
+// K packets and 0.5 s while the target is still producing; the target must notice, answer with its last step, and
+// every rank must finish (no unmatched send or receive, no hang), each drafter dropping at least one packet and at
+// most the packets sent past K.
+// --wrong-len K: drafter 0 plans a wrong length for packet K; it must fail with "feature stream out of order".
+// --plane picks the data plane (lib/comm/data_plane.h) the tensors travel on; the headers always go over MPI.
+// mpi_nocancel is MPI behaving as NCCL does for the protocol: receives cannot be cancelled (a cancel fails the
+// test), so the receiver must post a packet's data only after its header (the nccl path, checked on any machine).
+// nccl needs a GPU per rank: without NCCL in the build or with fewer GPUs than ranks on the node, every rank
+// exits 77 (ctest: skipped) with the reason.
+//   mpirun -np 7 stream_check --dir DIR --tp 5 --dp 2 [--packets 6] [--stop-after K] [--wrong-len K]
+//          [--plane mpi|mpi_nocancel|nccl]
 #include <unistd.h>
 
 #include <cmath>
@@ -13,7 +24,10 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/backend.h"
+#include "lib/comm/data_plane.h"
 #include "lib/comm/layout.h"
+#include "lib/comm/nccl_transport.h"
 #include "lib/comm/mpi_transport.h"
 #include "lib/core/args.h"
 #include "lib/core/error.h"
@@ -40,6 +54,42 @@ std::vector<uint8_t> mask_of(int d, int k) {
   return m;
 }
 
+// MPI as the protocol sees NCCL: posted receives cannot be withdrawn (cancellable_receives() false; cancel throws).
+class NoCancelTransport final : public comm::Transport {
+ public:
+  explicit NoCancelTransport(comm::Transport& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void allreduce_sum(float* d, size_t n) override { inner_.allreduce_sum(d, n); }
+  void allreduce_sum(double* d, size_t n) override { inner_.allreduce_sum(d, n); }
+  void broadcast_bytes(void* d, size_t b, int root) override { inner_.broadcast_bytes(d, b, root); }
+  void send_bytes(const void* d, size_t b, int dest, int tag) override { inner_.send_bytes(d, b, dest, tag); }
+  void recv_bytes(void* d, size_t b, int src, int tag) override { inner_.recv_bytes(d, b, src, tag); }
+  comm::Request isend_bytes(const void* d, size_t b, int dest, int tag) override {
+    return wrap(inner_.isend_bytes(d, b, dest, tag));
+  }
+  comm::Request irecv_bytes(void* d, size_t b, int src, int tag) override {
+    return wrap(inner_.irecv_bytes(d, b, src, tag));
+  }
+  void barrier() override { inner_.barrier(); }
+  bool probe(int, int) override { DFLASH_FAIL("probe() on the data plane (NCCL has none)"); }
+  bool cancellable_receives() const override { return false; }
+
+ private:
+  struct Impl final : comm::Request::Impl {
+    comm::Request inner;
+    void wait() override { inner.wait(); }
+    bool test() override { return inner.test(); }
+    void cancel() override { DFLASH_FAIL("a data-plane receive was cancelled: NCCL cannot withdraw one"); }
+  };
+  static comm::Request wrap(comm::Request r) {
+    auto impl = std::make_unique<Impl>();
+    impl->inner = std::move(r);
+    return comm::Request(std::move(impl));
+  }
+  comm::Transport& inner_;
+};
+
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, ref = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -58,14 +108,38 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int failures = 0;
   try {
-    Args args(argc, argv, {"dir", "tp", "dp", "packets"});
+    Args args(argc, argv, {"dir", "tp", "dp", "packets", "plane", "stop-after", "wrong-len"});
     const std::string dir = args.str("dir", "");
     DFLASH_CHECK(!dir.empty(), "--dir is required");
     const int tp_size = int(args.integer("tp", 5)), dp = int(args.integer("dp", 2));
     const int packets = int(args.integer("packets", 6));
+    const int stop_after = int(args.integer("stop-after", packets));
+    const int wrong_len = int(args.integer("wrong-len", -1));
+    DFLASH_CHECK(stop_after >= 0 && stop_after <= packets, "--stop-after {} outside [0, {}]", stop_after, packets);
+    const std::string plane_name = args.str("plane", "mpi");
     const comm::RankLayout layout = comm::make_rank_layout(tp_size, 1, dp, size, rank);
-    comm::RoleComms comms(layout, MPI_COMM_WORLD);
+    comm::DataPlane plane = comm::DataPlane::Mpi;
+    if (plane_name == "nccl") {
+      const comm::NodeShape node = comm::node_shape(MPI_COMM_WORLD);
+      if (!comm::nccl_built() || node.max_ranks_per_node > node.min_gpus_per_node) {
+        if (rank == 0)
+          std::printf("skipped: the nccl data plane needs NCCL in the build (%s) and one GPU per rank (%d ranks on "
+                      "a node, %d GPU(s))\n", comm::nccl_built() ? "yes" : "no", node.max_ranks_per_node,
+                      node.min_gpus_per_node);
+        MPI_Finalize();
+        return 77;
+      }
+      kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
+      plane = comm::DataPlane::Nccl;
+    } else {
+      DFLASH_CHECK(plane_name == "mpi" || plane_name == "mpi_nocancel", "--plane {}: use mpi, mpi_nocancel or nccl",
+                   plane_name);
+    }
+    comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, /*timeout_seconds=*/60);
     comm::MpiTransport world(comms.world());
+    NoCancelTransport nocancel(comms.world_data());
+    comm::Transport& world_data = plane_name == "mpi_nocancel" ? static_cast<comm::Transport&>(nocancel)
+                                                                : comms.world_data();
     if (rank == 0) {
       model::RandomTargetSpec s;  // 16 Q / 8 KV heads: TP 5 splits the KV groups [2,2,2,1,1]
       s.hidden = 32;
@@ -81,11 +155,14 @@ int main(int argc, char** argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     const std::vector<int> taps = {0, 2};
     if (layout.role == comm::Role::Target) {
-      comm::MpiTransport tp(comms.tp());
+      comm::Transport& tp = comms.tp_data();
       model::TargetModel target(dir, tp);
       const int H = target.config().hidden;
-      train::PacketSender sender(world, /*max_in_flight=*/2);
-      for (int k = 0; k < packets; ++k)
+      comm::MpiTransport tp_control(comms.tp());
+      train::PacketSender sender(world, world_data, /*max_in_flight=*/2);
+      int k = 0;
+      for (; k < packets; ++k) {
+        if (sender.stop_requested(tp_control)) break;
         for (int d : layout.drafters_of_group(0)) {
           train::FeaturePacket p;
           train::PacketHeader h;
@@ -100,7 +177,11 @@ int main(int argc, char** argv) {
           target.forward(p.tokens.data(), h.seq_len, taps, p.taps.data(), p.final_hidden.data());
           sender.send(std::move(p), layout.drafter_world_rank(d), layout.tp_rank, tp.size());
         }
-      sender.flush();
+      }
+      std::vector<int> drafter_ranks;
+      for (int d : layout.drafters_of_group(0)) drafter_ranks.push_back(layout.drafter_world_rank(d));
+      sender.finish(tp_control, k - 1, drafter_ranks);
+      if (layout.tp_rank == 0) std::printf("stream_check: the target sent the packets of steps 0..%d\n", k - 1);
     } else {
       comm::SelfTransport self;
       model::TargetModel single(dir, self);
@@ -111,15 +192,15 @@ int main(int argc, char** argv) {
         train::PacketPlan p;
         p.seq_index = 1000 * d + k_plan;
         p.step = k_plan;
-        p.seq_len = seq_len_of(d, k_plan);
+        p.seq_len = seq_len_of(d, k_plan) + (d == 0 && k_plan == wrong_len ? 1 : 0);
         ++k_plan;
         return p;
       };
       std::vector<int> sources;
       for (int t = 0; t < tp_size; ++t) sources.push_back(layout.target_world_rank(0, t));
-      train::PacketReceiver receiver(world, sources, int(taps.size()) * H, H, 2, plans);
+      train::PacketReceiver receiver(world, world_data, sources, int(taps.size()) * H, H, 2, plans);
       double worst = 0;
-      for (int k = 0; k < packets; ++k) {
+      for (int k = 0; k < stop_after; ++k) {
         if (k == 1) usleep(200000);  // a slow drafter: the target must wait (back-pressure), not drop or reorder
         train::FeaturePacket p = receiver.next(nullptr);
         const int S = seq_len_of(d, k);
@@ -134,8 +215,21 @@ int main(int argc, char** argv) {
           ++failures;
         }
       }
-      std::printf("stream_check: drafter %d received %d packets in order; worst taps/final rel err %.3e\n", d,
-                  packets, worst);
+      // stopping early: let the target run ahead first (its window fills), so the stop finds packets in flight
+      // that must be drained and dropped, not left unmatched
+      if (stop_after < packets) usleep(500000);
+      const int dropped = receiver.finish(stop_after, layout.target_world_rank(0, 0));
+      if (stop_after < packets && dropped < 1) {
+        std::fprintf(stderr, "drafter %d: the target ran 0.5 s ahead of the stop but no packet was dropped\n", d);
+        ++failures;
+      }
+      if (dropped > packets - stop_after) {
+        std::fprintf(stderr, "drafter %d: dropped %d packets at the stop, but only %d were sent past step %d\n", d,
+                     dropped, packets - stop_after, stop_after - 1);
+        ++failures;
+      }
+      std::printf("stream_check (%s data plane): drafter %d received %d packets in order, stopped, dropped %d; "
+                  "worst taps/final rel err %.3e\n", plane_name.c_str(), d, stop_after, dropped, worst);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "stream_check rank %d: error: %s\n", rank, e.what());

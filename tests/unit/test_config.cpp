@@ -48,7 +48,7 @@ TEST_CASE("config: defaults come from the struct and the required keys must be g
   CHECK(c.layout.target_tp == 5);
   CHECK(c.layout.target_groups == 1);
   CHECK(c.layout.drafter_dp == 3);
-  CHECK(c.layout.transport == "mpi");
+  CHECK(c.layout.transport == "auto");
   CHECK(c.layout.packets_in_flight == 2);
   CHECK(c.target.n_taps == 5);
   CHECK(c.target.target_layer_ids.empty());

@@ -1,0 +1,169 @@
+// The NCCL data plane (lib/comm/nccl_transport.h) on real GPUs, one per rank: bootstrap over MPI, then
+//   - all-reduce of floats and doubles, on device buffers and on host buffers (staged): sum of (rank + 1) * (i + 1)
+//     must equal (i + 1) * size * (size + 1) / 2 exactly;
+//   - broadcast from the last rank; barrier;
+//   - a ring of send/receive in one group (rank r sends r's pattern to r + 1), device and host buffers;
+//   - with --timeout-check (≥ 2 ranks): rank 0 waits for a message rank 1 never sends; the wait must fail within the
+//     timeout with an error naming the operation, the communicator and the world rank (no hang).
+// Without NCCL in the build, without a GPU, or with fewer GPUs than ranks on a node, every rank prints why and
+// exits 77 (ctest: skipped). Exit 0 only when every check passed on every rank.
+//   mpirun -np N nccl_check [--timeout-check]
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "lib/comm/data_plane.h"
+#include "lib/comm/layout.h"
+#include "lib/comm/nccl_transport.h"
+#include "lib/core/error.h"
+#include "lib/core/timer.h"
+
+#if DFLASH_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace dflash;
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, int rank, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "nccl_check rank %d: FAILED: %s\n", rank, what.c_str());
+    ++failures;
+  }
+}
+
+#if DFLASH_WITH_CUDA
+template <typename T>
+struct DeviceVec {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceVec(const std::vector<T>& h) : n(h.size()) {
+    DFLASH_CHECK(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess, "cudaMalloc");
+    DFLASH_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess, "cudaMemcpy");
+  }
+  ~DeviceVec() { cudaFree(p); }
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    DFLASH_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy");
+    return h;
+  }
+};
+
+template <typename T>
+void check_allreduce(comm::Transport& t, bool on_device, int rank, int size) {
+  const size_t n = 1000;
+  std::vector<T> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = T((rank + 1) * (i + 1));
+  std::vector<T> got;
+  if (on_device) {
+    DeviceVec<T> d(x);
+    t.allreduce_sum(d.p, n);
+    got = d.host();
+  } else {
+    t.allreduce_sum(x.data(), n);
+    got = x;
+  }
+  bool ok = true;
+  for (size_t i = 0; i < n; ++i) ok = ok && got[i] == T((i + 1) * size * (size + 1) / 2);
+  expect(ok, rank, std::string("all-reduce of ") + (sizeof(T) == 4 ? "float" : "double") +
+                       (on_device ? " (device)" : " (host, staged)"));
+}
+
+void check_ring(comm::Transport& t, bool on_device, int rank, int size) {
+  const size_t n = 3000;
+  std::vector<int32_t> mine(n), expect_in(n), in(n, -1);
+  const int from = (rank + size - 1) % size, to = (rank + 1) % size;
+  for (size_t i = 0; i < n; ++i) mine[i] = int32_t(rank * 100000 + i), expect_in[i] = int32_t(from * 100000 + i);
+  if (on_device) {
+    DeviceVec<int32_t> s(mine), r(in);
+    t.group_start();
+    comm::Request a = t.isend(s.p, n, to, 1), b = t.irecv(r.p, n, from, 1);
+    t.group_end();
+    a.wait();
+    b.wait();
+    in = r.host();
+  } else {
+    t.group_start();
+    comm::Request a = t.isend(mine.data(), n, to, 1), b = t.irecv(in.data(), n, from, 1);
+    t.group_end();
+    a.wait();
+    b.wait();
+  }
+  expect(in == expect_in, rank, std::string("ring send/receive") + (on_device ? " (device)" : " (host, staged)"));
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const bool timeout_check = argc > 1 && std::strcmp(argv[1], "--timeout-check") == 0;
+  const comm::NodeShape node = comm::node_shape(MPI_COMM_WORLD);
+  if (!comm::nccl_built() || node.max_ranks_per_node > node.min_gpus_per_node || (timeout_check && size < 2)) {
+    if (rank == 0)
+      std::printf("skipped: needs NCCL in the build (%s) and one GPU per rank: %d rank(s) on a node, %d GPU(s)%s\n",
+                  comm::nccl_built() ? "yes" : "no", node.max_ranks_per_node, node.min_gpus_per_node,
+                  timeout_check && size < 2 ? "; --timeout-check needs 2 ranks" : "");
+    MPI_Finalize();
+    return 77;
+  }
+#if DFLASH_WITH_CUDA
+  try {
+    kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
+    if (!timeout_check) {
+      std::unique_ptr<comm::Transport> t = comm::make_nccl_transport(MPI_COMM_WORLD, "world", 60);
+      expect(t->rank() == rank && t->size() == size, rank, "rank and size match MPI's");
+      expect(!t->cancellable_receives(), rank, "NCCL receives are not cancellable");
+      for (bool dev : {true, false}) {
+        check_allreduce<float>(*t, dev, rank, size);
+        check_allreduce<double>(*t, dev, rank, size);
+        check_ring(*t, dev, rank, size);
+      }
+      std::vector<int64_t> b(17, rank);
+      t->broadcast(b.data(), b.size(), size - 1);
+      expect(b == std::vector<int64_t>(17, size - 1), rank, "broadcast from the last rank");
+      t->barrier();
+      if (rank == 0)
+        std::printf("nccl_check: %d rank(s): bootstrap, all-reduce, broadcast, ring, barrier %s\n", size,
+                    failures ? "FAILED" : "ok");
+    } else {
+      std::unique_ptr<comm::Transport> t = comm::make_nccl_transport(MPI_COMM_WORLD, "world", 3);
+      if (rank == 0) {
+        std::vector<float> x(10);
+        Timer timer;
+        std::string error;
+        try {
+          t->recv(x.data(), x.size(), 1, 0);  // rank 1 never sends
+        } catch (const Error& e) {
+          error = e.what();
+        }
+        const bool named = error.find("ncclRecv") != std::string::npos &&
+                           error.find("NCCL world (world rank 0") != std::string::npos &&
+                           error.find("aborted") != std::string::npos;
+        expect(named, rank, "the stalled receive fails naming the operation and the rank: '" + error + "'");
+        expect(timer.seconds() < 30, rank, "the stalled receive fails within the timeout");
+        std::printf("nccl_check: a receive nobody matches failed after %.1f s: %s\n", timer.seconds(), error.c_str());
+      }
+      MPI_Barrier(MPI_COMM_WORLD);  // rank 1 idles here; its communicator sees rank 0's abort, or is destroyed
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nccl_check rank %d: error: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+#endif
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return total == 0 ? 0 : 1;
+}
