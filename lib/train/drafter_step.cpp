@@ -319,8 +319,9 @@ StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, 
     r.compute_seconds += t.seconds();
   }
 
-  // one all-reduce for the gradients, one for the step's sums and counts (in double); host-staged until the
-  // NCCL data plane exists
+  // one all-reduce for the gradients, one for the step's sums and counts (in double). Host-staged on both data
+  // planes: the NCCL transport would take the device gradients directly, but that path is not wired (it needs a
+  // GPU to verify; docs/running.md "The data plane: MPI or NCCL")
   Timer t;
   g_dev_.download(be, exec_);
   dp_.allreduce_sum(grads_.flat.data(), P);
