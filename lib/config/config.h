@@ -56,7 +56,7 @@ struct DrafterSection {
 
 struct LossSection {
   int chunk_size = 1024;              // positions per vocab chunk: loss memory is O(chunk_size * V)
-  std::string mode = "recompute";     // recompute | fused (see ARCHITECTURE.md, "The vocab loss")
+  std::string mode = "recompute";     // recompute | fused (see docs/loss.md, "Chunking and the two schedules")
   double ce_weight = 1;
   double kl_weight = 0;
   double kl_temperature = 1;

@@ -1,6 +1,6 @@
 #pragma once
 // The drafter's trainable parameters: one flat allocation with named views (llm.c style), in the export naming
-// of ARCHITECTURE.md "Files users bring and get". Gradients use the same type and layout.
+// of docs/export.md. Gradients use the same type and layout.
 #include <cstddef>
 #include <cstdint>
 #include <string>

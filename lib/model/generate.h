@@ -1,6 +1,6 @@
 #pragma once
 // Greedy generation with the frozen target, and target-regenerated training data (DFlash recipe: the responses
-// are what the target itself would say, DFLASH_NOTES.md "Training recipe").
+// are what the target itself would say, data/README.md "Making training data").
 //
 // The next token is argmax_v final_hidden[S-1] · lm_head[v] (lowest id on ties). The prompt runs once, then each
 // new token one position (TargetModel::forward_cached: attention keys/values and Gated DeltaNet conv + recurrent

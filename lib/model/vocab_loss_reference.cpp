@@ -1,5 +1,5 @@
 // The plain reference of the vocab loss: every [rows, V] logit materialised in long double, each quantity written
-// from its definition (DFLASH_NOTES "The loss this project computes"). Slow on purpose; tests compare against it.
+// from its definition (docs/loss.md, "The math, per row"). Slow on purpose; tests compare against it.
 #include <algorithm>
 #include <cmath>
 #include <map>

@@ -1,5 +1,5 @@
 #pragma once
-// Anchor sampling and the scored rows of one sequence (DFLASH_NOTES "Training recipe").
+// Anchor sampling and the scored rows of one sequence (docs/drafter.md).
 //
 // Anchors: positions i with loss_mask[i] and loss_mask[i+1], drawn uniformly without replacement, sorted,
 // resampled every step; deterministic in (seed, step, slot), where slot = micro_batch · drafter_dp + drafter_rank is

@@ -31,7 +31,7 @@ struct DataCursor {
   uint64_t shuffle_seed = 0;   // seed of the epoch-seeded shuffle
 };
 
-// The rank layout (ARCHITECTURE.md): resume refuses a different one.
+// The rank layout (docs/architecture.md): resume refuses a different one.
 struct CheckpointLayout {
   int target_tp = 0;
   int target_groups = 0;

@@ -1,5 +1,5 @@
 #pragma once
-// Feature packets: what a target group streams to one drafter rank for one sequence (ARCHITECTURE.md "Data flow").
+// Feature packets: what a target group streams to one drafter rank for one sequence (docs/architecture.md).
 //
 // Every TP rank of the group holds the full activations after the target forward, so each sends a slice of the
 // rows (shard_range(S, 1, tp_size, tp_rank)) of the taps and the final hidden: all links work at once. TP rank 0

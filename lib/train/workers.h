@@ -1,5 +1,5 @@
 #pragma once
-// The two roles of a dflash_mpi job (ARCHITECTURE.md "Data flow of one training step"). Every blocking wait of
+// The two roles of a dflash_mpi job (docs/architecture.md "One training step, in code"). Every blocking wait of
 // either goes through a WatchedTransport on `watchdog` (run.watchdog_seconds).
 //   target worker: reads its drafters' sequences, runs the TP target forward, streams feature packets;
 //   drafter worker: receives packets, trains the drafter (DrafterStep), logs progress and metrics.

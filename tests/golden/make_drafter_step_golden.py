@@ -147,7 +147,7 @@ def drafter_forward(P, taps, tokens, anchors, embed):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The loss (docs/loss.md; DFLASH_NOTES "The loss this project computes") and its metrics
+# The loss (docs/loss.md, "The math, per row") and its metrics
 # ---------------------------------------------------------------------------------------------------------------
 def scored_rows(tokens, mask, anchors):
     """Rows (b, k, label, weight, target_pos) for k = 1..B-1: w = exp(−(k−1)/γ) · mask[a+k] · [a+k < S]."""

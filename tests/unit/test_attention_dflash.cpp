@@ -32,7 +32,7 @@ Case make_case(int window) {
   return c;
 }
 
-// The mask written directly from DFLASH_NOTES, over the concatenated keys [context ; every block's rows].
+// The mask written directly from its definition (docs/drafter.md), over the concatenated keys [context ; every block's rows].
 bool visible(const Case& c, int qrow, int key) {
   const int B = c.s.block, S = c.s.ctx_len, b = qrow / B, j = qrow % B, a = c.anchors[b];
   if (key < S) {
