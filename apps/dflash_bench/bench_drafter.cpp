@@ -23,7 +23,7 @@ int run_drafter(int argc, char** argv) {
             "                     [--kv-heads 4] [--head-dim 64] [--intermediate 2816] [--taps 5] [--window 0]\n"
             "                     [--reps 3] [--seed 1]\n"
             "Times the drafter's forward + backward over one sequence's anchors against this machine's sgemm rate.\n");
-  DrafterConfig c;
+  model::DrafterConfig c;
   c.hidden = int(args.integer("hidden", 1024));
   c.layers = int(args.integer("layers", 2));
   c.heads = int(args.integer("heads", 16));
@@ -51,31 +51,31 @@ int run_drafter(int argc, char** argv) {
   std::sort(anchors.begin(), anchors.end());
 
   const size_t rss0 = resident_bytes();
-  DrafterParams<float> w(c), g(c);
+  model::DrafterParams<float> w(c), g(c);
   w.init_random(seed, 0.02);
   std::vector<float> taps(size_t(S) * c.n_taps * c.hidden), embed(size_t(c.vocab) * c.hidden);
   for (auto& x : taps) x = float(rng.normal());
   for (auto& x : embed) x = float(0.02 * rng.normal());
   std::vector<int32_t> tokens(S);
   for (auto& t : tokens) t = int32_t(rng.below(c.vocab - 1));
-  DrafterInputs<float> in{taps.data(), tokens.data(), S, anchors.data(), N, embed.data()};
+  model::DrafterInputs<float> in{taps.data(), tokens.data(), S, anchors.data(), N, embed.data()};
   std::vector<float> d_out(size_t(N) * c.block_size * c.hidden);
   for (auto& x : d_out) x = float(rng.normal());
 
-  DrafterActivations<float> acts;
-  drafter_forward(c, w, in, acts);  // warm-up: first-touch page faults and BLAS thread start-up
-  drafter_backward(c, w, in, acts, d_out.data(), g);
+  model::DrafterActivations<float> acts;
+  model::drafter_forward(c, w, in, acts);  // warm-up: first-touch page faults and BLAS thread start-up
+  model::drafter_backward(c, w, in, acts, d_out.data(), g);
   double t_fwd = 1e30, t_bwd = 1e30;
   for (int r = 0; r < reps; ++r) {
     Timer t;
-    drafter_forward(c, w, in, acts);
+    model::drafter_forward(c, w, in, acts);
     t_fwd = std::min(t_fwd, t.seconds());
     t.reset();
-    drafter_backward(c, w, in, acts, d_out.data(), g);
+    model::drafter_backward(c, w, in, acts, d_out.data(), g);
     t_bwd = std::min(t_bwd, t.seconds());
   }
   const size_t rss = peak_resident_bytes();
-  const DrafterFlops f = drafter_flops(c, S, anchors);
+  const model::DrafterFlops f = model::drafter_flops(c, S, anchors);
   const int NB = N * c.block_size;
   const double sgemm = sgemm_gflops(NB, c.intermediate, c.hidden);  // the drafter's largest GEMM shape
   const double gf_fwd = f.forward / t_fwd * 1e-9, gf_bwd = f.backward / t_bwd * 1e-9;

@@ -44,7 +44,7 @@ constexpr const char* kUsage =
 struct Pair {
   std::string name;
   model::RandomTargetSpec target;
-  DrafterConfig drafter;
+  model::DrafterConfig drafter;
   std::vector<int> taps;
 };
 
@@ -52,7 +52,7 @@ Pair builtin(const std::string& name) {
   Pair p;
   p.name = name;
   model::RandomTargetSpec& t = p.target;
-  DrafterConfig& d = p.drafter;
+  model::DrafterConfig& d = p.drafter;
   if (name == "tiny") {  // data/make_tiny.sh and mpi_launch/configs/tiny.yaml
     t.hidden = 64, t.layers = 8, t.heads = 16, t.kv_heads = 8, t.head_dim = 16, t.intermediate = 128, t.vocab = 512;
     d.layers = 2, d.heads = 4, d.kv_heads = 2, d.head_dim = 16, d.intermediate = 128;
@@ -78,7 +78,7 @@ struct Row {
   explicit Row(int B) : chain(B), tree(B) {}
 };
 
-Row measure(const std::string& target_dir, const DrafterConfig& dc, const DrafterParams<float>& params,
+Row measure(const std::string& target_dir, const model::DrafterConfig& dc, const model::DrafterParams<float>& params,
             const std::vector<int>& taps, const std::vector<std::vector<int32_t>>& prompts, int max_new,
             const model::TreeOptions& tree) {
   comm::SelfTransport self;
@@ -167,7 +167,7 @@ int run_eval(int argc, char** argv) {
     const std::string dir = (std::filesystem::temp_directory_path() /
                              ("dflash_bench_eval_" + name + "_" + std::to_string(::getpid()))).string();
     model::write_random_target(dir, p.target);
-    DrafterParams<float> params(p.drafter);
+    model::DrafterParams<float> params(p.drafter);
     params.init_random(7, 0.02);
     Rng rng(11);
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n_prompts));

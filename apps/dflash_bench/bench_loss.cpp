@@ -76,8 +76,8 @@ int run_loss(int argc, char** argv) {
   DFLASH_USER_CHECK(mode == "recompute" || mode == "fused" || mode == "naive",
                "--mode must be recompute, fused or naive (got '{}')", mode);
   DFLASH_USER_CHECK(T >= 1 && H >= 1 && V >= 2 && B >= 2 && reps >= 1, "--T, --H, --reps must be ≥ 1, --V and --B ≥ 2");
-  VocabLossSettings s;
-  s.mode = mode == "recompute" ? VocabLossMode::recompute : VocabLossMode::fused;
+  model::VocabLossSettings s;
+  s.mode = mode == "recompute" ? model::VocabLossMode::recompute : model::VocabLossMode::fused;
   s.chunk_size = mode == "naive" ? T : int(args.integer("chunk", 1024));
   s.ce_weight = args.real("ce", 1.0);
   s.kl_weight = args.real("kl", 1.0);
@@ -103,7 +103,7 @@ int run_loss(int argc, char** argv) {
     bid[r] = r / (B - 1);
     w[r] = float(std::exp(-(kpos[r] - 1) / 7.0));
   }
-  VocabLossBatch<float> batch;
+  model::VocabLossBatch<float> batch;
   batch.rows = T;
   batch.hidden = X.data();
   batch.target_hidden = target ? Y.data() : nullptr;
@@ -119,9 +119,9 @@ int run_loss(int argc, char** argv) {
   const bool reset_ok = reset_peak_resident();
   const size_t base = resident_bytes();
 
-  VocabLoss<float> loss(s, W.data(), V, H);
-  VocabLossContext ctx;
-  VocabLossResult out;
+  model::VocabLoss<float> loss(s, W.data(), V, H);
+  model::VocabLossContext ctx;
+  model::VocabLossResult out;
   // The bound's GEMMs are timed before and after the loss (best of both): the machine may be shared.
   const int C = std::min(s.chunk_size, T), full = T / C, rest = T % C;
   ChunkGemmTimes g = time_chunk_gemms(W.data(), C, H, V, 1);

@@ -82,7 +82,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
   DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory "
                     "with config.json and *.safetensors)", target_dir);
   const train::DrafterSource src = train::load_drafter_source(a.str("drafter", ""));
-  const DrafterConfig& dc = src.drafter.config;
+  const model::DrafterConfig& dc = src.drafter.config;
   model::TargetModel target(target_dir, tp);
   model::GreedyHead head(target_dir, tp);
   const model::QwenConfig& c = target.config();

@@ -45,18 +45,18 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, stderr);
       return 2;
     }
-    const auto logs = dflash::read_run_logs(args.positional()[0]);
+    const auto logs = dflash::train::read_run_logs(args.positional()[0]);
     if (args.has("garbled")) {
-      std::fputs(dflash::garbled_report(logs).c_str(), stdout);
+      std::fputs(dflash::train::garbled_report(logs).c_str(), stdout);
       return 0;
     }
     const bool merge = args.has("merge") || args.has("level") || args.has("rank") || args.has("tail");
     if (!merge) {
-      std::fputs(dflash::summarise_logs(logs).c_str(), stdout);
+      std::fputs(dflash::train::summarise_logs(logs).c_str(), stdout);
       return 0;
     }
-    const auto level = dflash::parse_log_level(args.str("level", "debug"), "--level");
-    const auto lines = dflash::merge_logs(logs, level, int(args.integer("rank", -1)));
+    const auto level = dflash::train::parse_log_level(args.str("level", "debug"), "--level");
+    const auto lines = dflash::train::merge_logs(logs, level, int(args.integer("rank", -1)));
     const size_t tail = size_t(args.integer("tail", 0));
     for (size_t i = tail && lines.size() > tail ? lines.size() - tail : 0; i < lines.size(); ++i)
       std::printf("%s\n", lines[i].text.c_str());

@@ -9,7 +9,7 @@
 #include <cuda_bf16.h>
 #endif
 
-namespace dflash {
+namespace dflash::model {
 
 kernels::AdamWCoeffs adamw_coeffs(const AdamWSettings& s, int64_t step, double lr) {
   const double bc1 = 1.0 - std::pow(s.beta1, double(step)), bc2 = 1.0 - std::pow(s.beta2, double(step));
@@ -79,4 +79,4 @@ double lr_at(int64_t step, int64_t total_steps, double lr, double warmup_ratio, 
   return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine);
 }
 
-}  // namespace dflash
+}  // namespace dflash::model

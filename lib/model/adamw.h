@@ -6,7 +6,7 @@
 
 #include "kernels/backend.h"
 
-namespace dflash {
+namespace dflash::model {
 
 struct AdamWSettings {
   double lr = 6e-4;
@@ -48,4 +48,4 @@ double clip_global_norm(float* grads, size_t n, double max_norm);
 // to min_lr_ratio·lr at the last step.
 double lr_at(int64_t step, int64_t total_steps, double lr, double warmup_ratio, double min_lr_ratio);
 
-}  // namespace dflash
+}  // namespace dflash::model

@@ -8,7 +8,7 @@
 #include <cuda_bf16.h>
 #endif
 
-namespace dflash {
+namespace dflash::model {
 
 DFlashAttentionShape drafter_attention_shape(const DrafterConfig& c, int layer, int seq_len, int n_blocks) {
   DFlashAttentionShape s;
@@ -330,4 +330,4 @@ DFLASH_INSTANTIATE_DRAFTER(double)
 DFLASH_INSTANTIATE_DRAFTER_BACKEND(__nv_bfloat16)  // bf16 activations: the CUDA backend only
 #endif
 
-}  // namespace dflash
+}  // namespace dflash::model

@@ -14,7 +14,7 @@
 #include "lib/core/buffer.h"
 #include "lib/model/drafter_params.h"
 
-namespace dflash {
+namespace dflash::model {
 
 using kernels::DFlashAttentionShape;
 
@@ -124,4 +124,4 @@ struct DrafterFlops {
 };
 DrafterFlops drafter_flops(const DrafterConfig& cfg, int seq_len, const std::vector<int>& anchors);
 
-}  // namespace dflash
+}  // namespace dflash::model

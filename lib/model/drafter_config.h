@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace dflash {
+namespace dflash::model {
 
 struct DrafterConfig {
   int hidden = 0;         // H: drafter and target hidden size (the context comes from the target)
@@ -56,4 +56,4 @@ struct DrafterConfigDifference {
 // The first field where a and b differ, or an empty field name when they are equal.
 DrafterConfigDifference first_difference(const DrafterConfig& a, const DrafterConfig& b);
 
-}  // namespace dflash
+}  // namespace dflash::model

@@ -14,7 +14,7 @@
 #include "lib/core/json_field.h"
 #include "lib/core/rng.h"
 
-namespace dflash {
+namespace dflash::model {
 
 void DrafterConfig::validate() const {
   auto positive = [](int v, const char* name) {
@@ -193,4 +193,4 @@ template struct DrafterWeights<__nv_bfloat16>;  // views of the bf16 compute cop
 template class DrafterParams<float>;
 template class DrafterParams<double>;
 
-}  // namespace dflash
+}  // namespace dflash::model

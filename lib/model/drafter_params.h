@@ -8,7 +8,7 @@
 
 #include "lib/model/drafter_config.h"
 
-namespace dflash {
+namespace dflash::model {
 
 struct ParamInfo {
   std::string name;            // export name, e.g. "layers.0.self_attn.q_proj.weight"
@@ -75,4 +75,4 @@ class DrafterParams : public DrafterWeights<T> {
   void bind();
 };
 
-}  // namespace dflash
+}  // namespace dflash::model

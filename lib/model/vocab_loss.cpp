@@ -11,7 +11,7 @@
 #include <cuda_bf16.h>
 #endif
 
-namespace dflash {
+namespace dflash::model {
 
 void VocabLossSums::add(const VocabLossSums& o) {
   loss += o.loss;
@@ -296,4 +296,4 @@ template void VocabLoss<__nv_bfloat16>::backward(const VocabLossBatch<__nv_bfloa
 template size_t VocabLoss<__nv_bfloat16>::scratch_bytes() const;
 #endif
 
-}  // namespace dflash
+}  // namespace dflash::model

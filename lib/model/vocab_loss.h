@@ -22,7 +22,7 @@
 #include "kernels/backend.h"
 #include "lib/core/buffer.h"
 
-namespace dflash {
+namespace dflash::model {
 
 using kernels::VocabLossRow;
 
@@ -141,4 +141,4 @@ class VocabLoss {
 VocabLossResult vocab_loss_reference(const VocabLossSettings& settings, const VocabLossBatch<double>& batch,
                                      const double* head, int vocab, int hidden, double grad_scale, double* dX);
 
-}  // namespace dflash
+}  // namespace dflash::model

@@ -9,7 +9,7 @@
 #include "lib/core/error.h"
 #include "lib/model/vocab_loss.h"
 
-namespace dflash {
+namespace dflash::model {
 
 namespace {
 using LD = long double;
@@ -148,4 +148,4 @@ VocabLossResult vocab_loss_reference(const VocabLossSettings& st, const VocabLos
   return out;
 }
 
-}  // namespace dflash
+}  // namespace dflash::model

@@ -6,7 +6,7 @@
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 
-namespace dflash {
+namespace dflash::train {
 
 std::vector<int> sample_anchors(const uint8_t* loss_mask, int seq_len, int max_anchors, const AnchorKey& key) {
   std::vector<int> candidates;
@@ -60,4 +60,4 @@ ScoredRows scored_rows(const int32_t* tokens, const uint8_t* loss_mask, int seq_
   return r;
 }
 
-}  // namespace dflash
+}  // namespace dflash::train

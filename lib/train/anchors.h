@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace dflash {
+namespace dflash::train {
 
 struct AnchorKey {
   uint64_t seed = 0;
@@ -40,4 +40,4 @@ struct ScoredRows {
 ScoredRows scored_rows(const int32_t* tokens, const uint8_t* loss_mask, int seq_len, const std::vector<int>& anchors,
                        int block_size, double gamma);
 
-}  // namespace dflash
+}  // namespace dflash::train

@@ -44,7 +44,7 @@ BestCheckpoint::BestCheckpoint(const std::string& out_dir, std::string metric, b
   }
 }
 
-bool BestCheckpoint::offer(double value, const DrafterConfig& drafter, const DrafterParams<float>& params,
+bool BestCheckpoint::offer(double value, const model::DrafterConfig& drafter, const model::DrafterParams<float>& params,
                            TrainingState state) {
   if (!(value > value_)) return false;
   const std::string dir = best_checkpoint_dir(out_dir_), partial = dir + ".partial";
@@ -52,7 +52,7 @@ bool BestCheckpoint::offer(double value, const DrafterConfig& drafter, const Dra
   fs::remove_all(partial, ec);
   DFLASH_USER_CHECK(!ec, "cannot delete {}: {}", partial, ec.message());
   state.extra["best"] = {{"metric", metric_}, {"value", value}, {"step", state.step}};
-  save_checkpoint_in(partial, drafter, params, AdamWState{}, state);  // weights only
+  save_checkpoint_in(partial, drafter, params, model::AdamWState{}, state);  // weights only
   if (fs::exists(dir, ec)) {
     // one atomic exchange: `best` is the old complete checkpoint or the new one, never neither
     if (renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {

@@ -28,7 +28,7 @@ class BestCheckpoint {
   // keeps the best it finds when it was chosen by the same metric (its value is the one to beat).
   BestCheckpoint(const std::string& out_dir, std::string metric, bool fresh_start);
   // When value > the best so far: writes the weights as the new best and returns true.
-  bool offer(double value, const DrafterConfig& drafter, const DrafterParams<float>& params, TrainingState state);
+  bool offer(double value, const model::DrafterConfig& drafter, const model::DrafterParams<float>& params, TrainingState state);
   const std::string& metric() const { return metric_; }
   double value() const { return value_; }
   const std::string& notice() const { return notice_; }  // what the constructor found (for the log)

@@ -153,7 +153,7 @@ T get(const nlohmann::json& j, const char* key, const std::string& file) {
   return json_field<T>(j, key, "checkpoint " + file);
 }
 
-std::string state_json_text(const DrafterConfig& drafter, const AdamWState& opt, const TrainingState& s) {
+std::string state_json_text(const model::DrafterConfig& drafter, const model::AdamWState& opt, const TrainingState& s) {
   nlohmann::ordered_json j;
   j["format"] = kCheckpointMagic;
   j["version"] = kCheckpointVersion;
@@ -164,7 +164,7 @@ std::string state_json_text(const DrafterConfig& drafter, const AdamWState& opt,
                  {"target_groups", s.layout.target_groups},
                  {"drafter_dp", s.layout.drafter_dp},
                  {"micro_batches", s.layout.micro_batches}};
-  j["drafter"] = drafter_config_to_json(drafter);
+  j["drafter"] = model::drafter_config_to_json(drafter);
   j["config_hash"] = s.config_hash;
   if (!s.dataset.empty()) j["dataset"] = s.dataset;
   nlohmann::ordered_json rngs = nlohmann::ordered_json::array();
@@ -176,7 +176,7 @@ std::string state_json_text(const DrafterConfig& drafter, const AdamWState& opt,
 }
 
 // Parses state.json (already hash-verified): magic, version, then every field.
-TrainingState parse_state(const std::string& text, const std::string& file, DrafterConfig* drafter,
+TrainingState parse_state(const std::string& text, const std::string& file, model::DrafterConfig* drafter,
                           int64_t* adamw_step) {
   nlohmann::json j;
   try {
@@ -205,7 +205,7 @@ TrainingState parse_state(const std::string& text, const std::string& file, Draf
   s.layout.drafter_dp = get<int>(l, "drafter_dp", file);
   s.layout.micro_batches = get<int>(l, "micro_batches", file);
   DFLASH_USER_CHECK(j.contains("drafter"), "checkpoint {}: missing key 'drafter'", file);
-  DrafterConfig c = drafter_config_from_json(j.at("drafter"), "checkpoint " + file);
+  model::DrafterConfig c = model::drafter_config_from_json(j.at("drafter"), "checkpoint " + file);
   if (drafter) *drafter = c;
   s.config_hash = get<std::string>(j, "config_hash", file);
   if (j.contains("dataset")) s.dataset = get<std::string>(j, "dataset", file);
@@ -307,13 +307,13 @@ void expect_same(const std::string& dir, const char* what, const char* field, co
              dir, what, field, ckpt, field, run, what);
 }
 
-void compare(const std::string& dir, const TrainingState& s, const DrafterConfig& d, const CheckpointExpectation& x) {
+void compare(const std::string& dir, const TrainingState& s, const model::DrafterConfig& d, const CheckpointExpectation& x) {
   auto num = [](auto v) { return fmt::format("{}", v); };
   expect_same(dir, "layout", "target_tp", num(s.layout.target_tp), num(x.layout.target_tp));
   expect_same(dir, "layout", "target_groups", num(s.layout.target_groups), num(x.layout.target_groups));
   expect_same(dir, "layout", "drafter_dp", num(s.layout.drafter_dp), num(x.layout.drafter_dp));
   expect_same(dir, "layout", "micro_batches", num(s.layout.micro_batches), num(x.layout.micro_batches));
-  const DrafterConfigDifference diff = first_difference(d, x.drafter);
+  const model::DrafterConfigDifference diff = model::first_difference(d, x.drafter);
   if (!diff.field.empty()) expect_same(dir, "drafter", diff.field.c_str(), diff.a, diff.b);
   DFLASH_USER_CHECK(s.config_hash == x.config_hash,
              "checkpoint {}: checkpoint config_hash={}, this run has config_hash={} (a key that changes the training "
@@ -328,7 +328,7 @@ void compare(const std::string& dir, const TrainingState& s, const DrafterConfig
 
 // ---- tensors -----------------------------------------------------------------------------------------------
 
-void read_params(const SafetensorsFile& f, const std::string& prefix, const std::vector<ParamInfo>& layout,
+void read_params(const SafetensorsFile& f, const std::string& prefix, const std::vector<model::ParamInfo>& layout,
                  float* flat) {
   for (const auto& p : layout) {
     const std::string name = prefix + p.name;
@@ -349,14 +349,14 @@ LoadedCheckpoint read_impl(const std::string& dir_str, const CheckpointExpectati
   for (const auto& e : done) verify_size(dir, e);  // cheap: catches truncation before hashing gigabytes
   verify_hash(dir, done_entry(done, kStateFile));
   const std::string state_path = (dir / kStateFile).string();
-  DrafterConfig drafter;
+  model::DrafterConfig drafter;
   int64_t adamw_step = 0;
   TrainingState state = parse_state(read_text_file(dir / kStateFile), state_path, &drafter, &adamw_step);
   if (expected) compare(dir_str, state, drafter, *expected);
   for (const auto& e : done)
     if (e.name != kStateFile) verify_hash(dir, e);
 
-  LoadedCheckpoint out{dir_str, drafter, DrafterParams<float>(drafter), AdamWState{}, std::move(state)};
+  LoadedCheckpoint out{dir_str, drafter, model::DrafterParams<float>(drafter), model::AdamWState{}, std::move(state)};
   out.optimizer.step = adamw_step;
   {
     SafetensorsFile f((dir / kModelFile).string());
@@ -402,16 +402,16 @@ std::string checkpoint_dir(const std::string& out_dir, int64_t step) {
   return (fs::path(out_dir) / "ckpt" / fmt::format("step_{:08d}", step)).string();
 }
 
-std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& drafter,
-                            const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state) {
+std::string save_checkpoint(const std::string& out_dir, const model::DrafterConfig& drafter,
+                            const model::DrafterParams<float>& params, const model::AdamWState& opt, const TrainingState& state) {
   return save_checkpoint_in(checkpoint_dir(out_dir, state.step), drafter, params, opt, state);
 }
 
-std::string save_checkpoint_in(const std::string& step_dir, const DrafterConfig& drafter,
-                               const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state) {
+std::string save_checkpoint_in(const std::string& step_dir, const model::DrafterConfig& drafter,
+                               const model::DrafterParams<float>& params, const model::AdamWState& opt, const TrainingState& state) {
   DFLASH_CHECK(state.step >= 0, "save_checkpoint: negative step {}", state.step);
-  const std::vector<ParamInfo> layout = drafter_param_layout(drafter);
-  const size_t P = param_count(layout);
+  const std::vector<model::ParamInfo> layout = model::drafter_param_layout(drafter);
+  const size_t P = model::param_count(layout);
   DFLASH_CHECK(params.flat.size() == P, "save_checkpoint: {} parameters, the drafter shape has {}",
                params.flat.size(), P);
   DFLASH_CHECK((opt.m.empty() && opt.v.empty()) || (opt.m.size() == P && opt.v.size() == P),
@@ -478,7 +478,7 @@ LoadedCheckpoint read_checkpoint(const std::string& dir, bool with_optimizer) {
   return read_impl(dir, nullptr, with_optimizer);
 }
 
-TrainingState read_checkpoint_state(const std::string& dir_str, DrafterConfig* drafter) {
+TrainingState read_checkpoint_state(const std::string& dir_str, model::DrafterConfig* drafter) {
   const fs::path dir(dir_str);
   const std::vector<DoneEntry> done = parse_done(dir);
   const DoneEntry& e = done_entry(done, kStateFile);

@@ -59,12 +59,12 @@ struct TrainingState {
 // Writes `out_dir/ckpt/step_{state.step:08d}/` atomically (see above) and returns its path. Re-saving a step that
 // already has a complete checkpoint replaces it: its DONE is removed only once the new files are on disk.
 // `opt.m`, `opt.v` must be empty (not started) or hold one value per parameter.
-std::string save_checkpoint(const std::string& out_dir, const DrafterConfig& drafter,
-                            const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state);
+std::string save_checkpoint(const std::string& out_dir, const model::DrafterConfig& drafter,
+                            const model::DrafterParams<float>& params, const model::AdamWState& opt, const TrainingState& state);
 
 // The same into any directory `step_dir` (created with its parents; the best checkpoint, lib/train/best_checkpoint.h).
-std::string save_checkpoint_in(const std::string& step_dir, const DrafterConfig& drafter,
-                               const DrafterParams<float>& params, const AdamWState& opt, const TrainingState& state);
+std::string save_checkpoint_in(const std::string& step_dir, const model::DrafterConfig& drafter,
+                               const model::DrafterParams<float>& params, const model::AdamWState& opt, const TrainingState& state);
 
 // `out_dir/ckpt/step_XXXXXXXX` for a step (no I/O).
 std::string checkpoint_dir(const std::string& out_dir, int64_t step);
@@ -76,16 +76,16 @@ std::string find_latest_checkpoint(const std::string& out_dir);
 // What this run is: load_checkpoint refuses a checkpoint that differs in any of these, naming the field.
 struct CheckpointExpectation {
   CheckpointLayout layout;
-  DrafterConfig drafter;
+  model::DrafterConfig drafter;
   std::string config_hash;
   std::string dataset;  // compared when both this and the checkpoint's are not empty
 };
 
 struct LoadedCheckpoint {
   std::string dir;
-  DrafterConfig drafter;
-  DrafterParams<float> params;  // bit-exact fp32 master weights
-  AdamWState optimizer;         // m, v ([P] each, empty when not loaded) and the AdamW step
+  model::DrafterConfig drafter;
+  model::DrafterParams<float> params;  // bit-exact fp32 master weights
+  model::AdamWState optimizer;         // m, v ([P] each, empty when not loaded) and the AdamW step
   TrainingState state;
 };
 
@@ -99,7 +99,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, const CheckpointExpecta
 LoadedCheckpoint read_checkpoint(const std::string& dir, bool with_optimizer = true);
 
 // state.json of a checkpoint directory, after its DONE-listed hash is verified (no tensors read).
-TrainingState read_checkpoint_state(const std::string& dir, DrafterConfig* drafter = nullptr);
+TrainingState read_checkpoint_state(const std::string& dir, model::DrafterConfig* drafter = nullptr);
 
 // Keeps the newest `keep` complete checkpoints (0 = all) and deletes older complete ones and incomplete ones older
 // than the newest complete (crash leftovers); never the newest complete one, never a directory newer than it.

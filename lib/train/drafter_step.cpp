@@ -80,10 +80,10 @@ class DrafterStep::Engine {
   virtual StepResult run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
                          bool stop_signal, StepCapture* capture) = 0;
   virtual StepResult evaluate(const FeaturePacket& packet, const AnchorKey& key) = 0;
-  virtual DrafterParams<float>& params() = 0;
-  virtual AdamWState& optimizer() = 0;
+  virtual model::DrafterParams<float>& params() = 0;
+  virtual model::AdamWState& optimizer() = 0;
   virtual void upload_state() = 0;
-  virtual const DrafterConfig& config() const = 0;
+  virtual const model::DrafterConfig& config() const = 0;
   virtual std::string backend_name() const = 0;
 };
 
@@ -99,10 +99,10 @@ class EngineT final : public DrafterStep::Engine {
   StepResult run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet, bool stop_signal,
                  StepCapture* capture) override;
   StepResult evaluate(const FeaturePacket& packet, const AnchorKey& key) override;
-  DrafterParams<float>& params() override;
-  AdamWState& optimizer() override;
+  model::DrafterParams<float>& params() override;
+  model::AdamWState& optimizer() override;
   void upload_state() override;
-  const DrafterConfig& config() const override { return plan_.drafter; }
+  const model::DrafterConfig& config() const override { return plan_.drafter; }
   std::string backend_name() const override {
     return std::string(backend_->name()) + (std::is_same_v<T, float> ? " fp32" : " bf16");
   }
@@ -124,9 +124,9 @@ class EngineT final : public DrafterStep::Engine {
   comm::Transport& dp_;
   std::unique_ptr<kernels::Backend<T>> backend_;
   ExecContext& exec_;
-  DrafterParams<float> params_, grads_;  // host: master weights; gradients (the all-reduce runs on the host)
-  AdamWState adam_;
-  AdamWSettings adam_settings_;
+  model::DrafterParams<float> params_, grads_;  // host: master weights; gradients (the all-reduce runs on the host)
+  model::AdamWState adam_;
+  model::AdamWSettings adam_settings_;
   std::vector<uint8_t> decay_mask_;  // [P] 1 on matrices, 0 on norm weights
   // the same in the backend's memory (fp32), the compute weights (T) and the frozen target tensors (T)
   BackendArray w_dev_, g_dev_, m_dev_, v_dev_, decay_dev_;
@@ -134,12 +134,12 @@ class EngineT final : public DrafterStep::Engine {
   Buffer embed_, head_, staging_;          // [V, H] T (device); staging: fp32 uploads before a conversion
   const T* embed_dev_ = nullptr;           // [V, H]
   const T* head_dev_ = nullptr;            // [V, H]
-  DrafterWeights<T> w_views_;              // compute weights
-  DrafterWeights<float> g_views_;          // fp32 gradients
-  std::unique_ptr<VocabLoss<T>> loss_;
+  model::DrafterWeights<T> w_views_;              // compute weights
+  model::DrafterWeights<float> g_views_;          // fp32 gradients
+  std::unique_ptr<model::VocabLoss<T>> loss_;
   // reused across micro-batches (backend memory)
-  DrafterActivations<T> acts_;
-  VocabLossContext loss_ctx_;
+  model::DrafterActivations<T> acts_;
+  model::VocabLossContext loss_ctx_;
   Buffer taps_, final_hidden_, rows_idx_, x_rows_, y_rows_, dx_rows_, d_out_;
 };
 
@@ -148,7 +148,7 @@ EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* em
                     int dp_rank, comm::Transport& dp)
     : cfg_(cfg), plan_(plan), dp_rank_(dp_rank), dp_(dp), backend_(make_backend<T>(cfg)),
       exec_(backend_->context()), params_(plan.drafter), grads_(plan.drafter) {
-  const DrafterConfig& c = plan.drafter;
+  const model::DrafterConfig& c = plan.drafter;
   // same seed on every rank: identical initial weights without a broadcast
   params_.init_random(uint64_t(cfg.run.seed), cfg.drafter.init_std);
   adam_settings_.lr = cfg.optim.lr;
@@ -157,7 +157,7 @@ EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* em
   adam_settings_.eps = cfg.optim.eps;
   adam_settings_.weight_decay = cfg.optim.weight_decay;
   decay_mask_.assign(params_.flat.size(), 1);
-  for (const ParamInfo& p : params_.layout)
+  for (const model::ParamInfo& p : params_.layout)
     if (p.is_norm) std::fill(decay_mask_.begin() + p.offset, decay_mask_.begin() + p.offset + p.numel, 0);
   adam_.m.assign(params_.flat.size(), 0.0f);
   adam_.v.assign(params_.flat.size(), 0.0f);
@@ -172,8 +172,8 @@ EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* em
   embed_dev_ = to_backend(embed, VH, embed_);
   head_dev_ = to_backend(lm_head, VH, head_);
   staging_ = Buffer();  // only needed again for packets
-  g_views_ = DrafterWeights<float>::bind(c, g_dev_.as<float>());
-  loss_ = std::make_unique<VocabLoss<T>>(plan.loss, be, exec_, head_dev_, c.vocab, c.hidden);
+  g_views_ = model::DrafterWeights<float>::bind(c, g_dev_.as<float>());
+  loss_ = std::make_unique<model::VocabLoss<T>>(plan.loss, be, exec_, head_dev_, c.vocab, c.hidden);
   // the activation arena, sized once for the longest sequence the config admits (without data.max_seq_len, the
   // first sequences grow it: the longest sequence of the data is not known here)
   if (cfg.data.max_seq_len > 0) acts_.reserve(be.memory(), c, cfg.data.max_seq_len, cfg.loss.anchors_per_seq);
@@ -204,13 +204,13 @@ void EngineT<T>::refresh_compute_weights() {
 }
 
 template <typename T>
-DrafterParams<float>& EngineT<T>::params() {
+model::DrafterParams<float>& EngineT<T>::params() {
   w_dev_.download(*backend_, exec_);
   return params_;
 }
 
 template <typename T>
-AdamWState& EngineT<T>::optimizer() {
+model::AdamWState& EngineT<T>::optimizer() {
   m_dev_.download(*backend_, exec_);
   v_dev_.download(*backend_, exec_);
   return adam_;
@@ -231,9 +231,9 @@ void EngineT<T>::upload_state() {
   m_dev_.upload(be, exec_);
   v_dev_.upload(be, exec_);
   if constexpr (kMasterIsCompute) {
-    w_views_ = DrafterWeights<T>::bind(plan_.drafter, w_dev_.as<float>());
+    w_views_ = model::DrafterWeights<T>::bind(plan_.drafter, w_dev_.as<float>());
   } else {
-    w_views_ = DrafterWeights<T>::bind(plan_.drafter, w_compute_.as<T>());
+    w_views_ = model::DrafterWeights<T>::bind(plan_.drafter, w_compute_.as<T>());
     refresh_compute_weights();
   }
 }
@@ -242,7 +242,7 @@ template <typename T>
 void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, StepResult& r, StepCapture* capture,
                              bool backward) {
   kernels::Backend<T>& be = *backend_;
-  const DrafterConfig& c = plan_.drafter;
+  const model::DrafterConfig& c = plan_.drafter;
   const int S = pk.header.seq_len, H = c.hidden, B = c.block_size;
   r.tokens += S;
   const std::vector<int> anchors = sample_anchors(pk.loss_mask.data(), S, cfg_.loss.anchors_per_seq, key);
@@ -258,9 +258,9 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
   const T* taps = to_backend(pk.taps.data(), pk.taps.size(), taps_);
   const T* final_hidden = with_kl ? to_backend(pk.final_hidden.data(), pk.final_hidden.size(), final_hidden_) : nullptr;
 
-  DrafterInputs<T> in{taps, pk.tokens.data(), S, anchors.data(), int(anchors.size()), embed_dev_};
-  const DrafterRuntime<T> rt{be, exec_};
-  drafter_forward(c, w_views_, in, acts_, rt);
+  model::DrafterInputs<T> in{taps, pk.tokens.data(), S, anchors.data(), int(anchors.size()), embed_dev_};
+  const model::DrafterRuntime<T> rt{be, exec_};
+  model::drafter_forward(c, w_views_, in, acts_, rt);
 
   // gather the scored rows: drafter output rows b·B + k, target final hidden at a_b + k − 1
   ensure(rows_idx_, kind, 2 * size_t(T_rows) * sizeof(int32_t));
@@ -274,7 +274,7 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
     ensure(y_rows_, kind, size_t(T_rows) * H * sizeof(T));
     be.gather_rows(exec_, y_rows_.as<T>(), final_hidden, target_idx, T_rows, H);
   }
-  VocabLossBatch<T> batch;
+  model::VocabLossBatch<T> batch;
   batch.rows = T_rows;
   batch.hidden = x_rows_.as<T>();
   batch.target_hidden = with_kl ? y_rows_.as<T>() : nullptr;
@@ -286,7 +286,7 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
   // grad_scale 1: gradients stay unnormalised until the global Σw is known after the all-reduce (they are linear
   // in it), so no extra round trip is needed before the first micro-batch.
   ensure(dx_rows_, kind, size_t(T_rows) * H * sizeof(T));
-  VocabLossResult res = loss_->forward(batch, loss_ctx_, 1.0, dx_rows_.as<T>());
+  model::VocabLossResult res = loss_->forward(batch, loss_ctx_, 1.0, dx_rows_.as<T>());
   r.sums.add(res.sums);
   r.metrics.add(res.metrics);
   for (float w : rows.weight) r.positions += w > 0;
@@ -297,7 +297,7 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
   ensure(d_out_, kind, out_elems * sizeof(T));
   be.zero(exec_, d_out_.data(), out_elems * sizeof(T));  // unscored rows (the anchors' own) get no gradient
   be.scatter_rows(exec_, d_out_.as<T>(), dx_rows_.as<T>(), out_idx, T_rows, H);
-  drafter_backward(c, w_views_, in, acts_, d_out_.as<T>(), g_views_, rt);
+  model::drafter_backward(c, w_views_, in, acts_, d_out_.as<T>(), g_views_, rt);
 }
 
 template <typename T>
@@ -346,7 +346,7 @@ StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, 
     r.metrics.scored[k] = int64_t(stats[10 + B + k]);
   }
 
-  r.lr = lr_at(step, plan_.total_steps, cfg_.optim.lr, cfg_.optim.warmup_ratio, cfg_.optim.min_lr_ratio);
+  r.lr = model::lr_at(step, plan_.total_steps, cfg_.optim.lr, cfg_.optim.warmup_ratio, cfg_.optim.min_lr_ratio);
   if (r.sums.weight <= 0) {  // Σw = 0: the loss is 0/0; change nothing rather than step on NaN
     r.skipped = true;
     if (capture) capture->grads = grads_.flat;  // all zero: every weight was 0
@@ -357,9 +357,9 @@ StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, 
   for (float& g : grads_.flat) g *= inv_w;
   if (capture) capture->grads = grads_.flat;
   g_dev_.upload(be, exec_);
-  r.grad_norm = clip_global_norm(be, exec_, g_dev_.as<float>(), P, cfg_.optim.grad_clip);
+  r.grad_norm = model::clip_global_norm(be, exec_, g_dev_.as<float>(), P, cfg_.optim.grad_clip);
   adam_.step += 1;
-  adamw_update(be, exec_, w_dev_.as<float>(), g_dev_.as<float>(), m_dev_.as<float>(), v_dev_.as<float>(),
+  model::adamw_update(be, exec_, w_dev_.as<float>(), g_dev_.as<float>(), m_dev_.as<float>(), v_dev_.as<float>(),
                decay_dev_.as<uint8_t>(), P, adam_.step, adam_settings_, r.lr);
   refresh_compute_weights();
   be.synchronize(exec_);
@@ -406,16 +406,16 @@ StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int,
 StepResult DrafterStep::evaluate(const FeaturePacket& packet, const AnchorKey& key) {
   return engine_->evaluate(packet, key);
 }
-DrafterParams<float>& DrafterStep::params() { return engine_->params(); }
-AdamWState& DrafterStep::optimizer() { return engine_->optimizer(); }
+model::DrafterParams<float>& DrafterStep::params() { return engine_->params(); }
+model::AdamWState& DrafterStep::optimizer() { return engine_->optimizer(); }
 void DrafterStep::upload_state() { engine_->upload_state(); }
-const DrafterConfig& DrafterStep::config() const { return engine_->config(); }
+const model::DrafterConfig& DrafterStep::config() const { return engine_->config(); }
 std::string DrafterStep::backend_name() const { return engine_->backend_name(); }
 
 
 
 uint64_t DrafterStep::weights_hash() {
-  const DrafterParams<float>& w = params();
+  const model::DrafterParams<float>& w = params();
   uint64_t h = 0xcbf29ce484222325ULL;
   const auto* bytes = reinterpret_cast<const unsigned char*>(w.flat.data());
   for (size_t i = 0; i < w.flat.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;

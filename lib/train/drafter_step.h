@@ -21,8 +21,8 @@ namespace dflash::train {
 // Global (all drafter ranks, all micro-batches) results of one step.
 struct StepResult {
   int64_t step = 0;
-  VocabLossSums sums;          // unnormalised; loss = sums.loss / sums.weight
-  VocabLossMetrics metrics;    // counts
+  model::VocabLossSums sums;          // unnormalised; loss = sums.loss / sums.weight
+  model::VocabLossMetrics metrics;    // counts
   double grad_norm = 0;        // before clipping (of the normalised gradient)
   double lr = 0;
   int64_t tokens = 0;          // sequence tokens consumed
@@ -74,10 +74,10 @@ class DrafterStep {
 
   // Host copies of the weights and optimizer state (downloaded from the backend on each call). A caller that
   // changes them (resume) calls upload_state() afterwards.
-  DrafterParams<float>& params();
-  AdamWState& optimizer();
+  model::DrafterParams<float>& params();
+  model::AdamWState& optimizer();
   void upload_state();
-  const DrafterConfig& config() const;
+  const model::DrafterConfig& config() const;
   std::string backend_name() const;  // "cpu fp32", "cuda bf16"
   // FNV-1a of the weight bytes: equal on every drafter rank after every step.
   uint64_t weights_hash();

@@ -38,8 +38,8 @@ void check_identical_weights(comm::Transport& dp, DrafterStep& trainer, int64_t 
 // Rank 0 holds the loaded checkpoint; the others get weights and optimizer state from it (no shared file system
 // needed between drafter ranks).
 void restore(comm::Transport& dp, DrafterStep& trainer, const LoadedCheckpoint* ckpt) {
-  DrafterParams<float>& w = trainer.params();
-  AdamWState& adam = trainer.optimizer();
+  model::DrafterParams<float>& w = trainer.params();
+  model::AdamWState& adam = trainer.optimizer();
   if (dp.rank() == 0) {
     DFLASH_CHECK(ckpt, "internal: drafter rank 0 resumes without a loaded checkpoint");
     w.flat = ckpt->params.flat;
@@ -61,10 +61,10 @@ void restore(comm::Transport& dp, DrafterStep& trainer, const LoadedCheckpoint* 
 
 }  // namespace
 
-std::string write_final_weights(const std::string& out_dir, const DrafterParams<float>& params) {
+std::string write_final_weights(const std::string& out_dir, const model::DrafterParams<float>& params) {
   const std::string path = out_dir + "/drafter_final.safetensors", tmp = path + ".partial";
   std::vector<io::TensorToWrite> tensors;
-  for (const ParamInfo& p : params.layout)
+  for (const model::ParamInfo& p : params.layout)
     tensors.push_back(io::tensor_from(p.name, io::DType::F32, p.shape, params.data(p)));
   io::write_safetensors(tmp, tensors, {{"format", "pt"}});
   DFLASH_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}", tmp, path);
@@ -89,7 +89,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   if (opt.start_step > 0) restore(dp, trainer, opt.resume);
   log.info("drafter: {} layers, H {}, {} Q / {} KV heads, block {}, {} parameters on the {} backend; {} in {:.2f} s",
            plan.drafter.layers, plan.drafter.hidden, plan.drafter.heads, plan.drafter.kv_heads,
-           plan.drafter.block_size, drafter_param_count(plan.drafter), trainer.backend_name(),
+           plan.drafter.block_size, model::drafter_param_count(plan.drafter), trainer.backend_name(),
            opt.start_step > 0 ? fmt::format("resumed at step {}", opt.start_step) : std::string("initialised"),
            load_timer.seconds());
 

@@ -9,7 +9,7 @@
 
 #include "lib/core/error.h"
 
-namespace dflash {
+namespace dflash::train {
 
 namespace {
 
@@ -105,4 +105,4 @@ void Logger::log(LogLevel level, std::string_view message) {
   write_line(line);
 }
 
-}  // namespace dflash
+}  // namespace dflash::train

@@ -29,7 +29,7 @@ int64_t target_rank_params(const model::QwenConfig& c, int tp) {
 GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   const double act = in.bf16 ? 2 : 4;  // bytes of an activation / compute weight
   const double S = in.max_seq_len, H = in.drafter.hidden, V = in.drafter.vocab;
-  const DrafterConfig& d = in.drafter;
+  const model::DrafterConfig& d = in.drafter;
   GpuMemoryPlan p;
 
   // target rank: bf16 weights; forward activations of one sequence (flash attention: nothing S × S); the taps and
@@ -49,7 +49,7 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   };
 
   // drafter rank
-  const double P = double(drafter_param_count(d));
+  const double P = double(model::drafter_param_count(d));
   const double N = in.anchors_per_seq, T = N * (d.block_size - 1), C = in.chunk_size;
   p.drafter.role = "drafter DP rank";
   p.drafter.items = {
@@ -58,7 +58,7 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
       {"gradients (fp32)", P * 4},
       {"AdamW moments (fp32)", P * 8},
       {"activations (arena: forward + backward peak)",
-       double(drafter_arena_bytes(d, in.max_seq_len, in.anchors_per_seq, size_t(act), in.bf16 ? 4 : 4))},
+       double(model::drafter_arena_bytes(d, in.max_seq_len, in.anchors_per_seq, size_t(act), in.bf16 ? 4 : 4))},
       {"vocab loss: logits scratch (C x V, fp32) x (KL ? 2 : 1)", C * V * 4 * (in.kl ? 2 : 1)},
       {"vocab loss: scored rows X, Y, dX and d_out", T * H * act * (in.kl ? 3 : 2) + N * d.block_size * H * act},
       {"packet: taps + final hidden", S * H * (d.n_taps + 1) * act},

@@ -27,7 +27,7 @@ struct MemoryPlanInputs {
   model::QwenConfig target;
   int64_t target_rank_params = 0;  // parameters of the largest target TP shard (weights held on that GPU)
   int target_tp = 1;
-  DrafterConfig drafter;
+  model::DrafterConfig drafter;
   int max_seq_len = 0;             // S: the longest sequence a packet carries
   int anchors_per_seq = 0;         // N: blocks per sequence
   int chunk_size = 0;              // C: vocab-loss rows per chunk

@@ -39,7 +39,7 @@ void ProgressInterval::add(const StepResult& r) {
 
 ProgressInterval::Rates ProgressInterval::rates() const {
   const double w = sum_.sums.weight > 0 ? sum_.sums.weight : 1.0;
-  const VocabLossMetrics& m = sum_.metrics;
+  const model::VocabLossMetrics& m = sum_.metrics;
   Rates out{sum_.sums.loss / w, sum_.sums.ce / w, sum_.sums.kl / w, sum_.sums.cap / w, 0, 0, 0, {}};
   int64_t correct = 0, scored = 0;
   for (int k = 1; k < block_size_; ++k) {

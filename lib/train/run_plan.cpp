@@ -22,7 +22,7 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
                "drafter.hidden = {} but the target's hidden_size is {}: the drafter reads the target's embedding "
                "and hidden states, so set drafter.hidden to 0 (= the target's) or {}",
                d.hidden, t.hidden, t.hidden);
-  DrafterConfig& c = p.drafter;
+  model::DrafterConfig& c = p.drafter;
   c.hidden = t.hidden;
   c.layers = d.layers;
   c.heads = or_target(d.heads, t.heads);
@@ -66,7 +66,7 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
 
   const LossSection& l = cfg.loss;
   p.loss.chunk_size = l.chunk_size;
-  p.loss.mode = l.mode == "fused" ? VocabLossMode::fused : VocabLossMode::recompute;
+  p.loss.mode = l.mode == "fused" ? model::VocabLossMode::fused : model::VocabLossMode::recompute;
   p.loss.ce_weight = l.ce_weight;
   p.loss.kl_weight = l.kl_weight;
   p.loss.kl_temperature = l.kl_temperature;

@@ -13,9 +13,9 @@ namespace dflash::train {
 
 struct RunPlan {
   model::QwenConfig target;      // the frozen target's shape
-  DrafterConfig drafter;         // the drafter, with every "0 = the target's" filled in
+  model::DrafterConfig drafter;         // the drafter, with every "0 = the target's" filled in
   std::vector<int> tap_ids;      // target layers whose outputs form the context (0-based decoder layer ids)
-  VocabLossSettings loss;
+  model::VocabLossSettings loss;
   double decay_gamma = 0;        // position weight exp(-(k-1)/gamma)
   int64_t num_sequences = 0;     // in the dataset
   int64_t steps_per_epoch = 0;   // floor(n / (drafter_dp * micro_batches))

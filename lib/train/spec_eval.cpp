@@ -38,7 +38,7 @@ struct SpecEvalTarget::Impl {
   Watchdog& watchdog;
   model::GreedyHead head;
   model::TargetVocab vocab;       // TP rank 0: embedding, lm_head [V, H]
-  DrafterParams<float> weights;   // TP rank 0: the drafter's, as received
+  model::DrafterParams<float> weights;   // TP rank 0: the drafter's, as received
   model::SpecOptions options;
   int64_t count = 0;
 

@@ -52,7 +52,7 @@ std::vector<float> as_f32(const std::vector<T>& v) {
 
 std::string write_step_dump(const std::string& dir, comm::Transport& dp, const RunPlan& plan,
                             const TrainConfig& cfg, const StepResult& r, const StepCapture& capture,
-                            const DrafterParams<float>& layout_of, const std::vector<float>& start_weights) {
+                            const model::DrafterParams<float>& layout_of, const std::vector<float>& start_weights) {
   if (dp.rank() != 0) {
     for (const auto& in : capture.inputs) send_inputs(dp, in);
     return "";
@@ -90,7 +90,7 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
   add("loss.weight_sum", {1}, {float(r.sums.weight)});
   DFLASH_CHECK(start_weights.size() == layout_of.flat.size(), "step dump: {} starting weights for {} parameters",
                start_weights.size(), layout_of.flat.size());
-  for (const ParamInfo& p : layout_of.layout) {
+  for (const model::ParamInfo& p : layout_of.layout) {
     tensors.push_back(io::tensor_from(p.name, io::DType::F32, p.shape, capture.grads.data() + p.offset));
     tensors.push_back(io::tensor_from("weights." + p.name, io::DType::F32, p.shape, start_weights.data() + p.offset));
   }

@@ -22,6 +22,6 @@ namespace dflash::train {
 // DIR/step_XXXXXXXX.safetensors (via a temporary name) and returns its path ("" on other ranks).
 std::string write_step_dump(const std::string& dir, comm::Transport& dp, const RunPlan& plan,
                             const TrainConfig& cfg, const StepResult& r, const StepCapture& capture,
-                            const DrafterParams<float>& layout_of, const std::vector<float>& start_weights);
+                            const model::DrafterParams<float>& layout_of, const std::vector<float>& start_weights);
 
 }  // namespace dflash::train

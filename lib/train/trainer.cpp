@@ -88,7 +88,7 @@ int run_check(const TrainConfig& cfg) {
                                              plan.drafter.mask_token_id);
   DFLASH_USER_CHECK(tok.errors.empty(), "tokenizer, target and data disagree:\n  {}",
                     fmt::format("{}", fmt::join(tok.errors, "\n  ")));
-  const size_t drafter_params = drafter_param_count(plan.drafter);  // counted, not allocated
+  const size_t drafter_params = model::drafter_param_count(plan.drafter);  // counted, not allocated
   std::printf("%s\n", format_config_table(cfg).c_str());
   auto size = [](double bytes) {
     return bytes >= 1024.0 * 1024 * 1024 ? fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024))

@@ -46,7 +46,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
 
 // Writes the drafter's fp32 weights (export names) to <out_dir>/drafter_final.safetensors via a temporary file and
 // a rename; returns the path.
-std::string write_final_weights(const std::string& out_dir, const DrafterParams<float>& params);
+std::string write_final_weights(const std::string& out_dir, const model::DrafterParams<float>& params);
 
 // Length of sequence `index` as streamed: data.max_seq_len truncates (0 = no limit).
 int streamed_length(const TrainConfig& cfg, const io::Dataset& data, int64_t index);

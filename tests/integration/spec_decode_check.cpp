@@ -104,7 +104,7 @@ int run(int argc, char** argv) {
   // the drafters: untrained, and the given one (both need the target's embedding and lm_head on rank 0)
   std::unique_ptr<train::DrafterSource> trained;
   if (a.has("drafter")) trained = std::make_unique<train::DrafterSource>(train::load_drafter_source(a.str("drafter", "")));
-  DrafterConfig dc;
+  model::DrafterConfig dc;
   std::vector<int> taps = parse_ids(a.str("taps", "1,2,3,4,5"));
   if (trained) {
     dc = trained->drafter.config;
@@ -117,7 +117,7 @@ int run(int argc, char** argv) {
   }
   dc.validate();
   const int B = dc.block_size, vocab_limit = int(a.integer("vocab-limit", c.vocab - 1));
-  DrafterParams<float> random_params(dc);
+  model::DrafterParams<float> random_params(dc);
   random_params.init_random(7, 0.02);
   model::TargetVocab vocab;
   if (root) vocab = model::load_target_vocab(target_dir);

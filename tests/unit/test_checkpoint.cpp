@@ -30,9 +30,9 @@ namespace {
 std::string temp_dir(const std::string& name) { return dflash::test::scratch_dir(name).string(); }
 
 struct Run {
-  DrafterConfig cfg = dflash::test::small_drafter_config();
-  DrafterParams<float> params{cfg};
-  AdamWState opt;
+  model::DrafterConfig cfg = dflash::test::small_drafter_config();
+  model::DrafterParams<float> params{cfg};
+  model::AdamWState opt;
   TrainingState state;
 
   explicit Run(int64_t step, uint64_t seed = 1) {
@@ -128,7 +128,7 @@ TEST_CASE("checkpoint: save then load is bit-exact for weights, moments and stat
 TEST_CASE("checkpoint: an optimizer that has not stepped round-trips as empty moments") {
   const std::string out = temp_dir("empty_opt");
   Run run(0);
-  run.opt = AdamWState{};
+  run.opt = model::AdamWState{};
   const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
   LoadedCheckpoint ck = load_checkpoint(dir, run.expected());
   CHECK(ck.optimizer.m.empty());

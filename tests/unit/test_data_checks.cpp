@@ -139,15 +139,15 @@ TEST_CASE("data checks: the identity follows the content, not the path; one toke
 
 TEST_CASE("data checks: a checkpoint records its dataset's identity; a resume on other data is refused") {
   const std::string out = test::scratch_dir("data_checks_ckpt").string();
-  const DrafterConfig cfg = test::small_drafter_config();
-  DrafterParams<float> params(cfg);
+  const model::DrafterConfig cfg = test::small_drafter_config();
+  model::DrafterParams<float> params(cfg);
   params.init_random(1, 0.3);
   train::TrainingState state;
   state.step = 4;
   state.layout = {5, 1, 3, 1};
   state.config_hash = "0x0123456789abcdef";
   state.dataset = "64 sequences, 4980 tokens, content 0x00000000000000aa";
-  const std::string dir = train::save_checkpoint(out, cfg, params, AdamWState{}, state);
+  const std::string dir = train::save_checkpoint(out, cfg, params, model::AdamWState{}, state);
   train::CheckpointExpectation x{state.layout, cfg, state.config_hash, state.dataset};
   CHECK(train::load_checkpoint(dir, x).state.dataset == state.dataset);
   x.dataset = "64 sequences, 4980 tokens, content 0x00000000000000bb";

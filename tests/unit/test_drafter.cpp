@@ -22,8 +22,8 @@ const std::vector<int> kAnchors = {0, 4, 5, 12};
 
 template <typename T>
 struct World {
-  DrafterConfig cfg = small_drafter_config();
-  DrafterParams<T> w{cfg};
+  model::DrafterConfig cfg = small_drafter_config();
+  model::DrafterParams<T> w{cfg};
   std::vector<T> taps, embed;
   std::vector<int32_t> tokens;
 
@@ -41,8 +41,8 @@ struct World {
     for (int i = 0; i < kSeqLen; ++i) tokens.push_back(int32_t(rng.below(cfg.vocab - 1)));
   }
 
-  DrafterInputs<T> inputs(const std::vector<int>& anchors) const {
-    DrafterInputs<T> in;
+  model::DrafterInputs<T> inputs(const std::vector<int>& anchors) const {
+    model::DrafterInputs<T> in;
     in.taps = taps.data();
     in.tokens = tokens.data();
     in.seq_len = kSeqLen;
@@ -53,8 +53,8 @@ struct World {
   }
 
   std::vector<T> forward(const std::vector<int>& anchors = kAnchors) const {
-    DrafterActivations<T> acts;
-    drafter_forward(cfg, w, inputs(anchors), acts);
+    model::DrafterActivations<T> acts;
+    model::drafter_forward(cfg, w, inputs(anchors), acts);
     return std::vector<T>(acts.out, acts.out + size_t(acts.n_blocks) * cfg.block_size * cfg.hidden);
   }
 };
@@ -71,16 +71,16 @@ TEST_CASE("drafter: gradient of every trainable tensor matches finite difference
     for (size_t i = 0; i < out.size(); ++i) s += proj[i] * out[i];
     return s;
   };
-  DrafterActivations<double> acts;
+  model::DrafterActivations<double> acts;
   const auto in = world.inputs(kAnchors);
-  drafter_forward(world.cfg, world.w, in, acts);
-  DrafterParams<double> grads(world.cfg);
-  drafter_backward(world.cfg, world.w, in, acts, proj.data(), grads);
+  model::drafter_forward(world.cfg, world.w, in, acts);
+  model::DrafterParams<double> grads(world.cfg);
+  model::drafter_backward(world.cfg, world.w, in, acts, proj.data(), grads);
 
   double worst = 0;
   std::string worst_name;
   for (size_t t = 0; t < world.w.layout.size(); ++t) {
-    const ParamInfo& p = world.w.layout[t];
+    const model::ParamInfo& p = world.w.layout[t];
     // fd_check perturbs a vector it owns: view this tensor's slice through a copy, written back on each eval
     std::vector<double> x(world.w.data(p), world.w.data(p) + p.numel);
     std::vector<double> g(grads.data(p), grads.data(p) + p.numel);
@@ -151,16 +151,16 @@ TEST_CASE("drafter: float and double forwards agree within 1e-4 relative") {
 
 TEST_CASE("drafter: bad anchors and configs are clear errors") {
   World<double> world;
-  DrafterActivations<double> acts;
+  model::DrafterActivations<double> acts;
   std::vector<int> bad = {3, kSeqLen};
-  CHECK_THROWS_WITH_AS(drafter_forward(world.cfg, world.w, world.inputs(bad), acts),
+  CHECK_THROWS_WITH_AS(model::drafter_forward(world.cfg, world.w, world.inputs(bad), acts),
                        doctest::Contains("anchor 1 = 14 is outside [0, 14)"), dflash::Error);
   // the embedding kernel never checks: the drafter validates the block tokens first (row 4 = block 1's anchor)
   World<double> beyond;
   beyond.tokens[5] = beyond.cfg.vocab;
-  CHECK_THROWS_WITH_AS(drafter_forward(beyond.cfg, beyond.w, beyond.inputs({3, 5}), acts),
+  CHECK_THROWS_WITH_AS(model::drafter_forward(beyond.cfg, beyond.w, beyond.inputs({3, 5}), acts),
                        doctest::Contains(("token id " + std::to_string(beyond.cfg.vocab) + " at row 4").c_str()), dflash::Error);
-  DrafterConfig c = small_drafter_config();
+  model::DrafterConfig c = small_drafter_config();
   c.kv_heads = 3;
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("heads (4) must be a multiple of kv_heads (3)"),
                        dflash::Error);
@@ -171,22 +171,22 @@ TEST_CASE("drafter: bad anchors and configs are clear errors") {
 
 TEST_CASE("drafter: the activation arena's size formula is its exact peak, and a reserved arena is reused") {
   World<float> world;
-  const DrafterConfig& c = world.cfg;
-  DrafterActivations<float> acts;
-  const size_t need = drafter_arena_bytes(c, kSeqLen, int(kAnchors.size()), sizeof(float), sizeof(float));
-  drafter_forward(c, world.w, world.inputs(kAnchors), acts);
+  const model::DrafterConfig& c = world.cfg;
+  model::DrafterActivations<float> acts;
+  const size_t need = model::drafter_arena_bytes(c, kSeqLen, int(kAnchors.size()), sizeof(float), sizeof(float));
+  model::drafter_forward(c, world.w, world.inputs(kAnchors), acts);
   CHECK(acts.arena.capacity() == need);
   std::vector<float> d_out(kAnchors.size() * c.block_size * c.hidden, 0.5f);
-  DrafterParams<float> grads(c);
-  drafter_backward(c, world.w, world.inputs(kAnchors), acts, d_out.data(), grads);
+  model::DrafterParams<float> grads(c);
+  model::drafter_backward(c, world.w, world.inputs(kAnchors), acts, d_out.data(), grads);
   CHECK(acts.arena.peak() == need);  // forward + backward use every byte of the formula, and not one more
   CHECK(acts.arena.used() < need);   // backward's scratch is released; the activations stay
 
   // the trainer reserves for its largest sequence once: shorter sequences run in the same arena
-  DrafterActivations<float> reserved;
+  model::DrafterActivations<float> reserved;
   reserved.reserve(MemoryKind::host, c, 40, 6);
   const size_t cap = reserved.arena.capacity();
-  CHECK(cap == drafter_arena_bytes(c, 40, 6, sizeof(float), sizeof(float)));
-  drafter_forward(c, world.w, world.inputs(kAnchors), reserved);
+  CHECK(cap == model::drafter_arena_bytes(c, 40, 6, sizeof(float), sizeof(float)));
+  model::drafter_forward(c, world.w, world.inputs(kAnchors), reserved);
   CHECK(reserved.arena.capacity() == cap);
 }

@@ -39,7 +39,7 @@ const std::vector<int> kAnchors = {0, 4, 5, 12};
 struct Inputs {
   std::vector<float> taps, embed;
   std::vector<int32_t> tokens;
-  explicit Inputs(const DrafterConfig& cfg) {
+  explicit Inputs(const model::DrafterConfig& cfg) {
     auto t = test::random_vector(size_t(kSeqLen) * cfg.n_taps * cfg.hidden, 9);
     auto e = test::random_vector(size_t(cfg.vocab) * cfg.hidden, 10);
     taps.assign(t.begin(), t.end());
@@ -47,22 +47,22 @@ struct Inputs {
     Rng rng(11);
     for (int i = 0; i < kSeqLen; ++i) tokens.push_back(int32_t(rng.below(cfg.vocab - 1)));
   }
-  std::vector<float> forward(const DrafterConfig& cfg, const DrafterParams<float>& w) const {
-    DrafterInputs<float> in;
+  std::vector<float> forward(const model::DrafterConfig& cfg, const model::DrafterParams<float>& w) const {
+    model::DrafterInputs<float> in;
     in.taps = taps.data();
     in.tokens = tokens.data();
     in.seq_len = kSeqLen;
     in.anchors = kAnchors.data();
     in.n_anchors = int(kAnchors.size());
     in.embed = embed.data();
-    DrafterActivations<float> acts;
-    drafter_forward(cfg, w, in, acts);
+    model::DrafterActivations<float> acts;
+    model::drafter_forward(cfg, w, in, acts);
     return std::vector<float>(acts.out, acts.out + size_t(acts.n_blocks) * cfg.block_size * cfg.hidden);
   }
 };
 
-DrafterParams<float> trained_like(const DrafterConfig& cfg) {
-  DrafterParams<float> w(cfg);
+model::DrafterParams<float> trained_like(const model::DrafterConfig& cfg) {
+  model::DrafterParams<float> w(cfg);
   w.init_random(7, 0.3);
   auto noise = test::random_vector(w.flat.size(), 8, 0.1);
   for (const auto& p : w.layout)  // norm weights away from exactly 1, so that bf16 rounding touches them too
@@ -75,7 +75,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-void check_same_config(const DrafterConfig& a, const DrafterConfig& b) {
+void check_same_config(const model::DrafterConfig& a, const model::DrafterConfig& b) {
   CHECK(a.hidden == b.hidden);
   CHECK(a.layers == b.layers);
   CHECK(a.heads == b.heads);
@@ -99,8 +99,8 @@ nlohmann::json read_json(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("export: f32 export loads back bit-exact and drafter_forward is bit-identical") {
-  const DrafterConfig cfg = dflash::test::small_drafter_config();
-  const DrafterParams<float> w = trained_like(cfg);
+  const model::DrafterConfig cfg = dflash::test::small_drafter_config();
+  const model::DrafterParams<float> w = trained_like(cfg);
   const std::string dir = temp_dir("f32");
   export_drafter(cfg, w, tiny_info(), dir, DType::F32);
   CHECK_FALSE(fs::exists(fs::path(dir) / "model.safetensors.tmp"));
@@ -121,8 +121,8 @@ TEST_CASE("export: f32 export loads back bit-exact and drafter_forward is bit-id
 }
 
 TEST_CASE("export: bf16 export rounds to nearest even and drafter_forward stays within bf16 tolerance") {
-  const DrafterConfig cfg = dflash::test::small_drafter_config();
-  const DrafterParams<float> w = trained_like(cfg);
+  const model::DrafterConfig cfg = dflash::test::small_drafter_config();
+  const model::DrafterParams<float> w = trained_like(cfg);
   const std::string dir = temp_dir("bf16");
   export_drafter(cfg, w, tiny_info(), dir, DType::BF16);
 
@@ -160,7 +160,7 @@ TEST_CASE("export: bf16 export rounds to nearest even and drafter_forward stays 
 }
 
 TEST_CASE("export: config.json has every DFlash key with the right values") {
-  const DrafterConfig cfg = dflash::test::small_drafter_config();
+  const model::DrafterConfig cfg = dflash::test::small_drafter_config();
   const std::string dir = temp_dir("config");
   export_drafter(cfg, trained_like(cfg), tiny_info(), dir, DType::BF16);
   const nlohmann::json j = read_json(fs::path(dir) / "config.json");
@@ -197,7 +197,7 @@ TEST_CASE("export: config.json has every DFlash key with the right values") {
   CHECK(st.info("layers.0.post_attention_layernorm.weight").shape == std::vector<int64_t>{16});
 
   // all-full drafters write no window
-  DrafterConfig full = cfg;
+  model::DrafterConfig full = cfg;
   full.window = {};
   const std::string dir2 = temp_dir("config_full");
   export_drafter(full, trained_like(full), tiny_info(), dir2, DType::F32);
@@ -210,8 +210,8 @@ TEST_CASE("export: config.json has every DFlash key with the right values") {
 }
 
 TEST_CASE("export: bad target facts are refused naming the field") {
-  const DrafterConfig cfg = dflash::test::small_drafter_config();
-  const DrafterParams<float> w = trained_like(cfg);
+  const model::DrafterConfig cfg = dflash::test::small_drafter_config();
+  const model::DrafterParams<float> w = trained_like(cfg);
   const std::string dir = temp_dir("bad_info");
   auto err = [&](DrafterExportInfo info) {
     try {
@@ -230,17 +230,17 @@ TEST_CASE("export: bad target facts are refused naming the field") {
   i = tiny_info();
   i.max_position_embeddings = 0;
   CHECK(err(i).find("max_position_embeddings must be positive") != std::string::npos);
-  DrafterConfig two_windows = cfg;
+  model::DrafterConfig two_windows = cfg;
   two_windows.window = {3, 5};
-  CHECK_THROWS_WITH_AS(export_drafter(two_windows, DrafterParams<float>(two_windows), tiny_info(), dir, DType::F32),
+  CHECK_THROWS_WITH_AS(export_drafter(two_windows, model::DrafterParams<float>(two_windows), tiny_info(), dir, DType::F32),
                        doctest::Contains("sliding layers have windows 3 and 5"), Error);
 }
 
 TEST_CASE("export: from a checkpoint directory, target facts from extra.export or explicit overrides") {
-  const DrafterConfig cfg = dflash::test::small_drafter_config();
-  const DrafterParams<float> w = trained_like(cfg);
+  const model::DrafterConfig cfg = dflash::test::small_drafter_config();
+  const model::DrafterParams<float> w = trained_like(cfg);
   const std::string out = temp_dir("from_ckpt");
-  AdamWState opt;
+  model::AdamWState opt;
   TrainingState state;
   state.step = 40;
   state.layout = {5, 1, 3, 1};

@@ -59,8 +59,8 @@ struct Golden {
   }
 };
 
-DrafterConfig golden_drafter_config(const Golden& g) {
-  DrafterConfig c;
+model::DrafterConfig golden_drafter_config(const Golden& g) {
+  model::DrafterConfig c;
   c.hidden = g.integer("hidden");
   c.layers = g.integer("layers");
   c.heads = g.integer("heads");
@@ -77,8 +77,8 @@ DrafterConfig golden_drafter_config(const Golden& g) {
   return c;
 }
 
-VocabLossSettings golden_loss_settings(const Golden& g, VocabLossMode mode) {
-  VocabLossSettings s;
+model::VocabLossSettings golden_loss_settings(const Golden& g, model::VocabLossMode mode) {
+  model::VocabLossSettings s;
   s.chunk_size = 5;  // 27 rows: chunks cut blocks, and the last chunk is short
   s.mode = mode;
   s.ce_weight = g.num("ce_weight");
@@ -124,7 +124,7 @@ double scaled_error(const T* actual, const std::vector<double>& expected) {
 
 double rel(double actual, double expected) { return std::abs(actual - expected) / std::max(std::abs(expected), 1e-300); }
 
-void check_sums(const VocabLossSums& s, const Golden& g, const std::string& tag, double tol) {
+void check_sums(const model::VocabLossSums& s, const Golden& g, const std::string& tag, double tol) {
   const double L = s.loss / s.weight;
   MESSAGE(tag << " loss " << L << " (ref " << g.num(tag + "loss") << ", rel err " << rel(L, g.num(tag + "loss"))
               << ")");
@@ -139,7 +139,7 @@ void check_sums(const VocabLossSums& s, const Golden& g, const std::string& tag,
   CHECK(rel(s.weight, g.num(tag + "sum_weight")) <= tol);
 }
 
-void check_metrics(const VocabLossMetrics& m, const Golden& g, const std::string& tag) {
+void check_metrics(const model::VocabLossMetrics& m, const Golden& g, const std::string& tag) {
   const auto ref = nlohmann::json::parse(g.meta(tag + "metrics"));
   CHECK(m.correct == ref["correct"].get<std::vector<int64_t>>());
   CHECK(m.scored == ref["scored"].get<std::vector<int64_t>>());
@@ -150,9 +150,9 @@ void check_metrics(const VocabLossMetrics& m, const Golden& g, const std::string
 
 // Every gradient tensor against the reference's (normalised by the global Σw, before clipping).
 template <typename T>
-void check_grads(const DrafterParams<T>& layout_of, const T* grads, const Golden& g, double tol) {
+void check_grads(const model::DrafterParams<T>& layout_of, const T* grads, const Golden& g, double tol) {
   double worst = 0;
-  for (const ParamInfo& p : layout_of.layout) {
+  for (const model::ParamInfo& p : layout_of.layout) {
     const auto ref = g.exact("step0.grad." + p.name, "step0.grad_lo." + p.name);
     REQUIRE(ref.size() == p.numel);
     const double err = scaled_error(grads + p.offset, ref);
@@ -166,9 +166,9 @@ void check_grads(const DrafterParams<T>& layout_of, const T* grads, const Golden
 // Post-AdamW weights, per tensor, in units of the step's lr: the RMS difference (a systematic optimizer error —
 // bias correction, eps placement, decay on a norm, the clip factor — moves every element of a tensor) and the
 // largest one (a single element gone wrong). Float rounding of the weight itself is taken off first.
-void check_weights_after(const DrafterParams<float>& w, const Golden& g, const std::string& tag, double lr) {
+void check_weights_after(const model::DrafterParams<float>& w, const Golden& g, const std::string& tag, double lr) {
   double worst_rms = 0, worst_max = 0;
-  for (const ParamInfo& p : w.layout) {
+  for (const model::ParamInfo& p : w.layout) {
     const std::vector<float> ref = g.f32(tag + "weight_after." + p.name);
     double sq = 0, mx = 0;
     for (size_t i = 0; i < p.numel; ++i) {
@@ -187,7 +187,7 @@ void check_weights_after(const DrafterParams<float>& w, const Golden& g, const s
               << kAdamRmsTol << "), worst element " << worst_max << " lr (tolerance " << kAdamMaxTol << ")");
 }
 
-void run_trainer_steps(VocabLossMode mode) {
+void run_trainer_steps(model::VocabLossMode mode) {
   const Golden g;
   const std::vector<Sequence> seqs = golden_sequences(g);
   TrainConfig cfg;
@@ -212,7 +212,7 @@ void run_trainer_steps(VocabLossMode mode) {
   const std::vector<float> embed = g.f32("embed"), lm_head = g.f32("lm_head");
   comm::SelfTransport dp;
   train::DrafterStep step(cfg, plan, embed.data(), lm_head.data(), 0, dp);
-  for (const ParamInfo& p : step.params().layout) {
+  for (const model::ParamInfo& p : step.params().layout) {
     const std::vector<float> w = g.f32("weight." + p.name);
     REQUIRE(w.size() == p.numel);
     std::copy(w.begin(), w.end(), step.params().data(p));
@@ -252,11 +252,11 @@ void run_trainer_steps(VocabLossMode mode) {
 }  // namespace
 
 TEST_CASE("golden: trainer step (DrafterStep, float, recompute) matches the PyTorch reference over two steps") {
-  run_trainer_steps(VocabLossMode::recompute);
+  run_trainer_steps(model::VocabLossMode::recompute);
 }
 
 TEST_CASE("golden: trainer step (DrafterStep, float, fused) matches the PyTorch reference over two steps") {
-  run_trainer_steps(VocabLossMode::fused);
+  run_trainer_steps(model::VocabLossMode::fused);
 }
 
 // The same first step below the trainer, in double: drafter_forward → VocabLoss → drafter_backward with
@@ -264,28 +264,28 @@ TEST_CASE("golden: trainer step (DrafterStep, float, fused) matches the PyTorch 
 TEST_CASE("golden: drafter forward, vocab loss and backward in double match the PyTorch reference to 1e-10") {
   const Golden g;
   const std::vector<Sequence> seqs = golden_sequences(g);
-  const DrafterConfig c = golden_drafter_config(g);
+  const model::DrafterConfig c = golden_drafter_config(g);
   const int H = c.hidden, B = c.block_size;
   const double gamma = g.num("decay_gamma");
   auto to_double = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
   const std::vector<double> embed = to_double(g.f32("embed")), lm_head = to_double(g.f32("lm_head"));
-  DrafterParams<double> w(c), grads(c);
-  for (const ParamInfo& p : w.layout) {
+  model::DrafterParams<double> w(c), grads(c);
+  for (const model::ParamInfo& p : w.layout) {
     const std::vector<float> v = g.f32("weight." + p.name);
     std::copy(v.begin(), v.end(), w.data(p));
   }
-  VocabLoss<double> loss(golden_loss_settings(g, VocabLossMode::recompute), lm_head.data(), c.vocab, H);
+  model::VocabLoss<double> loss(golden_loss_settings(g, model::VocabLossMode::recompute), lm_head.data(), c.vocab, H);
 
   // rows and weights per sequence; the trainer keeps w in float (ScoredRows), here w is formed in double from the
   // same definition so that only the model and the loss are measured
   struct Rows {
-    ScoredRows rows;
+    train::ScoredRows rows;
     std::vector<double> weight;
   };
   std::vector<Rows> all;
   double weight_sum = 0;
   for (const Sequence& s : seqs) {
-    Rows r{scored_rows(s.tokens.data(), s.loss_mask.data(), int(s.tokens.size()), s.anchors, B, gamma), {}};
+    Rows r{train::scored_rows(s.tokens.data(), s.loss_mask.data(), int(s.tokens.size()), s.anchors, B, gamma), {}};
     for (int i = 0; i < r.rows.size(); ++i) {
       const double wi = r.rows.weight[size_t(i)] > 0 ? std::exp(-(r.rows.block_pos[size_t(i)] - 1) / gamma) : 0.0;
       r.weight.push_back(wi);
@@ -295,30 +295,30 @@ TEST_CASE("golden: drafter forward, vocab loss and backward in double match the 
   }
   REQUIRE(weight_sum > 0);
 
-  VocabLossSums sums;
+  model::VocabLossSums sums;
   for (size_t si = 0; si < seqs.size(); ++si) {
     const Sequence& s = seqs[si];
-    const ScoredRows& rows = all[si].rows;
+    const train::ScoredRows& rows = all[si].rows;
     const int T = rows.size();
     const std::vector<double> taps = to_double(s.taps), final_hidden = to_double(s.final_hidden);
-    DrafterInputs<double> in{taps.data(), s.tokens.data(), int(s.tokens.size()), s.anchors.data(),
+    model::DrafterInputs<double> in{taps.data(), s.tokens.data(), int(s.tokens.size()), s.anchors.data(),
                              int(s.anchors.size()), embed.data()};
-    DrafterActivations<double> acts;
-    drafter_forward(c, w, in, acts);
+    model::DrafterActivations<double> acts;
+    model::drafter_forward(c, w, in, acts);
     std::vector<double> x(size_t(T) * H), y(size_t(T) * H), dx(size_t(T) * H);
     for (int i = 0; i < T; ++i) {
       std::memcpy(&x[size_t(i) * H], &acts.out[size_t(rows.out_row[size_t(i)]) * H], sizeof(double) * H);
       std::memcpy(&y[size_t(i) * H], &final_hidden[size_t(rows.target_pos[size_t(i)]) * H], sizeof(double) * H);
     }
-    VocabLossBatch<double> batch{T, x.data(), y.data(), rows.label.data(), all[si].weight.data(),
+    model::VocabLossBatch<double> batch{T, x.data(), y.data(), rows.label.data(), all[si].weight.data(),
                                  rows.block_pos.data(), rows.block_id.data()};
-    VocabLossContext ctx;
+    model::VocabLossContext ctx;
     sums.add(loss.forward(batch, ctx, 1.0 / weight_sum, dx.data()).sums);
     loss.backward(batch, ctx, 1.0 / weight_sum, dx.data());
     std::vector<double> d_out(size_t(acts.n_blocks) * c.block_size * H, 0.0);
     for (int i = 0; i < T; ++i)
       std::memcpy(&d_out[size_t(rows.out_row[size_t(i)]) * H], &dx[size_t(i) * H], sizeof(double) * H);
-    drafter_backward(c, w, in, acts, d_out.data(), grads);
+    model::drafter_backward(c, w, in, acts, d_out.data(), grads);
   }
   check_sums(sums, g, "step0.", kDoubleTol);
   check_grads(grads, grads.flat.data(), g, kDoubleTol);

@@ -40,8 +40,8 @@ fs::path fresh_dir(const char* name) {
 TEST_CASE("log: one file per rank under out_dir/logs with the [rank | role | index] prefix and level filter") {
   fs::path dir = fresh_dir("dflash_test_log");
   {
-    Logger target(dir.string(), {3, "target", 3}, LogLevel::kInfo, false);
-    Logger drafter(dir.string(), {6, "drafter", 1}, LogLevel::kWarn, false);
+    train::Logger target(dir.string(), {3, "target", 3}, train::LogLevel::kInfo, false);
+    train::Logger drafter(dir.string(), {6, "drafter", 1}, train::LogLevel::kWarn, false);
     CHECK(target.path() == (dir / "logs" / "rank_03.log").string());
     CHECK(drafter.prefix() == "[rank 6 | drafter | 1]");
     target.debug("hidden {}", 1);
@@ -49,7 +49,7 @@ TEST_CASE("log: one file per rank under out_dir/logs with the [rank | role | ind
     target.warn("slow link to rank {}", 6);
     drafter.info("not written at level warn");
     drafter.warn("grad norm {}", 12.5);
-    CHECK_FALSE(drafter.enabled(LogLevel::kInfo));
+    CHECK_FALSE(drafter.enabled(train::LogLevel::kInfo));
   }
   auto t = lines_of((dir / "logs" / "rank_03.log").string());
   REQUIRE(t.size() == 2);
@@ -63,7 +63,7 @@ TEST_CASE("log: one file per rank under out_dir/logs with the [rank | role | ind
 
   // a second attempt (a resume) appends after its header, at whatever level; the first attempt's lines stay
   {
-    Logger again(dir.string(), {3, "target", 3}, LogLevel::kWarn, false, "===== attempt: host h, pid 7 =====");
+    train::Logger again(dir.string(), {3, "target", 3}, train::LogLevel::kWarn, false, "===== attempt: host h, pid 7 =====");
     again.info("not written at level warn");
     again.warn("resumed");
   }
@@ -79,26 +79,26 @@ TEST_CASE("log: a failed write (full disk) is an error naming the log file") {
   fs::path dir = fresh_dir("dflash_test_log_full");
   fs::create_directories(dir / "logs");
   fs::create_symlink("/dev/full", dir / "logs" / "rank_04.log");  // every write: ENOSPC
-  Logger full(dir.string(), {4, "target", 4}, LogLevel::kInfo, false);
+  train::Logger full(dir.string(), {4, "target", 4}, train::LogLevel::kInfo, false);
   CHECK_THROWS_WITH_AS(full.info("step {}", 1),
                        doctest::Contains(
                            ((dir / "logs" / "rank_04.log").string() + " failed: No space left on device").c_str()),
                        Error);
-  CHECK_THROWS_AS(Logger(dir.string(), {4, "target", 4}, LogLevel::kInfo, false, "===== attempt ====="), Error);
+  CHECK_THROWS_AS(train::Logger(dir.string(), {4, "target", 4}, train::LogLevel::kInfo, false, "===== attempt ====="), Error);
   fs::remove_all(dir);
 }
 
 TEST_CASE("log: levels parse from config and DFLASH_LOG_LEVEL overrides them") {
-  CHECK(parse_log_level("debug") == LogLevel::kDebug);
-  CHECK(parse_log_level("error") == LogLevel::kError);
-  CHECK_THROWS_WITH_AS(parse_log_level("verbose", "config key 'log.level'"),
+  CHECK(train::parse_log_level("debug") == train::LogLevel::kDebug);
+  CHECK(train::parse_log_level("error") == train::LogLevel::kError);
+  CHECK_THROWS_WITH_AS(train::parse_log_level("verbose", "config key 'log.level'"),
                        doctest::Contains("config key 'log.level' is 'verbose'; allowed: debug, info, warn, error"), Error);
   ::unsetenv("DFLASH_LOG_LEVEL");
-  CHECK(resolve_log_level("warn") == LogLevel::kWarn);
+  CHECK(train::resolve_log_level("warn") == train::LogLevel::kWarn);
   ::setenv("DFLASH_LOG_LEVEL", "debug", 1);
-  CHECK(resolve_log_level("warn") == LogLevel::kDebug);
+  CHECK(train::resolve_log_level("warn") == train::LogLevel::kDebug);
   ::setenv("DFLASH_LOG_LEVEL", "loud", 1);
-  CHECK_THROWS_WITH_AS(resolve_log_level("info"), doctest::Contains("environment variable DFLASH_LOG_LEVEL is 'loud'"),
+  CHECK_THROWS_WITH_AS(train::resolve_log_level("info"), doctest::Contains("environment variable DFLASH_LOG_LEVEL is 'loud'"),
                        Error);
   ::unsetenv("DFLASH_LOG_LEVEL");
 }
@@ -106,7 +106,7 @@ TEST_CASE("log: levels parse from config and DFLASH_LOG_LEVEL overrides them") {
 TEST_CASE("log: metrics.jsonl has one JSON object per line, in insertion order, NaN as null") {
   fs::path dir = fresh_dir("dflash_test_metrics");
   {
-    MetricsWriter m(dir.string());
+    train::MetricsWriter m(dir.string());
     CHECK(m.path() == (dir / "metrics.jsonl").string());
     for (int step = 10; step <= 30; step += 10)
       m.write({{"step", step}, {"loss", 3.0 / step}, {"lr", 6e-4}, {"acc", {0.5, 0.25}}});
@@ -126,7 +126,7 @@ TEST_CASE("log: metrics.jsonl has one JSON object per line, in insertion order, 
   }
   CHECK(nlohmann::json::parse(lines[3])["loss"].is_null());
   {
-    MetricsWriter resumed(dir.string(), /*start_step=*/40);
+    train::MetricsWriter resumed(dir.string(), /*start_step=*/40);
     CHECK(resumed.kept() == 4);
     CHECK(resumed.dropped() == 0);
     resumed.write({{"step", 50}});
@@ -140,7 +140,7 @@ TEST_CASE("log: metrics.jsonl after a crash and a resume is one clean series (la
   fs::path dir = fresh_dir("dflash_test_metrics_resume");
   const std::string path = (dir / "metrics.jsonl").string();
   {
-    MetricsWriter m(dir.string());
+    train::MetricsWriter m(dir.string());
     for (int step = 1; step <= 8; ++step) m.write({{"step", step}, {"loss", 1.0 / step}});
   }
   {  // kill -9 in the middle of a line
@@ -148,7 +148,7 @@ TEST_CASE("log: metrics.jsonl after a crash and a resume is one clean series (la
     f << "{\"step\":9,\"lo";
   }
   {  // resumed from the checkpoint of step 5: steps 6..8 and the torn line are gone, 6.. are written again
-    MetricsWriter m(dir.string(), 5);
+    train::MetricsWriter m(dir.string(), 5);
     CHECK(m.kept() == 5);
     CHECK(m.dropped() == 4);
     for (int step = 6; step <= 7; ++step) m.write({{"step", step}, {"loss", 2.0 / step}});
@@ -160,7 +160,7 @@ TEST_CASE("log: metrics.jsonl after a crash and a resume is one clean series (la
   CHECK(nlohmann::json::parse(lines[5])["loss"].get<double>() == doctest::Approx(2.0 / 6));
   CHECK(!fs::exists(path + ".partial"));  // rewritten through write_file_atomic
   {  // a run from scratch in the same folder starts a new series
-    MetricsWriter m(dir.string(), 0);
+    train::MetricsWriter m(dir.string(), 0);
     CHECK(m.dropped() == 7);
   }
   CHECK(fs::file_size(path) == 0);
@@ -171,7 +171,7 @@ TEST_CASE("log: a failed metrics write (full disk) is an error naming the file a
   fs::path dir = fresh_dir("dflash_test_metrics_full");
   fs::create_directories(dir);
   fs::create_symlink("/dev/full", dir / "metrics.jsonl");  // every write: ENOSPC
-  MetricsWriter m(dir.string(), 0);
+  train::MetricsWriter m(dir.string(), 0);
   CHECK_THROWS_WITH_AS(m.write({{"step", 3}, {"loss", 1.0}}),
                        doctest::Contains(
                            ((dir / "metrics.jsonl").string() + " failed at step 3: No space left on device").c_str()),

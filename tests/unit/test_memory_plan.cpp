@@ -23,7 +23,7 @@ MemoryPlanInputs seed_inputs(bool bf16) {
   in.target_tp = 5;
   in.target.layer_types.assign(64, model::LayerType::full_attention);
   in.target_rank_params = target_rank_params(in.target, 5);
-  DrafterConfig& d = in.drafter;
+  model::DrafterConfig& d = in.drafter;
   d.hidden = 5120;
   d.layers = 5;
   d.heads = 32;
@@ -66,7 +66,7 @@ TEST_CASE("memory plan: the activation item is the drafter's arena formula, and 
   for (const MemoryItem& i : plan.drafter.items)
     if (i.what.rfind("activations", 0) == 0) {
       found = true;
-      CHECK(i.bytes == double(drafter_arena_bytes(in.drafter, 8192, 1024, 4, 4)));
+      CHECK(i.bytes == double(model::drafter_arena_bytes(in.drafter, 8192, 1024, 4, 4)));
     }
   CHECK(found);
   CHECK(plan.drafter.total() > 95e9);

@@ -22,7 +22,7 @@ TEST_CASE("signal margin: 2 x (measured step + longest save) + 60 s, rounded up 
       << R"({"step":30,"elapsed_s":50.0})" "\n" R"({"step":40,"elapsed_s":500.0})" "\n";
   }
   {
-    Logger log(dir, {5, "drafter", 0}, LogLevel::kInfo, false);
+    train::Logger log(dir, {5, "drafter", 0}, train::LogLevel::kInfo, false);
     log.info("checkpoint: {}/ckpt/step_00000020 ({:.2f} s)", dir, 80.0);
     log.info("checkpoint: {}/ckpt/step_00000040 ({:.2f} s); removed 1 older", dir, 130.5);
     log.info("step 40/100 | loss 2.0");

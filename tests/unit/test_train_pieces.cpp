@@ -16,24 +16,24 @@ TEST_CASE("anchors: sorted, distinct, inside the loss mask, deterministic in (se
   std::vector<uint8_t> mask(S, 1);
   for (int i = 0; i < 10; ++i) mask[i] = 0;  // a prompt: not trained
   mask[25] = 0;
-  const AnchorKey key{5, 3, 1};
-  auto a = sample_anchors(mask.data(), S, 12, key);
+  const train::AnchorKey key{5, 3, 1};
+  auto a = train::sample_anchors(mask.data(), S, 12, key);
   REQUIRE(a.size() == 12);
   for (size_t i = 0; i < a.size(); ++i) {
     CHECK(mask[a[i]] == 1);
     CHECK(mask[a[i] + 1] == 1);
     if (i) CHECK(a[i - 1] < a[i]);
   }
-  CHECK(sample_anchors(mask.data(), S, 12, key) == a);
-  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{5, 4, 1}) != a);
-  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{5, 3, 2}) != a);
-  CHECK(sample_anchors(mask.data(), S, 12, AnchorKey{6, 3, 1}) != a);
+  CHECK(train::sample_anchors(mask.data(), S, 12, key) == a);
+  CHECK(train::sample_anchors(mask.data(), S, 12, train::AnchorKey{5, 4, 1}) != a);
+  CHECK(train::sample_anchors(mask.data(), S, 12, train::AnchorKey{5, 3, 2}) != a);
+  CHECK(train::sample_anchors(mask.data(), S, 12, train::AnchorKey{6, 3, 1}) != a);
   // candidates: i in [10, 38] with mask[i] and mask[i+1], minus 24 and 25 → 27 of them; asking for more gives all
-  auto all = sample_anchors(mask.data(), S, 100, key);
+  auto all = train::sample_anchors(mask.data(), S, 100, key);
   CHECK(all.size() == 27);
   CHECK(std::set<int>(all.begin(), all.end()).count(24) == 0);
   std::vector<uint8_t> none(S, 0);
-  CHECK(sample_anchors(none.data(), S, 8, key).empty());
+  CHECK(train::sample_anchors(none.data(), S, 8, key).empty());
 }
 
 TEST_CASE("scored rows: labels, target positions and decayed weights") {
@@ -41,7 +41,7 @@ TEST_CASE("scored rows: labels, target positions and decayed weights") {
   std::vector<int32_t> tokens = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
   std::vector<uint8_t> mask = {0, 1, 1, 1, 0, 1, 1, 1, 1, 1};
   const double gamma = 2.0;
-  auto r = scored_rows(tokens.data(), mask.data(), S, {2, 8}, B, gamma);
+  auto r = train::scored_rows(tokens.data(), mask.data(), S, {2, 8}, B, gamma);
   REQUIRE(r.size() == 2 * (B - 1));
   // block 0, anchor 2: k = 1, 2, 3 → positions 3, 4, 5; mask[4] = 0
   CHECK(r.label[0] == 13);
@@ -59,22 +59,22 @@ TEST_CASE("scored rows: labels, target positions and decayed weights") {
   CHECK(r.weight[5] == 0.0f);
   CHECK(r.target_pos[5] == S - 1);
   CHECK(r.weight_sum() == doctest::Approx(1.0 + std::exp(-1.0) + 1.0));
-  CHECK(default_decay_gamma(16) == 7.0);
-  CHECK(default_decay_gamma(8) == 4.0);
+  CHECK(train::default_decay_gamma(16) == 7.0);
+  CHECK(train::default_decay_gamma(8) == 4.0);
 }
 
 TEST_CASE("adamw: two steps against the textbook formula, decoupled decay only where masked") {
   std::vector<float> p = {1.0f, -2.0f}, g1 = {0.5f, -1.0f}, g2 = {-0.25f, 2.0f};
-  AdamWSettings s;
+  model::AdamWSettings s;
   s.beta1 = 0.9;
   s.beta2 = 0.99;
   s.eps = 1e-8;
   s.weight_decay = 0.1;
-  AdamWState st;
+  model::AdamWState st;
   const double lr = 0.01;
   std::vector<uint8_t> decay = {1, 0};
-  adamw_step(p.data(), g1.data(), 2, st, s, lr, decay);
-  adamw_step(p.data(), g2.data(), 2, st, s, lr, decay);
+  model::adamw_step(p.data(), g1.data(), 2, st, s, lr, decay);
+  model::adamw_step(p.data(), g2.data(), 2, st, s, lr, decay);
   // reference in double
   double ref[2] = {1.0, -2.0};
   for (int i = 0; i < 2; ++i) {
@@ -94,23 +94,23 @@ TEST_CASE("adamw: two steps against the textbook formula, decoupled decay only w
 
 TEST_CASE("clip_global_norm scales to the limit and leaves small gradients alone") {
   std::vector<float> g = {3.0f, 4.0f};
-  CHECK(clip_global_norm(g.data(), 2, 1.0) == doctest::Approx(5.0));
-  CHECK(global_norm(g.data(), 2) == doctest::Approx(1.0).epsilon(1e-5));
+  CHECK(model::clip_global_norm(g.data(), 2, 1.0) == doctest::Approx(5.0));
+  CHECK(model::global_norm(g.data(), 2) == doctest::Approx(1.0).epsilon(1e-5));
   std::vector<float> small = {0.3f, 0.4f};
-  CHECK(clip_global_norm(small.data(), 2, 1.0) == doctest::Approx(0.5));
+  CHECK(model::clip_global_norm(small.data(), 2, 1.0) == doctest::Approx(0.5));
   CHECK(small[0] == 0.3f);
 }
 
 TEST_CASE("lr schedule: linear warmup, cosine to min_lr_ratio at the last step") {
   const int64_t total = 100;
   // warmup_ratio 0.04 → 4 warmup steps: lr/4, lr/2, 3lr/4, lr
-  CHECK(lr_at(0, total, 1.0, 0.04, 0.1) == doctest::Approx(0.25));
-  CHECK(lr_at(3, total, 1.0, 0.04, 0.1) == doctest::Approx(1.0));
-  CHECK(lr_at(4, total, 1.0, 0.04, 0.1) == doctest::Approx(1.0));
-  CHECK(lr_at(99, total, 1.0, 0.04, 0.1) == doctest::Approx(0.1));
+  CHECK(model::lr_at(0, total, 1.0, 0.04, 0.1) == doctest::Approx(0.25));
+  CHECK(model::lr_at(3, total, 1.0, 0.04, 0.1) == doctest::Approx(1.0));
+  CHECK(model::lr_at(4, total, 1.0, 0.04, 0.1) == doctest::Approx(1.0));
+  CHECK(model::lr_at(99, total, 1.0, 0.04, 0.1) == doctest::Approx(0.1));
   // 47 of the 95 decay steps done: min + (1 - min) · (1 + cos(π · 47/95)) / 2
-  CHECK(lr_at(4 + 47, total, 1.0, 0.04, 0.1) == doctest::Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 47 / 95.0))));
-  CHECK(lr_at(0, total, 1.0, 0.0, 0.0) == doctest::Approx(1.0));
+  CHECK(model::lr_at(4 + 47, total, 1.0, 0.04, 0.1) == doctest::Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 47 / 95.0))));
+  CHECK(model::lr_at(0, total, 1.0, 0.0, 0.0) == doctest::Approx(1.0));
 }
 
 TEST_CASE("progress interval: Σw-weighted loss parts, accuracy per position, tau and rates over the steps") {

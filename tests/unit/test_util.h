@@ -27,8 +27,8 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
 
 // 2 layers (layer 1 a sliding-window layer), 4 Q / 2 KV heads of 6 (NH·D = 24 ≠ H = 16, so a transposed
 // projection cannot pass), block 4, 3 taps, vocab 40 with the mask token at 39.
-inline DrafterConfig small_drafter_config() {
-  DrafterConfig c;
+inline model::DrafterConfig small_drafter_config() {
+  model::DrafterConfig c;
   c.hidden = 16;
   c.layers = 2;
   c.heads = 4;

@@ -64,7 +64,7 @@ Problem make_problem(int n_blocks, int B, int H, int V, uint64_t seed, double lo
 template <typename T>
 struct Cast {
   std::vector<T> X, Y, W, w;
-  VocabLossBatch<T> batch;
+  model::VocabLossBatch<T> batch;
   Cast(const Problem& p, bool with_target) {
     X.assign(p.X.begin(), p.X.end());
     Y.assign(p.Y.begin(), p.Y.end());
@@ -80,8 +80,8 @@ struct Cast {
   }
 };
 
-VocabLossSettings full_settings(int B, double tau) {
-  VocabLossSettings s;
+model::VocabLossSettings full_settings(int B, double tau) {
+  model::VocabLossSettings s;
   s.ce_weight = 1.0;
   s.kl_weight = 0.7;
   s.kl_temperature = tau;
@@ -93,15 +93,15 @@ VocabLossSettings full_settings(int B, double tau) {
 
 template <typename T>
 struct Run {
-  VocabLossResult out;
+  model::VocabLossResult out;
   std::vector<T> dX;
 };
 
 // forward + backward, with dX first filled with NaN to prove that it is written (=), not accumulated.
 template <typename T>
-Run<T> run_loss(const VocabLossSettings& s, const Cast<T>& c, const Problem& p, double grad_scale) {
-  VocabLoss<T> loss(s, c.W.data(), p.V, p.H);
-  VocabLossContext ctx;
+Run<T> run_loss(const model::VocabLossSettings& s, const Cast<T>& c, const Problem& p, double grad_scale) {
+  model::VocabLoss<T> loss(s, c.W.data(), p.V, p.H);
+  model::VocabLossContext ctx;
   Run<T> run;
   run.dX.assign(size_t(p.R) * p.H, std::numeric_limits<T>::quiet_NaN());
   run.out = loss.forward(c.batch, ctx, grad_scale, run.dX.data());
@@ -109,10 +109,10 @@ Run<T> run_loss(const VocabLossSettings& s, const Cast<T>& c, const Problem& p, 
   return run;
 }
 
-Run<double> run_reference(const VocabLossSettings& s, const Cast<double>& c, const Problem& p, double grad_scale) {
+Run<double> run_reference(const model::VocabLossSettings& s, const Cast<double>& c, const Problem& p, double grad_scale) {
   Run<double> run;
   run.dX.assign(size_t(p.R) * p.H, 0.0);
-  run.out = vocab_loss_reference(s, c.batch, c.W.data(), p.V, p.H, grad_scale, run.dX.data());
+  run.out = model::vocab_loss_reference(s, c.batch, c.W.data(), p.V, p.H, grad_scale, run.dX.data());
   return run;
 }
 
@@ -128,7 +128,7 @@ double dx_err(const std::vector<T>& a, const std::vector<double>& ref) {
   return den > 0 ? num / den : num;
 }
 
-void check_sums(const VocabLossSums& a, const VocabLossSums& ref, double tol) {
+void check_sums(const model::VocabLossSums& a, const model::VocabLossSums& ref, double tol) {
   INFO("loss " << a.loss << " vs " << ref.loss << ", ce " << a.ce << " vs " << ref.ce << ", kl " << a.kl << " vs "
                << ref.kl << ", cap " << a.cap << " vs " << ref.cap << ", w " << a.weight << " vs " << ref.weight);
   CHECK(rel(a.loss, ref.loss) <= tol);
@@ -138,7 +138,7 @@ void check_sums(const VocabLossSums& a, const VocabLossSums& ref, double tol) {
   CHECK(rel(a.weight, ref.weight) <= tol);
 }
 
-void check_metrics(const VocabLossMetrics& a, const VocabLossMetrics& ref) {
+void check_metrics(const model::VocabLossMetrics& a, const model::VocabLossMetrics& ref) {
   CHECK(a.correct == ref.correct);
   CHECK(a.scored == ref.scored);
   CHECK(a.topk_hits == ref.topk_hits);
@@ -168,7 +168,7 @@ TEST_CASE("vocab_loss: double matches the long-double reference (loss, component
     CHECK(ref.out.metrics.accepted_sum > ref.out.metrics.blocks);
     CHECK(ref.out.sums.cap > 0);
     CHECK(ref.out.sums.kl > 0);
-    for (auto mode : {VocabLossMode::recompute, VocabLossMode::fused}) {
+    for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
       for (int chunk : {1, 7, p.R, p.R + 5}) {
         auto s = s0;
         s.mode = mode;
@@ -191,7 +191,7 @@ TEST_CASE("vocab_loss: float matches the double reference within 1e-4") {
   Cast<float> cf(p, true);
   const auto s0 = full_settings(p.B, 1.5);
   const auto ref = run_reference(s0, cd, p, 0.01);
-  for (auto mode : {VocabLossMode::recompute, VocabLossMode::fused}) {
+  for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
     for (int chunk : {1, 7, p.R, p.R + 5}) {
       auto s = s0;
       s.mode = mode;
@@ -212,8 +212,8 @@ TEST_CASE("vocab_loss: dX matches central finite differences of the loss (double
     Cast<double> c(p, true);
     auto s = full_settings(p.B, tau);
     s.chunk_size = 5;
-    VocabLoss<double> loss(s, c.W.data(), p.V, p.H);
-    VocabLossContext ctx;
+    model::VocabLoss<double> loss(s, c.W.data(), p.V, p.H);
+    model::VocabLossContext ctx;
     Vec dX(size_t(p.R) * p.H);
     loss.forward(c.batch, ctx, 1.0, nullptr);
     loss.backward(c.batch, ctx, 1.0, dX.data());
@@ -221,7 +221,7 @@ TEST_CASE("vocab_loss: dX matches central finite differences of the loss (double
     auto f = [&] {
       auto b = c.batch;
       b.hidden = x.data();
-      VocabLossContext scratch_ctx;
+      model::VocabLossContext scratch_ctx;
       return loss.forward(b, scratch_ctx, 1.0, nullptr).sums.loss;
     };
     const auto r = fd_check(x, dX, f);
@@ -234,11 +234,11 @@ TEST_CASE("vocab_loss: recompute and fused give the same float dX; chunk sizes g
   const Problem p = make_problem(7, 9, 24, 120, 45);
   Cast<float> c(p, true);
   auto s = full_settings(p.B, 1.0);
-  s.mode = VocabLossMode::recompute;
+  s.mode = model::VocabLossMode::recompute;
   s.chunk_size = 7;
   const auto base = run_loss(s, c, p, 0.05);
   std::vector<double> base_dx(base.dX.begin(), base.dX.end());
-  for (auto mode : {VocabLossMode::recompute, VocabLossMode::fused}) {
+  for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
     for (int chunk : {1, 7, p.R, p.R + 5}) {
       s.mode = mode;
       s.chunk_size = chunk;
@@ -257,7 +257,7 @@ TEST_CASE("vocab_loss: runs are bit-identical and grad_scale enters linearly (fu
   Cast<float> c(p, true);
   auto s = full_settings(p.B, 1.0);
   s.chunk_size = 6;
-  for (auto mode : {VocabLossMode::recompute, VocabLossMode::fused}) {
+  for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
     s.mode = mode;
     const auto a = run_loss(s, c, p, 0.25);
     const auto b = run_loss(s, c, p, 0.25);
@@ -267,9 +267,9 @@ TEST_CASE("vocab_loss: runs are bit-identical and grad_scale enters linearly (fu
     CHECK(dx_err(d.dX, std::vector<double>(a.dX.begin(), a.dX.end())) == doctest::Approx(1.0).epsilon(1e-6));
   }
   // fused: forward with one scale, backward with another rescales dX
-  s.mode = VocabLossMode::fused;
-  VocabLoss<float> loss(s, c.W.data(), p.V, p.H);
-  VocabLossContext ctx;
+  s.mode = model::VocabLossMode::fused;
+  model::VocabLoss<float> loss(s, c.W.data(), p.V, p.H);
+  model::VocabLossContext ctx;
   std::vector<float> dX(size_t(p.R) * p.H);
   loss.forward(c.batch, ctx, 0.25, dX.data());
   loss.backward(c.batch, ctx, 0.75, dX.data());
@@ -280,7 +280,7 @@ TEST_CASE("vocab_loss: runs are bit-identical and grad_scale enters linearly (fu
 TEST_CASE("vocab_loss: all weights zero gives loss 0, dX 0, no NaN") {
   Problem p = make_problem(3, 6, 16, 40, 61);
   std::fill(p.w.begin(), p.w.end(), 0.0);
-  for (auto mode : {VocabLossMode::recompute, VocabLossMode::fused}) {
+  for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
     auto s = full_settings(p.B, 2.0);
     s.mode = mode;
     s.chunk_size = 4;
@@ -307,7 +307,7 @@ TEST_CASE("vocab_loss: logits at ±1e4 give finite results that match the refere
   CHECK(all_finite(got.dX));
   check_sums(got.out.sums, ref.out.sums, 1e-9);
   CHECK(dx_err(got.dX, ref.dX) <= 1e-9);
-  for (auto mode : {VocabLossMode::recompute, VocabLossMode::fused}) {
+  for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
     s.mode = mode;
     s.kl_temperature = 3.0;
     Cast<float> cf(p, true);
@@ -343,7 +343,7 @@ TEST_CASE("vocab_loss: p_y → 1 keeps relative accuracy of CE and of p_y − 1"
   const double t = (V - 1) * std::exp(-a);
   const double ce = std::log1p(t);      // −log p_y
   const double dz_y = -t / (1 + t);     // p_y − 1
-  VocabLossSettings s;
+  model::VocabLossSettings s;
   s.block_size = 2;
   s.chunk_size = 1;
   {
@@ -370,13 +370,13 @@ TEST_CASE("vocab_loss: p_m → 1 on a wrong argmax keeps CAP finite and accurate
     OneHot o(V, 3, 9, a);
     const double cap = a - std::log(double(V - 1));  // lse − lse_{v≠m}: lse_{v≠m} = log 49, lse ≈ a (+ 49 e^-a)
     const double cap_exact = cap + std::log1p((V - 1) * std::exp(-a));
-    VocabLossSettings s;
+    model::VocabLossSettings s;
     s.block_size = 2;
     s.ce_weight = 0;
     s.cap_weight = 1;
     const double p_m = 1 / (1 + (V - 1) * std::exp(-a));
     // dz_m = p_m, dz_v = −p_m / 49 elsewhere; dX_0 = a · dz_m
-    for (auto mode : {VocabLossMode::recompute, VocabLossMode::fused}) {
+    for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
       s.mode = mode;
       CAPTURE(a);
       Cast<double> cd(o.p, false);
@@ -410,7 +410,7 @@ TEST_CASE("vocab_loss: accepted length follows blocks across chunk boundaries") 
   }
   p.w[10] = 0.0;  // block 2, k = 3
   Cast<double> c(p, false);
-  VocabLossSettings s;
+  model::VocabLossSettings s;
   s.block_size = p.B;
   for (int chunk : {1, 3, 5, 7, 12}) {
     s.chunk_size = chunk;
@@ -425,12 +425,12 @@ TEST_CASE("vocab_loss: accepted length follows blocks across chunk boundaries") 
 
 TEST_CASE("vocab_loss: bad labels, block positions and block layouts are errors naming the row") {
   Problem p = make_problem(2, 4, 8, 20, 91);
-  VocabLossSettings s;
+  model::VocabLossSettings s;
   s.block_size = p.B;
   auto expect_error = [&](const Problem& q, const std::string& needle) {
     Cast<float> c(q, false);
-    VocabLoss<float> loss(s, c.W.data(), q.V, q.H);
-    VocabLossContext ctx;
+    model::VocabLoss<float> loss(s, c.W.data(), q.V, q.H);
+    model::VocabLossContext ctx;
     std::string msg;
     try {
       loss.forward(c.batch, ctx, 1.0, nullptr);
