@@ -64,6 +64,10 @@ class Backend {
   virtual void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
   // out[rows[i], :] (=) in[i, :] for i < n; rows distinct; other rows of out untouched.
   virtual void scatter_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
+  // dst[r, 0:cols] (=) src[r, 0:cols] for r < rows, with row strides ld_dst, ld_src (elements): splits fused
+  // projections into per-head arrays (Qwen3.5's per-head query | gate rows, Gated DeltaNet's q | k | v channels).
+  // dst and src must not overlap.
+  virtual void copy_strided(ExecContext& ctx, T* dst, int ld_dst, const T* src, int ld_src, int rows, int cols) = 0;
 
   // ---- dense ----
   // C[M, N] = alpha · op(A) op(B) + beta · C, row-major, op(X) = Xᵀ when trans_x; ld* are row strides.

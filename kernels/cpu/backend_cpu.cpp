@@ -58,6 +58,10 @@ class CpuBackend final : public Backend<T> {
     for (int i = 0; i < n; ++i) std::memcpy(out + size_t(rows[i]) * dim, in + size_t(i) * dim, sizeof(T) * dim);
   }
 
+  void copy_strided(ExecContext&, T* dst, int ld_dst, const T* src, int ld_src, int rows, int cols) override {
+    for (int r = 0; r < rows; ++r) std::memcpy(dst + size_t(r) * ld_dst, src + size_t(r) * ld_src, sizeof(T) * cols);
+  }
+
   void gemm(ExecContext&, bool ta, bool tb, int M, int N, int K, double alpha, const T* a, int lda, const T* b,
             int ldb, double beta, T* c, int ldc) override {
     cpu::gemm<T>(ta, tb, M, N, K, T(alpha), a, lda, b, ldb, T(beta), c, ldc);

@@ -109,6 +109,13 @@ class CudaBackend final : public Backend<T> {
     cuda::launch_scatter_rows(stream_of(ctx), out, in, rows, n, dim);
   }
 
+  void copy_strided(ExecContext& ctx, T* dst, int ld_dst, const T* src, int ld_src, int rows, int cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    DFLASH_CUDA_CHECK(cudaMemcpy2DAsync(dst, sizeof(T) * size_t(ld_dst), src, sizeof(T) * size_t(ld_src),
+                                        sizeof(T) * size_t(cols), size_t(rows), cudaMemcpyDeviceToDevice,
+                                        stream_of(ctx)));
+  }
+
   void gemm(ExecContext& ctx, bool ta, bool tb, int M, int N, int K, double alpha, const T* a, int lda, const T* b,
             int ldb, double beta, T* c, int ldc) override {
     gemm_.run(ctx, dtype_of<T>(), dtype_of<T>(), ta, tb, M, N, K, float(alpha), a, lda, b, ldb, float(beta), c, ldc);
@@ -209,6 +216,7 @@ class CudaBackend final : public Backend<T> {
   }
   void gated_delta_rule_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, const A* g,
                                 const A* beta, A* state, int S, int k_heads, int v_heads, int dk, int dv) override {
+    if (v_heads <= 0 || dv <= 0) return;  // an empty shard
     DFLASH_CHECK(dk >= 1 && dk <= cuda::kMaxDeltaKeyDim && k_heads >= 1 && v_heads % k_heads == 0,
                  "CUDA gated delta rule: key head dim {} (supported 1..{}), {} value heads over {} key heads (must "
                  "be a multiple)",

@@ -138,12 +138,13 @@ template <typename T>
 void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                          int rot_dim, double theta) {
   const size_t n = size_t(rows) * (rot_dim / 2);
-  if (!n) return;
-  rope_kernel<T><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, x, pos, rows, heads, head_dim,
-                                                                               rot_dim, theta, false);
-  DFLASH_CUDA_LAUNCHED("rope_kernel (partial)");
-  if (y == x || rot_dim == head_dim) return;
+  if (n) {
+    rope_kernel<T><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, x, pos, rows, heads, head_dim,
+                                                                                 rot_dim, theta, false);
+    DFLASH_CUDA_LAUNCHED("rope_kernel (partial)");
+  }
   const size_t head_rows = size_t(rows) * heads;
+  if (y == x || rot_dim >= head_dim || head_rows == 0) return;
   copy_unrotated_kernel<T><<<grid_for(head_rows * (head_dim - rot_dim)), kThreads, 0, st>>>(y, x, head_rows,
                                                                                           head_dim, rot_dim);
   DFLASH_CUDA_LAUNCHED("copy_unrotated_kernel");

@@ -649,6 +649,27 @@ TEST_CASE("cuda twin target: causal attention over a KV cache (prefill, decode, 
   require_rel(gx.get(), want, 8 * kU, 1e-30, "sigmoid gate");
 }
 
+TEST_CASE("cuda twin target: copy_strided splits fused projections (exact copies)") {
+  // Qwen3.5's q_proj rows [query (hd) | gate (hd)] per head, and a q | k | v channel split of one conv output row
+  const int rows = 37, hd = 256;
+  const auto fused = randn(size_t(rows) * 2 * hd, 115);
+  std::vector<float> query(size_t(rows) * hd, -1.f), gate = query;
+  cpu().copy_strided(hx(), query.data(), hd, fused.data(), 2 * hd, rows, hd);
+  cpu().copy_strided(hx(), gate.data(), hd, fused.data() + hd, 2 * hd, rows, hd);
+  Dev<float> gf(fused), gq(zeros<float>(query.size())), gg(zeros<float>(gate.size()));
+  gpu().f32->copy_strided(gpu().ex(), gq.p(), hd, gf.p(), 2 * hd, rows, hd);
+  gpu().f32->copy_strided(gpu().ex(), gg.p(), hd, gf.p() + hd, 2 * hd, rows, hd);
+  require_within(gq.get(), query, {0.0}, "query rows");
+  require_within(gg.get(), gate, {0.0}, "gate rows");
+  const int S = 9, qk = 48, vd = 96, C = 2 * qk + vd;
+  const auto conv = bf16_round(randn(size_t(S) * C, 116));
+  std::vector<float> v(size_t(S) * vd);
+  cpu().copy_strided(hx(), v.data(), vd, conv.data() + 2 * qk, C, S, vd);
+  Dev<bf16> bconv(to_bf16(conv)), bv(zeros<bf16>(v.size()));
+  gpu().b16->copy_strided(gpu().ex(), bv.p(), vd, bconv.p() + 2 * qk, C, S, vd);
+  require_within(to_f32(bv.get()), v, {0.0}, "v channels bf16");
+}
+
 TEST_CASE("cuda twin target: partial RoPE, l2norm and gated RMSNorm") {
   const int rows = 40, heads = 3, D = 256;
   std::vector<int32_t> pos(rows);

@@ -428,3 +428,19 @@ TEST_CASE("cuda_math: row argmax (256 strided partials, tree merge) is the CPU's
   CHECK(argmax_walk(short_row.data(), 7).index == idx);
   CHECK(idx == int(std::max_element(short_row.begin(), short_row.end()) - short_row.begin()));
 }
+
+TEST_CASE("cpu backend: copy_strided splits Qwen3.5's per-head query | gate rows and leaves the rest alone") {
+  const int rows = 6, hd = 5;  // rows = tokens × heads, q_proj gives [query (hd) | gate (hd)] per row
+  std::vector<float> fused(size_t(rows) * 2 * hd);
+  for (size_t i = 0; i < fused.size(); ++i) fused[i] = float(i);
+  std::vector<float> query(size_t(rows) * hd + 3, -1.f), gate(size_t(rows) * hd, -1.f);
+  auto& be = cpu_backend<float>();
+  be.copy_strided(host_exec_context(), query.data(), hd, fused.data(), 2 * hd, rows, hd);
+  be.copy_strided(host_exec_context(), gate.data(), hd, fused.data() + hd, 2 * hd, rows, hd);
+  for (int r = 0; r < rows; ++r)
+    for (int d = 0; d < hd; ++d) {
+      CHECK(query[size_t(r) * hd + d] == float(r * 2 * hd + d));
+      CHECK(gate[size_t(r) * hd + d] == float(r * 2 * hd + hd + d));
+    }
+  for (size_t i = size_t(rows) * hd; i < query.size(); ++i) CHECK(query[i] == -1.f);  // past the last row: untouched
+}
