@@ -190,8 +190,14 @@ ExecContext& Backend<T>::context() {
   return host_exec_context();
 }
 
+// Tuning of the CPU backend (the results of one setting are reproducible; different settings may differ in the last
+// bits): query rows per block of the blocked causal attention (attention_causal_forward and the prefill of
+// attention_cached_forward), whose scores hold block × S values.
+struct CpuBackendOptions {
+  int attention_block = 64;
+};
 template <typename T>
-std::unique_ptr<Backend<T>> make_cpu_backend();
+std::unique_ptr<Backend<T>> make_cpu_backend(const CpuBackendOptions& options = {});
 // One shared CPU backend per type and a host execution context (no state): for tests, tools and benchmarks.
 template <typename T>
 Backend<T>& cpu_backend();

@@ -21,6 +21,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/rope_partial.h"
 #include "kernels/cpu/vocab_loss_rows.h"
+#include "lib/core/error.h"
 
 namespace dflash::kernels {
 
@@ -31,6 +32,11 @@ class CpuBackend final : public Backend<T> {
  public:
   using A = acc_t<T>;
   static_assert(std::is_same_v<A, T>, "the CPU backend computes statistics and gradients in T");
+
+  explicit CpuBackend(const CpuBackendOptions& options = {}) : options_(options) {
+    DFLASH_CHECK(options.attention_block >= 1, "CPU backend: attention_block {} must be ≥ 1",
+                 options.attention_block);
+  }
 
   const char* name() const override { return "cpu"; }
   MemoryKind memory() const override { return MemoryKind::host; }
@@ -122,15 +128,15 @@ class CpuBackend final : public Backend<T> {
   }
   void attention_causal_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, int S, int q_heads,
                                 int kv_heads, int head_dim) override {
-    cpu::attention_causal_forward(out, q, k, v, S, q_heads, kv_heads, head_dim);
+    cpu::attention_causal_forward(out, q, k, v, S, q_heads, kv_heads, head_dim, options_.attention_block);
   }
 
-  // A prefill from position 0 takes the blocked GEMM kernel (query blocks of 64 rows), rows after a cache the
-  // one-row-at-a-time decode kernel: the two kernels the target used before it ran on the backend.
+  // A prefill from position 0 takes the blocked GEMM kernel (options_.attention_block query rows per block), rows
+  // after a cache the one-row-at-a-time decode kernel.
   void attention_cached_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, int n, int past,
                                 int q_heads, int kv_heads, int head_dim) override {
     if (past == 0)
-      cpu::attention_causal_forward(out, q, k, v, n, q_heads, kv_heads, head_dim);
+      cpu::attention_causal_forward(out, q, k, v, n, q_heads, kv_heads, head_dim, options_.attention_block);
     else
       cpu::attention_decode_forward(out, q, k, v, n, past, q_heads, kv_heads, head_dim);
   }
@@ -217,6 +223,8 @@ class CpuBackend final : public Backend<T> {
   }
 
  private:
+  CpuBackendOptions options_;
+
   static void copy_bytes(void* dst, const void* src, size_t bytes) {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
@@ -225,11 +233,11 @@ class CpuBackend final : public Backend<T> {
 }  // namespace
 
 template <typename T>
-std::unique_ptr<Backend<T>> make_cpu_backend() {
-  return std::make_unique<CpuBackend<T>>();
+std::unique_ptr<Backend<T>> make_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend<T>>(options);
 }
-template std::unique_ptr<Backend<float>> make_cpu_backend<float>();
-template std::unique_ptr<Backend<double>> make_cpu_backend<double>();
+template std::unique_ptr<Backend<float>> make_cpu_backend<float>(const CpuBackendOptions&);
+template std::unique_ptr<Backend<double>> make_cpu_backend<double>(const CpuBackendOptions&);
 
 template <typename T>
 Backend<T>& cpu_backend() {

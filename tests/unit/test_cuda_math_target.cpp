@@ -444,3 +444,19 @@ TEST_CASE("cpu backend: copy_strided splits Qwen3.5's per-head query | gate rows
     }
   for (size_t i = size_t(rows) * hd; i < query.size(); ++i) CHECK(query[i] == -1.f);  // past the last row: untouched
 }
+
+TEST_CASE("cpu backend: the attention_block option is the blocked prefill kernel's block (same bits)") {
+  const int S = 50, NH = 4, KVH = 2, D = 8;
+  const auto q = randn(size_t(S) * NH * D, 60), k = randn(size_t(S) * KVH * D, 61), v = randn(size_t(S) * KVH * D, 62);
+  for (int block : {1, 16, 64}) {
+    CAPTURE(block);
+    std::vector<float> want(q.size()), got(q.size()), got_causal(q.size());
+    cpu::attention_causal_forward(want.data(), q.data(), k.data(), v.data(), S, NH, KVH, D, block);
+    const auto be = make_cpu_backend<float>({block});
+    be->attention_cached_forward(host_exec_context(), got.data(), q.data(), k.data(), v.data(), S, 0, NH, KVH, D);
+    be->attention_causal_forward(host_exec_context(), got_causal.data(), q.data(), k.data(), v.data(), S, NH, KVH, D);
+    CHECK(got == want);
+    CHECK(got_causal == want);
+  }
+  CHECK_THROWS(make_cpu_backend<float>({0}));
+}
