@@ -1,6 +1,6 @@
 #pragma once
-// The kernel contracts of dflash_mpi: every model (drafter forward/backward, vocab loss, AdamW) is written once
-// over this interface; kernels/cpu (BLAS + OpenMP) and kernels/cuda (cuBLASLt + CUDA) implement it.
+// The kernel contracts of dflash_mpi: every model (drafter forward/backward, vocab loss, AdamW, the target's
+// forward) is written once over this interface; kernels/cpu (BLAS + OpenMP) and kernels/cuda (cuBLASLt + CUDA) implement it.
 //
 // Rules every implementation keeps:
 //   * Pointers are in the backend's memory (memory()): host for the CPU, device for CUDA. Small host-side
@@ -64,6 +64,10 @@ class Backend {
   virtual void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
   // out[rows[i], :] (=) in[i, :] for i < n; rows distinct; other rows of out untouched.
   virtual void scatter_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
+  // dst[r, 0:cols] (=) src[r, 0:cols] for r < rows, with row strides ld_dst, ld_src (elements): splits fused
+  // projections into per-head arrays (Qwen3.5's per-head query | gate rows, Gated DeltaNet's q | k | v channels).
+  // dst and src must not overlap.
+  virtual void copy_strided(ExecContext& ctx, T* dst, int ld_dst, const T* src, int ld_src, int rows, int cols) = 0;
 
   // ---- dense ----
   // C[M, N] = alpha · op(A) op(B) + beta · C, row-major, op(X) = Xᵀ when trans_x; ld* are row strides.
@@ -117,6 +121,47 @@ class Backend {
   virtual void attention_causal_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int S,
                                         int q_heads, int kv_heads, int head_dim) = 0;
 
+  // ---- the frozen target's forward (no backward) ----
+  // Causal GQA attention over a KV cache: query row i sits at position past + i and sees keys 0 .. past + i.
+  // q [n, q_heads, head_dim]; k, v [past + n, kv_heads, head_dim]: the cache with these n rows already appended;
+  // out [n, q_heads, head_dim] (=). Q head h reads KV head h / (q_heads / kv_heads). past = 0 is a prefill from
+  // position 0, n = 1 a decoding step. Scale 1/sqrt(head_dim); softmax statistics in A.
+  virtual void attention_cached_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int n,
+                                        int past, int q_heads, int kv_heads, int head_dim) = 0;
+  // x[n] (=) x · sigmoid(gate[n]): the output gate of Qwen3.5's attention.
+  virtual void sigmoid_gate(ExecContext& ctx, T* x, const T* gate, size_t n) = 0;
+  // Partial RoPE (kernels/cpu/rope_partial.h): the first rot_dim (even, ≤ head_dim) dims of each head rotate
+  // (rotate-half within them, angle pos · theta^(−2i/rot_dim)), the rest pass through. y [rows, heads, head_dim]
+  // (=); y may alias x. rot_dim = head_dim is rope_forward.
+  virtual void rope_partial_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads,
+                                    int head_dim, int rot_dim, double theta) = 0;
+  // x[rows, dim] (= in place) x · scale / sqrt(Σ x² + eps): Gated DeltaNet's q/k normalisation.
+  virtual void l2norm_forward(ExecContext& ctx, T* x, int rows, int dim, double eps, double scale) = 0;
+  // y[S, C] (=) silu(Σ_{j<K} w[c, j] · in[t + j, c]), in = [tail ; x]: the depthwise causal conv of Gated DeltaNet.
+  // tail [K−1, C] holds the K−1 inputs before x[0] (zeros for a fresh sequence) and is overwritten with
+  // the last K−1 rows of [tail ; x]; null: zeros before x[0], nothing kept. x [S, C], w [C, K]. y must not alias x.
+  virtual void causal_conv1d_silu_forward(ExecContext& ctx, T* y, const T* x, const T* w, T* tail, int S, int C,
+                                          int K) = 0;
+  // Gated DeltaNet's per-token gates from the projections a, b [rows, heads] and the per-head a_log, dt_bias
+  // [heads]: beta (=) sigmoid(b); g (=) −exp(a_log) · softplus(a + dt_bias) (softplus linear above 20, as torch).
+  // g, beta [rows, heads] in A (they compound over the sequence in the recurrence).
+  virtual void deltanet_gates_forward(ExecContext& ctx, A* g, A* beta, const T* a, const T* b, const T* a_log,
+                                      const T* dt_bias, int rows, int heads) = 0;
+  // The gated delta rule (kernels/cpu/gated_deltanet.h): out [S, v_heads, dv] (=); q, k [S, k_heads, dk]
+  // (L2-normed, q scaled by 1/sqrt(dk)); v [S, v_heads, dv]; g, beta [S, v_heads]. state [v_heads, dk, dv] in A:
+  // the state before position 0 on entry and after position S−1 on return (carried across calls); null: zero.
+  // Value head h reads key head h / (v_heads / k_heads).
+  virtual void gated_delta_rule_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, const A* g,
+                                        const A* beta, A* state, int S, int k_heads, int v_heads, int dk,
+                                        int dv) = 0;
+  // y[rows, dim] (=) w · x · rsqrt(mean(x²) + eps) · silu(z): Gated DeltaNet's output norm. y may alias x.
+  virtual void gated_rmsnorm_forward(ExecContext& ctx, T* y, const T* x, const T* z, const T* w, int rows, int dim,
+                                     double eps) = 0;
+  // Greedy decoding: index[r] (=) the first column of the largest value of row r of x [rows, cols] (NaNs never
+  // win; −1 when a row has no non-NaN value), value[r] (=) that value (−inf when none). index, value in backend
+  // memory.
+  virtual void argmax_rows(ExecContext& ctx, int32_t* index, A* value, const T* x, int rows, int cols) = 0;
+
   // ---- vocab loss row passes (one chunk of n rows over logits already in memory) ----
   // z [n, V] drafter logits, u [n, V] target logits or null (no KL). For each row with weights[r] > 0:
   // rows[r] (=) its statistics and values[r] (=) CE/KL/CAP/correct/top-k/finite; rows with w = 0: values zeroed.
@@ -145,8 +190,14 @@ ExecContext& Backend<T>::context() {
   return host_exec_context();
 }
 
+// Tuning of the CPU backend (the results of one setting are reproducible; different settings may differ in the last
+// bits): query rows per block of the blocked causal attention (attention_causal_forward and the prefill of
+// attention_cached_forward), whose scores hold block × S values.
+struct CpuBackendOptions {
+  int attention_block = 64;
+};
 template <typename T>
-std::unique_ptr<Backend<T>> make_cpu_backend();
+std::unique_ptr<Backend<T>> make_cpu_backend(const CpuBackendOptions& options = {});
 // One shared CPU backend per type and a host execution context (no state): for tests, tools and benchmarks.
 template <typename T>
 Backend<T>& cpu_backend();

@@ -4,17 +4,24 @@
 // may trap (its default), so this translation unit says they do not. No code here relies on FP traps.
 #pragma GCC optimize("no-trapping-math")
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
 #include "kernels/backend.h"
+#include <vector>
+
 #include "kernels/cpu/attention_causal.h"
+#include "kernels/cpu/attention_decode.h"
 #include "kernels/cpu/attention_dflash.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gated_deltanet.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/rope_partial.h"
 #include "kernels/cpu/vocab_loss_rows.h"
+#include "lib/core/error.h"
 
 namespace dflash::kernels {
 
@@ -25,6 +32,11 @@ class CpuBackend final : public Backend<T> {
  public:
   using A = acc_t<T>;
   static_assert(std::is_same_v<A, T>, "the CPU backend computes statistics and gradients in T");
+
+  explicit CpuBackend(const CpuBackendOptions& options = {}) : options_(options) {
+    DFLASH_CHECK(options.attention_block >= 1, "CPU backend: attention_block {} must be ≥ 1",
+                 options.attention_block);
+  }
 
   const char* name() const override { return "cpu"; }
   MemoryKind memory() const override { return MemoryKind::host; }
@@ -50,6 +62,10 @@ class CpuBackend final : public Backend<T> {
   void scatter_rows(ExecContext&, T* out, const T* in, const int32_t* rows, int n, int dim) override {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; ++i) std::memcpy(out + size_t(rows[i]) * dim, in + size_t(i) * dim, sizeof(T) * dim);
+  }
+
+  void copy_strided(ExecContext&, T* dst, int ld_dst, const T* src, int ld_src, int rows, int cols) override {
+    for (int r = 0; r < rows; ++r) std::memcpy(dst + size_t(r) * ld_dst, src + size_t(r) * ld_src, sizeof(T) * cols);
   }
 
   void gemm(ExecContext&, bool ta, bool tb, int M, int N, int K, double alpha, const T* a, int lda, const T* b,
@@ -112,7 +128,56 @@ class CpuBackend final : public Backend<T> {
   }
   void attention_causal_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, int S, int q_heads,
                                 int kv_heads, int head_dim) override {
-    cpu::attention_causal_forward(out, q, k, v, S, q_heads, kv_heads, head_dim);
+    cpu::attention_causal_forward(out, q, k, v, S, q_heads, kv_heads, head_dim, options_.attention_block);
+  }
+
+  // A prefill from position 0 takes the blocked GEMM kernel (options_.attention_block query rows per block), rows
+  // after a cache the one-row-at-a-time decode kernel.
+  void attention_cached_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, int n, int past,
+                                int q_heads, int kv_heads, int head_dim) override {
+    if (past == 0)
+      cpu::attention_causal_forward(out, q, k, v, n, q_heads, kv_heads, head_dim, options_.attention_block);
+    else
+      cpu::attention_decode_forward(out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+  }
+  void sigmoid_gate(ExecContext&, T* x, const T* gate, size_t n) override { cpu::sigmoid_gate(x, gate, n); }
+  void rope_partial_forward(ExecContext&, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
+                            int rot_dim, double theta) override {
+    copy_bytes(y, x, sizeof(T) * size_t(rows) * heads * head_dim);  // the CPU kernel rotates in place
+    cpu::rope_partial_forward(y, pos, rows, heads, head_dim, rot_dim, theta);
+  }
+  void l2norm_forward(ExecContext&, T* x, int rows, int dim, double eps, double scale) override {
+    cpu::l2norm_forward(x, rows, dim, T(eps), T(scale));
+  }
+  // The CPU kernel convolves one sequence from zeros: run it over [tail ; x] and keep the last S outputs.
+  void causal_conv1d_silu_forward(ExecContext&, T* y, const T* x, const T* w, T* tail, int S, int C,
+                                  int K) override {
+    if (!tail) {
+      cpu::causal_conv1d_silu_forward(y, x, w, S, C, K);
+      return;
+    }
+    const size_t carried = size_t(K - 1) * C, fresh = size_t(S) * C;
+    std::vector<T> in(carried + fresh), out(carried + fresh);
+    std::copy_n(tail, carried, in.begin());
+    std::copy_n(x, fresh, in.begin() + long(carried));
+    cpu::causal_conv1d_silu_forward(out.data(), in.data(), w, K - 1 + S, C, K);
+    std::copy_n(out.begin() + long(carried), fresh, y);
+    std::copy(in.end() - long(carried), in.end(), tail);
+  }
+  void deltanet_gates_forward(ExecContext&, A* g, A* beta, const T* a, const T* b, const T* a_log,
+                              const T* dt_bias, int rows, int heads) override {
+    cpu::deltanet_gates_forward(g, beta, a, b, a_log, dt_bias, rows, heads);
+  }
+  void gated_delta_rule_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, const A* g, const A* beta,
+                                A* state, int S, int k_heads, int v_heads, int dk, int dv) override {
+    cpu::gated_delta_rule_forward(out, q, k, v, g, beta, S, k_heads, v_heads, dk, dv, 64, state);
+  }
+  void gated_rmsnorm_forward(ExecContext&, T* y, const T* x, const T* z, const T* w, int rows, int dim,
+                             double eps) override {
+    cpu::gated_rmsnorm_forward(y, x, z, w, rows, dim, T(eps));
+  }
+  void argmax_rows(ExecContext&, int32_t* index, A* value, const T* x, int rows, int cols) override {
+    cpu::argmax_rows(index, value, x, rows, cols);
   }
 
   void vocab_loss_row_stats(ExecContext&, const T* z, const T* u, int n, int V, const int32_t* labels,
@@ -158,6 +223,8 @@ class CpuBackend final : public Backend<T> {
   }
 
  private:
+  CpuBackendOptions options_;
+
   static void copy_bytes(void* dst, const void* src, size_t bytes) {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
@@ -166,11 +233,11 @@ class CpuBackend final : public Backend<T> {
 }  // namespace
 
 template <typename T>
-std::unique_ptr<Backend<T>> make_cpu_backend() {
-  return std::make_unique<CpuBackend<T>>();
+std::unique_ptr<Backend<T>> make_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend<T>>(options);
 }
-template std::unique_ptr<Backend<float>> make_cpu_backend<float>();
-template std::unique_ptr<Backend<double>> make_cpu_backend<double>();
+template std::unique_ptr<Backend<float>> make_cpu_backend<float>(const CpuBackendOptions&);
+template std::unique_ptr<Backend<double>> make_cpu_backend<double>(const CpuBackendOptions&);
 
 template <typename T>
 Backend<T>& cpu_backend() {

@@ -50,7 +50,28 @@ void embedding_forward(T* out, const T* table, const int32_t* ids, int rows, int
   }
 }
 
+template <typename T>
+void sigmoid_gate(T* x, const T* gate, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) x[i] *= sigmoid(gate[i]);
+}
+
+template <typename T>
+void argmax_rows(int32_t* index, T* value, const T* x, int rows, int cols) {
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; ++r) {
+    const T* row = x + size_t(r) * cols;
+    int best = -1;
+    for (int i = 0; i < cols; ++i)
+      if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) best = i;  // strict: the first of equals stays
+    index[r] = best;
+    value[r] = best >= 0 ? row[best] : -INFINITY;
+  }
+}
+
 #define DFLASH_INSTANTIATE(T)                                                       \
+  template void sigmoid_gate<T>(T*, const T*, size_t);                              \
+  template void argmax_rows<T>(int32_t*, T*, const T*, int, int);                   \
   template void swiglu_forward<T>(T*, const T*, const T*, size_t);                  \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, size_t);   \
   template void residual_forward<T>(T*, const T*, const T*, size_t);                \

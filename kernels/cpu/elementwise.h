@@ -1,5 +1,6 @@
 #pragma once
-// Element-wise pieces of a decoder layer: SwiGLU, residual add, embedding gather.
+// Element-wise pieces of a decoder layer: SwiGLU, residual add, embedding gather, the sigmoid output gate, and the
+// row argmax of greedy decoding.
 
 #include <cstddef>
 #include <cstdint>
@@ -26,5 +27,14 @@ void accumulate(T* y, const T* x, std::size_t n);
 // The tables this gathers from (the target's embedding) are frozen: no backward.
 template <typename T>
 void embedding_forward(T* out, const T* table, const int32_t* ids, int rows, int dim, int vocab);
+
+// x[n] (=) x[n] · sigmoid(gate[n]): the output gate of Qwen3.5's gated attention.
+template <typename T>
+void sigmoid_gate(T* x, const T* gate, std::size_t n);
+
+// index[r] (=) the first column of the largest non-NaN value of row r of x[rows, cols] (−1 when there is none),
+// value[r] (=) that value (−inf when none).
+template <typename T>
+void argmax_rows(int32_t* index, T* value, const T* x, int rows, int cols);
 
 }  // namespace dflash::cpu

@@ -46,6 +46,19 @@ void l2norm_forward(T* x, int rows, int dim, T eps, T scale) {
 }
 
 template <typename T>
+void deltanet_gates_forward(T* g, T* beta, const T* a, const T* b, const T* a_log, const T* dt_bias, int rows,
+                            int heads) {
+  for (int t = 0; t < rows; ++t)
+    for (int j = 0; j < heads; ++j) {
+      const size_t i = size_t(t) * heads + j;
+      beta[i] = T(1) / (T(1) + std::exp(-b[i]));
+      const T x = a[i] + dt_bias[j];
+      const T softplus = x > T(20) ? x : std::log1p(std::exp(x));
+      g[i] = -std::exp(a_log[j]) * softplus;
+    }
+}
+
+template <typename T>
 void gated_rmsnorm_forward(T* y, const T* x, const T* z, const T* w, int rows, int dim, T eps) {
 #pragma omp parallel for schedule(static)
   for (int r = 0; r < rows; ++r) {
@@ -168,6 +181,7 @@ void gated_delta_rule_reference(T* out, const T* q, const T* k, const T* v, cons
   template void causal_conv1d_silu_forward<T>(T*, const T*, const T*, int, int, int);                           \
   template void l2norm_forward<T>(T*, int, int, T, T);                                                          \
   template void gated_rmsnorm_forward<T>(T*, const T*, const T*, const T*, int, int, T);                        \
+  template void deltanet_gates_forward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);             \
   template void gated_delta_rule_forward<T>(T*, const T*, const T*, const T*, const T*, const T*, int, int, int, \
                                             int, int, int, T*);                                                 \
   template void gated_delta_rule_reference<T>(T*, const T*, const T*, const T*, const T*, const T*, int, int,    \

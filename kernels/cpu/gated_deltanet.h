@@ -3,6 +3,7 @@
 //   causal_conv1d_silu  short depthwise causal convolution over the fused q|k|v channels, then SiLU
 //   l2norm              q and k per head: x · rsqrt(Σx² + eps)
 //   gated_delta_rule    the recurrence, chunked (and a plain per-token reference)
+//   deltanet_gates      the decay g and the write strength β of every token and value head
 //   gated_rmsnorm       per value head: w · x · rsqrt(mean(x²) + eps) · silu(z)   (plain w, not 1 + w)
 //
 // The recurrence, per value head with state M [dk, dv] (zero at position 0), key head = value head / (v_heads /
@@ -27,6 +28,13 @@ void causal_conv1d_silu_forward(T* y, const T* x, const T* w, int S, int C, int 
 // x[rows, dim] (=, in place) x · rsqrt(Σ x² + eps) · scale
 template <typename T>
 void l2norm_forward(T* x, int rows, int dim, T eps, T scale);
+
+// Per-token gates from the projections a, b [rows, heads] and per-head a_log, dt_bias [heads]:
+// beta (=) sigmoid(b), g (=) −exp(a_log) · softplus(a + dt_bias), softplus linear above 20 (as torch's).
+// g may alias a, beta may alias b.
+template <typename T>
+void deltanet_gates_forward(T* g, T* beta, const T* a, const T* b, const T* a_log, const T* dt_bias, int rows,
+                            int heads);
 
 // y[rows, dim] (=) w · x · rsqrt(mean(x²) + eps) · silu(z); x, z [rows, dim], w [dim]. y may alias x.
 template <typename T>

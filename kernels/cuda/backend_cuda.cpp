@@ -109,6 +109,13 @@ class CudaBackend final : public Backend<T> {
     cuda::launch_scatter_rows(stream_of(ctx), out, in, rows, n, dim);
   }
 
+  void copy_strided(ExecContext& ctx, T* dst, int ld_dst, const T* src, int ld_src, int rows, int cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    DFLASH_CUDA_CHECK(cudaMemcpy2DAsync(dst, sizeof(T) * size_t(ld_dst), src, sizeof(T) * size_t(ld_src),
+                                        sizeof(T) * size_t(cols), size_t(rows), cudaMemcpyDeviceToDevice,
+                                        stream_of(ctx)));
+  }
+
   void gemm(ExecContext& ctx, bool ta, bool tb, int M, int N, int K, double alpha, const T* a, int lda, const T* b,
             int ldb, double beta, T* c, int ldc) override {
     gemm_.run(ctx, dtype_of<T>(), dtype_of<T>(), ta, tb, M, N, K, float(alpha), a, lda, b, ldb, float(beta), c, ldc);
@@ -182,6 +189,46 @@ class CudaBackend final : public Backend<T> {
                                 int kv_heads, int head_dim) override {
     check_head_dim(head_dim);
     cuda::launch_attention_causal_forward(stream_of(ctx), out, q, k, v, S, q_heads, kv_heads, head_dim);
+  }
+
+  void attention_cached_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int n, int past,
+                                int q_heads, int kv_heads, int head_dim) override {
+    check_head_dim(head_dim);
+    cuda::launch_attention_cached_forward(stream_of(ctx), out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+  }
+  void sigmoid_gate(ExecContext& ctx, T* x, const T* gate, size_t n) override {
+    cuda::launch_sigmoid_gate(stream_of(ctx), x, gate, n);
+  }
+  void rope_partial_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
+                            int rot_dim, double theta) override {
+    cuda::launch_rope_partial(stream_of(ctx), y, x, pos, rows, heads, head_dim, rot_dim, theta);
+  }
+  void l2norm_forward(ExecContext& ctx, T* x, int rows, int dim, double eps, double scale) override {
+    cuda::launch_l2norm(stream_of(ctx), x, rows, dim, float(eps), float(scale));
+  }
+  void causal_conv1d_silu_forward(ExecContext& ctx, T* y, const T* x, const T* w, T* tail, int S, int C,
+                                  int K) override {
+    cuda::launch_causal_conv1d_silu(stream_of(ctx), y, x, w, tail, S, C, K);
+  }
+  void deltanet_gates_forward(ExecContext& ctx, A* g, A* beta, const T* a, const T* b, const T* a_log,
+                              const T* dt_bias, int rows, int heads) override {
+    cuda::launch_deltanet_gates(stream_of(ctx), g, beta, a, b, a_log, dt_bias, rows, heads);
+  }
+  void gated_delta_rule_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, const A* g,
+                                const A* beta, A* state, int S, int k_heads, int v_heads, int dk, int dv) override {
+    if (v_heads <= 0 || dv <= 0) return;  // an empty shard
+    DFLASH_CHECK(dk >= 1 && dk <= cuda::kMaxDeltaKeyDim && k_heads >= 1 && v_heads % k_heads == 0,
+                 "CUDA gated delta rule: key head dim {} (supported 1..{}), {} value heads over {} key heads (must "
+                 "be a multiple)",
+                 dk, cuda::kMaxDeltaKeyDim, v_heads, k_heads);
+    cuda::launch_gated_delta_rule(stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+  }
+  void gated_rmsnorm_forward(ExecContext& ctx, T* y, const T* x, const T* z, const T* w, int rows, int dim,
+                             double eps) override {
+    cuda::launch_gated_rmsnorm(stream_of(ctx), y, x, z, w, rows, dim, float(eps));
+  }
+  void argmax_rows(ExecContext& ctx, int32_t* index, A* value, const T* x, int rows, int cols) override {
+    cuda::launch_argmax_rows(stream_of(ctx), index, value, x, rows, cols);
   }
 
   void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,

@@ -1,9 +1,11 @@
 // Elementwise and row-copy kernels: gather/scatter rows (also the embedding gather), SwiGLU, residual, accumulate,
-// scale. Grid-stride loops, arithmetic in float. Simple over fast: no vectorised loads.
+// scale, the attention's sigmoid output gate. Grid-stride loops, arithmetic in float. Simple over fast: no
+// vectorised loads.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/norm_math.h"
+#include "kernels/cuda/target_math.h"
 
 namespace dflash::kernels::cuda {
 
@@ -32,6 +34,12 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* g
     dgate[i] = from_f<T>(to_f(dgate[i]) + dg);
     dup[i] = from_f<T>(to_f(dup[i]) + du);
   }
+}
+
+template <typename T>
+__global__ void sigmoid_gate_kernel(T* x, const T* gate, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    x[i] = from_f<T>(cuda_math::sigmoid_gate(to_f(x[i]), to_f(gate[i])));
 }
 
 template <typename T>
@@ -91,6 +99,12 @@ void launch_swiglu_backward(cudaStream_t st, T* dgate, T* dup, const T* dh, cons
   DFLASH_CUDA_LAUNCHED("swiglu_backward_kernel");
 }
 template <typename T>
+void launch_sigmoid_gate(cudaStream_t st, T* x, const T* gate, size_t n) {
+  if (!n) return;
+  sigmoid_gate_kernel<T><<<grid_for(n), kThreads, 0, st>>>(x, gate, n);
+  DFLASH_CUDA_LAUNCHED("sigmoid_gate_kernel");
+}
+template <typename T>
 void launch_residual(cudaStream_t st, T* out, const T* a, const T* b, size_t n) {
   if (!n) return;
   residual_kernel<T><<<grid_for(n), kThreads, 0, st>>>(out, a, b, n);
@@ -127,6 +141,7 @@ void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, floa
   template void launch_swiglu_forward<T>(cudaStream_t, T*, const T*, const T*, size_t);                    \
   template void launch_swiglu_backward<T>(cudaStream_t, T*, T*, const T*, const T*, const T*, size_t);     \
   template void launch_residual<T>(cudaStream_t, T*, const T*, const T*, size_t);                          \
+  template void launch_sigmoid_gate<T>(cudaStream_t, T*, const T*, size_t);                                \
   template void launch_accumulate<T>(cudaStream_t, T*, const T*, size_t);                                  \
   template void launch_scale<T>(cudaStream_t, T*, float, size_t);                                          \
   template void launch_scale_matrix<T>(cudaStream_t, T*, int, int, int, float);                           \

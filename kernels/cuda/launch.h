@@ -26,6 +26,9 @@ template <typename T>
 void launch_swiglu_forward(cudaStream_t st, T* h, const T* gate, const T* up, size_t n);
 template <typename T>
 void launch_swiglu_backward(cudaStream_t st, T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n);
+// x (=) x · sigmoid(gate)
+template <typename T>
+void launch_sigmoid_gate(cudaStream_t st, T* x, const T* gate, size_t n);
 template <typename T>
 void launch_residual(cudaStream_t st, T* out, const T* a, const T* b, size_t n);
 template <typename T>
@@ -51,6 +54,10 @@ void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, con
 template <typename T>
 void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                  double theta, bool backward);
+// y (=) partial RoPE of x over the first rot_dim dims of each head (the rest copied when y ≠ x).
+template <typename T>
+void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
+                         int rot_dim, double theta);
 
 // ---- attention_dflash.cu / attention_causal.cu ----
 constexpr int kMaxHeadDim = 256;  // the warp-per-query kernels keep head_dim / 32 floats per lane
@@ -67,6 +74,30 @@ void launch_dflash_attention_backward(cudaStream_t st, T* dq, T* dk_ctx, T* dv_c
 template <typename T>
 void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int S,
                                      int q_heads, int kv_heads, int head_dim);
+// query row i at position past + i sees keys 0 .. past + i of k, v [past + n, KVH, D]
+template <typename T>
+void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n, int past,
+                                     int q_heads, int kv_heads, int head_dim);
+
+// ---- deltanet.cu (Gated DeltaNet, forward only) ----
+// tail: [K−1, C] carried inputs (null: zeros, nothing kept), updated after the conv.
+template <typename T>
+void launch_causal_conv1d_silu(cudaStream_t st, T* y, const T* x, const T* w, T* tail, int S, int C, int K);
+template <typename T>
+void launch_l2norm(cudaStream_t st, T* x, int rows, int dim, float eps, float scale);
+template <typename T>
+void launch_gated_rmsnorm(cudaStream_t st, T* y, const T* x, const T* z, const T* w, int rows, int dim, float eps);
+template <typename T>
+void launch_deltanet_gates(cudaStream_t st, float* g, float* beta, const T* a, const T* b, const T* a_log,
+                           const T* dt_bias, int rows, int heads);
+constexpr int kMaxDeltaKeyDim = 256;  // the delta-rule kernel keeps a [dk, 32] state slice in shared memory
+template <typename T>
+void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, const T* v, const float* g,
+                             const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv);
+
+// ---- argmax.cu ----
+template <typename T>
+void launch_argmax_rows(cudaStream_t st, int32_t* index, float* value, const T* x, int rows, int cols);
 
 // ---- vocab_loss_rows.cu ----
 template <typename T>

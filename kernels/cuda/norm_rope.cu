@@ -1,4 +1,5 @@
-// RMSNorm forward/backward and RoPE forward/backward (rotate-half), math in cuda_math (norm_math.h).
+// RMSNorm forward/backward, RoPE forward/backward (rotate-half) and partial RoPE forward, math in cuda_math
+// (norm_math.h).
 // RMSNorm: one block per row (a fixed-tree Σ x²); dw without atomics: per-chunk column partials, then a fixed
 // sum over chunks (deterministic). RoPE: one thread per (row, pair), angles in double as on the CPU.
 #include "kernels/cuda/check.h"
@@ -59,16 +60,17 @@ __global__ void rmsnorm_dw_final_kernel(float* dw, const float* partials, int ch
   dw[i] += acc;
 }
 
-// One thread per (row, i < D/2): the pair (i, i + D/2) of every head at that row's position.
+// One thread per (row, i < rot_dim/2): the pair (i, i + rot_dim/2) of every head at that row's position, angle
+// pos · θ^(−2i/rot_dim). rot_dim = head_dim is plain RoPE; the dims past rot_dim are not touched here.
 template <typename T>
-__global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim, double theta,
-                            bool backward) {
-  const int half = head_dim / 2;
+__global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim, int rot_dim,
+                            double theta, bool backward) {
+  const int half = rot_dim / 2;
   const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (idx >= size_t(rows) * half) return;
   const int r = int(idx / half), i = int(idx % half);
   float c, s;
-  cuda_math::rope_cos_sin(pos[r], i, head_dim, theta, c, s);
+  cuda_math::rope_cos_sin(pos[r], i, rot_dim, theta, c, s);
   if (backward) s = -s;  // Rᵀ = rotation by −angle
   for (int h = 0; h < heads; ++h) {
     const size_t base = (size_t(r) * heads + h) * head_dim;
@@ -81,6 +83,18 @@ __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int rows, int 
       y[base + i] = from_f<T>(ya);
       y[base + i + half] = from_f<T>(yb);
     }
+  }
+}
+
+// Partial RoPE out of place: y[·, rot_dim:] = x[·, rot_dim:] (the dims that do not rotate). Grid-stride over
+// rows·heads·(head_dim − rot_dim).
+template <typename T>
+__global__ void copy_unrotated_kernel(T* y, const T* x, size_t head_rows, int head_dim, int rot_dim) {
+  const int pass = head_dim - rot_dim;
+  for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < head_rows * pass;
+       idx += size_t(gridDim.x) * blockDim.x) {
+    const size_t o = (idx / pass) * head_dim + rot_dim + idx % pass;
+    y[o] = x[o];
   }
 }
 
@@ -115,15 +129,33 @@ void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows
                  double theta, bool backward) {
   const size_t n = size_t(rows) * (head_dim / 2);
   if (!n) return;
-  rope_kernel<T><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, x, pos, rows, heads, head_dim, theta, backward);
+  rope_kernel<T><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, x, pos, rows, heads, head_dim,
+                                                                               head_dim, theta, backward);
   DFLASH_CUDA_LAUNCHED("rope_kernel");
+}
+
+template <typename T>
+void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
+                         int rot_dim, double theta) {
+  const size_t n = size_t(rows) * (rot_dim / 2);
+  if (n) {
+    rope_kernel<T><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, x, pos, rows, heads, head_dim,
+                                                                                 rot_dim, theta, false);
+    DFLASH_CUDA_LAUNCHED("rope_kernel (partial)");
+  }
+  const size_t head_rows = size_t(rows) * heads;
+  if (y == x || rot_dim >= head_dim || head_rows == 0) return;
+  copy_unrotated_kernel<T><<<grid_for(head_rows * (head_dim - rot_dim)), kThreads, 0, st>>>(y, x, head_rows,
+                                                                                          head_dim, rot_dim);
+  DFLASH_CUDA_LAUNCHED("copy_unrotated_kernel");
 }
 
 #define DFLASH_INSTANTIATE(T)                                                                                  \
   template void launch_rmsnorm_forward<T>(cudaStream_t, T*, float*, const T*, const T*, int, int, float);      \
   template void launch_rmsnorm_backward<T>(cudaStream_t, T*, float*, const T*, const T*, const T*, const float*, \
                                            int, int, float*);                                                  \
-  template void launch_rope<T>(cudaStream_t, T*, const T*, const int32_t*, int, int, int, double, bool);
+  template void launch_rope<T>(cudaStream_t, T*, const T*, const int32_t*, int, int, int, double, bool);     \
+  template void launch_rope_partial<T>(cudaStream_t, T*, const T*, const int32_t*, int, int, int, int, double);
 DFLASH_INSTANTIATE(float)
 DFLASH_INSTANTIATE(bf16)
 #undef DFLASH_INSTANTIATE

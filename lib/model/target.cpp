@@ -233,6 +233,8 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
   const std::string embed = c.weight_prefix + "embed_tokens.weight";
   for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &x[size_t(i) * H]);
 
+  // the token mixers' kernels (target_layers.h): the CPU backend, with this model's attention block
+  const auto backend = kernels::make_cpu_backend<float>({options_.attention_block});
   for (int l = 0; l < c.layers; ++l) {
     const TargetLayer& L = layers_[size_t(l)];
     // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
@@ -240,10 +242,10 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
     const size_t li = size_t(l);
     Timer part_timer;
     if (L.linear) {
-      gated_deltanet_forward(part.data(), h.data(), S, L, c, shard_, cache ? &cache->conv_tail[li] : nullptr,
-                             cache ? &cache->delta_state[li] : nullptr);
+      gated_deltanet_forward(*backend, part.data(), h.data(), S, L, c, shard_,
+                             cache ? &cache->conv_tail[li] : nullptr, cache ? &cache->delta_state[li] : nullptr);
     } else {
-      attention_forward(part.data(), h.data(), pos.data(), S, L, c, shard_, options_.attention_block,
+      attention_forward(*backend, part.data(), h.data(), pos.data(), S, L, c, shard_,
                         cache ? &cache->keys[li] : nullptr, cache ? &cache->values[li] : nullptr, tree_parents);
     }
     (L.linear ? stats_.linear_attention_seconds : stats_.full_attention_seconds) += part_timer.seconds();
