@@ -22,32 +22,15 @@
 #include "kernels/cuda/loss_math.h"
 #include "kernels/cuda/norm_math.h"
 #include "lib/core/rng.h"
+#include "test_util.h"
 
 using namespace dflash;
 using namespace dflash::kernels;
 namespace cm = dflash::kernels::cuda_math;
+using dflash::test::random_floats;
+using dflash::test::require_close;
 
 namespace {
-
-std::vector<float> random_floats(size_t n, uint64_t seed, double sd = 1.0) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = float(sd * rng.normal());
-  return v;
-}
-
-// |a − b| ≤ atol + rtol·|b|, reporting the first violation.
-void require_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol,
-                   const char* what) {
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::fabs(double(got[i]) - double(want[i]));
-    if (!(d <= atol + rtol * std::fabs(double(want[i])))) {
-      INFO(what << ": element " << i << " got " << got[i] << " want " << want[i]);
-      REQUIRE(d <= atol + rtol * std::fabs(double(want[i])));
-    }
-  }
-}
 
 // ---------------- attention ----------------
 

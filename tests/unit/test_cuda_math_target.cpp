@@ -21,32 +21,15 @@
 #include "kernels/cuda/norm_math.h"
 #include "kernels/cuda/target_math.h"
 #include "lib/core/rng.h"
+#include "test_util.h"
 
 using namespace dflash;
 using namespace dflash::kernels;
 namespace cm = dflash::kernels::cuda_math;
+using dflash::test::random_floats;
+using dflash::test::require_close;
 
 namespace {
-
-std::vector<float> randn(size_t n, uint64_t seed, double sd = 1.0) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = float(sd * rng.normal());
-  return v;
-}
-
-// |got − want| ≤ atol + rtol·|want|, reporting the first violation.
-void require_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol,
-                   const char* what) {
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::fabs(double(got[i]) - double(want[i]));
-    if (!(d <= atol + rtol * std::fabs(double(want[i])))) {
-      INFO(what << ": element " << i << " got " << got[i] << " want " << want[i]);
-      REQUIRE(d <= atol + rtol * std::fabs(double(want[i])));
-    }
-  }
-}
 
 // attention_causal.cu's walk for rows [n] after `past` cached positions: per (row, head) the keys
 // 0 .. causal_key_count(past, i) − 1 in tiles of `tile`, scores in float, merged by cm::OnlineSoftmax.
@@ -98,8 +81,8 @@ TEST_CASE("cuda_math: causal attention over a KV cache (prefill, decode, GQA) ma
     CAPTURE(c.n);
     CAPTURE(c.past);
     const int keys = c.past + c.n;
-    const auto q = randn(size_t(c.n) * c.NH * c.D, 1), k = randn(size_t(keys) * c.KVH * c.D, 2),
-               v = randn(size_t(keys) * c.KVH * c.D, 3);
+    const auto q = random_floats(size_t(c.n) * c.NH * c.D, 1), k = random_floats(size_t(keys) * c.KVH * c.D, 2),
+               v = random_floats(size_t(keys) * c.KVH * c.D, 3);
     std::vector<float> want(q.size());
     cpu::attention_decode_forward(want.data(), q.data(), k.data(), v.data(), c.n, c.past, c.NH, c.KVH, c.D);
     for (int tile : {32, 5, 1}) {
@@ -126,7 +109,7 @@ TEST_CASE("cuda_math: causal attention over a KV cache (prefill, decode, GQA) ma
 TEST_CASE("cuda_math: partial RoPE (first rot_dim dims rotate, the rest pass) matches cpu::rope_partial_forward") {
   const int rows = 5, heads = 3, D = 16;
   const std::vector<int> pos = {0, 1, 17, 4095, 100000};
-  const auto x = randn(size_t(rows) * heads * D, 9);
+  const auto x = random_floats(size_t(rows) * heads * D, 9);
   for (int rot : {4, 10, 16}) {
     CAPTURE(rot);
     std::vector<float> want = x, got = x;
@@ -185,7 +168,7 @@ void conv_walk(std::vector<float>& y, const float* x, const std::vector<float>& 
 // to an ulp of the SiLU.
 TEST_CASE("cuda_math: causal conv1d + SiLU with a carried tail matches the CPU kernel over the whole sequence") {
   const int C = 5, K = 4, S = 13;
-  const auto x = randn(size_t(S) * C, 20), w = randn(size_t(C) * K, 21, 0.5);
+  const auto x = random_floats(size_t(S) * C, 20), w = random_floats(size_t(C) * K, 21, 0.5);
   std::vector<float> want(x.size());
   cpu::causal_conv1d_silu_forward(want.data(), x.data(), w.data(), S, C, K);
   // calls of 3, 1 (fewer rows than the tail: the tail shifts within itself), 0, 2 and 7 rows
@@ -218,7 +201,7 @@ TEST_CASE("cuda_math: causal conv1d + SiLU with a carried tail matches the CPU k
 // Same float formulas on both sides: within a few ulp.
 TEST_CASE("cuda_math: l2norm, gated RMSNorm, DeltaNet gates and the sigmoid gate match the CPU kernels") {
   const int rows = 7, dim = 33;
-  const auto x = randn(size_t(rows) * dim, 30), z = randn(x.size(), 31, 3.0), w = randn(dim, 32);
+  const auto x = random_floats(size_t(rows) * dim, 30), z = random_floats(x.size(), 31, 3.0), w = random_floats(dim, 32);
   {
     std::vector<float> want = x, got = x;
     cpu::l2norm_forward(want.data(), rows, dim, 1e-6f, 0.25f);
@@ -250,9 +233,9 @@ TEST_CASE("cuda_math: l2norm, gated RMSNorm, DeltaNet gates and the sigmoid gate
   }
   {
     const int heads = 6, n = rows * heads;
-    auto a = randn(size_t(n), 33, 8.0), b = randn(size_t(n), 34, 4.0);
+    auto a = random_floats(size_t(n), 33, 8.0), b = random_floats(size_t(n), 34, 4.0);
     a[0] = 30.f, a[1] = -40.f, a[2] = 20.5f;  // softplus: the linear branch, a vanishing one, and just past 20
-    const auto a_log = randn(heads, 35, 0.5), dt_bias = randn(heads, 36);
+    const auto a_log = random_floats(heads, 35, 0.5), dt_bias = random_floats(heads, 36);
     std::vector<float> g(n), beta(n), g_got(n), beta_got(n);
     cpu::deltanet_gates_forward(g.data(), beta.data(), a.data(), b.data(), a_log.data(), dt_bias.data(), rows, heads);
     for (int i = 0; i < n; ++i) {
@@ -284,9 +267,9 @@ struct DeltaInputs {
 // q, k L2-normed (q also scaled by 1/sqrt(dk)), g ∈ [−2, 0), β ∈ (0, 1): what the layer feeds the rule
 DeltaInputs delta_inputs(const DeltaCase& c, uint64_t seed) {
   DeltaInputs in;
-  in.q = randn(size_t(c.S) * c.k_heads * c.dk, seed);
-  in.k = randn(in.q.size(), seed + 1);
-  in.v = randn(size_t(c.S) * c.v_heads * c.dv, seed + 2);
+  in.q = random_floats(size_t(c.S) * c.k_heads * c.dk, seed);
+  in.k = random_floats(in.q.size(), seed + 1);
+  in.v = random_floats(size_t(c.S) * c.v_heads * c.dv, seed + 2);
   cpu::l2norm_forward(in.q.data(), c.S * c.k_heads, c.dk, 1e-6f, 1.0f / std::sqrt(float(c.dk)));
   cpu::l2norm_forward(in.k.data(), c.S * c.k_heads, c.dk, 1e-6f, 1.0f);
   Rng rng(seed + 3);
@@ -340,7 +323,7 @@ TEST_CASE("cuda_math: gated delta rule, one state column per lane, state carried
     CAPTURE(c.S);
     const DeltaInputs in = delta_inputs(c, uint64_t(c.S + c.dv));
     const size_t state_n = size_t(c.v_heads) * c.dk * c.dv;
-    const std::vector<float> state0 = randn(state_n, 77, 0.3);  // a carried non-zero state
+    const std::vector<float> state0 = random_floats(state_n, 77, 0.3);  // a carried non-zero state
     std::vector<float> want(size_t(c.S) * c.v_heads * c.dv), state_want = state0;
     cpu::gated_delta_rule_reference(want.data(), in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
                                     c.S, c.k_heads, c.v_heads, c.dk, c.dv, state_want.data());
@@ -381,19 +364,19 @@ TEST_CASE("cuda_math: row argmax (256 strided partials, tree merge) is the CPU's
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const int cols = 1000;
   std::vector<std::vector<float>> rows;
-  rows.push_back(randn(cols, 40));
-  auto tie = randn(cols, 41);
+  rows.push_back(random_floats(cols, 40));
+  auto tie = random_floats(cols, 41);
   tie[700] = tie[300] = tie[556] = 9.f;  // threads 188 (700) and 44 (300, 556): 300 wins
   rows.push_back(tie);
-  auto same_thread = randn(cols, 42);
+  auto same_thread = random_floats(cols, 42);
   same_thread[44] = same_thread[556] = 9.f;  // tie within one thread's columns: 44 wins
   rows.push_back(same_thread);
-  auto with_nan = randn(cols, 43);
+  auto with_nan = random_floats(cols, 43);
   with_nan[0] = nan, with_nan[5] = 12.f, with_nan[6] = nan;
   rows.push_back(with_nan);
   rows.push_back(std::vector<float>(cols, nan));   // none: −1
   rows.push_back(std::vector<float>(cols, -inf));  // all −inf: column 0
-  auto big = randn(cols, 44);
+  auto big = random_floats(cols, 44);
   big[999] = inf;
   rows.push_back(big);
   std::vector<float> x;
@@ -421,7 +404,7 @@ TEST_CASE("cuda_math: row argmax (256 strided partials, tree merge) is the CPU's
     }
   }
   // fewer columns than threads: most partials stay empty
-  const auto short_row = randn(7, 45);
+  const auto short_row = random_floats(7, 45);
   int32_t idx;
   float val;
   cpu::argmax_rows(&idx, &val, short_row.data(), 1, 7);
@@ -447,7 +430,7 @@ TEST_CASE("cpu backend: copy_strided splits Qwen3.5's per-head query | gate rows
 
 TEST_CASE("cpu backend: the attention_block option is the blocked prefill kernel's block (same bits)") {
   const int S = 50, NH = 4, KVH = 2, D = 8;
-  const auto q = randn(size_t(S) * NH * D, 60), k = randn(size_t(S) * KVH * D, 61), v = randn(size_t(S) * KVH * D, 62);
+  const auto q = random_floats(size_t(S) * NH * D, 60), k = random_floats(size_t(S) * KVH * D, 61), v = random_floats(size_t(S) * KVH * D, 62);
   for (int block : {1, 16, 64}) {
     CAPTURE(block);
     std::vector<float> want(q.size()), got(q.size()), got_causal(q.size());

@@ -2,12 +2,38 @@
 // Helpers shared by the unit tests: scratch folders and the small drafter shape most model tests use.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include <doctest/doctest.h>
+
+#include "lib/core/rng.h"
 #include "lib/model/drafter_config.h"
 
 namespace dflash::test {
+
+// n values drawn from N(0, sd²) by Rng(seed): the same inputs on every run.
+inline std::vector<float> random_floats(size_t n, uint64_t seed, double sd = 1.0) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(sd * rng.normal());
+  return v;
+}
+
+// |got − want| ≤ atol + rtol·|want| elementwise, reporting the first violation.
+inline void require_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol,
+                          const char* what) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    if (!(d <= atol + rtol * std::fabs(double(want[i])))) {
+      INFO(what << ": element " << i << " got " << got[i] << " want " << want[i]);
+      REQUIRE(d <= atol + rtol * std::fabs(double(want[i])));
+    }
+  }
+}
 
 // An empty folder `name` inside this process's scratch root; the root is removed when the test binary exits.
 inline std::filesystem::path scratch_dir(const std::string& name) {
