@@ -263,6 +263,7 @@ class NcclTransport final : public Transport {
     DFLASH_FAIL("{}: probe() is a control-plane call: NCCL has none (probe the MPI world instead)", s_->who());
   }
   bool cancellable_receives() const override { return false; }
+  bool takes_device_pointers() const override { return true; }
 
   void group_start() override {
     s_->require_alive("ncclGroupStart");

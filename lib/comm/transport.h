@@ -86,6 +86,9 @@ class Transport {
   // False where a posted receive cannot be withdrawn (NCCL): callers then post a receive only once they know the
   // matching send was issued (the packet receiver waits for the header on the control plane).
   virtual bool cancellable_receives() const { return true; }
+  // True where the buffers may be device memory of the calling rank's GPU (NCCL): a caller holding its data on the
+  // device then hands the device pointer and saves the copies through the host. MPI here is not CUDA-aware: host only.
+  virtual bool takes_device_pointers() const { return false; }
   // Point-to-point calls between group_start and group_end are issued together (NCCL: ncclGroupStart/End, so the
   // transfers to or from several peers progress at once); their requests may be waited for only after group_end.
   // MPI needs no grouping: no-ops.

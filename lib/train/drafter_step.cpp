@@ -41,6 +41,7 @@ class BackendArray {
   void upload(B& be, ExecContext& ec) const {  // host → backend (no-op when aliased)
     if (ptr_ != host_ && bytes_) be.upload(ec, ptr_, host_, bytes_);
   }
+  bool on_device() const { return ptr_ != host_; }  // false when aliasing host memory (the CPU backend)
   template <typename B>
   void download(B& be, ExecContext& ec) const {  // backend → host (no-op when aliased)
     if (ptr_ != host_ && bytes_) {
@@ -319,12 +320,18 @@ StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, 
     r.compute_seconds += t.seconds();
   }
 
-  // one all-reduce for the gradients, one for the step's sums and counts (in double). Host-staged on both data
-  // planes: the NCCL transport would take the device gradients directly, but that path is not wired (it needs a
-  // GPU to verify; docs/running.md "The data plane: MPI or NCCL")
+  // one all-reduce for the gradients, one for the step's sums and counts (in double). Gradients in device memory
+  // go to a data plane that takes device pointers (NCCL) as they are; otherwise through the host (MPI). The
+  // all-reduce runs on the transport's own stream: the backward must be complete first.
   Timer t;
-  g_dev_.download(be, exec_);
-  dp_.allreduce_sum(grads_.flat.data(), P);
+  be.synchronize(exec_);
+  if (g_dev_.on_device() && dp_.takes_device_pointers()) {
+    dp_.allreduce_sum(g_dev_.as<float>(), P);
+  } else {
+    g_dev_.download(be, exec_);
+    dp_.allreduce_sum(grads_.flat.data(), P);
+    g_dev_.upload(be, exec_);
+  }
   const int B = plan_.drafter.block_size;
   std::vector<double> stats = {r.sums.loss, r.sums.ce, r.sums.kl, r.sums.cap, r.sums.weight, double(r.tokens),
                                double(r.positions), double(r.metrics.topk_hits), double(r.metrics.accepted_sum),
@@ -347,16 +354,18 @@ StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, 
   }
 
   r.lr = model::lr_at(step, plan_.total_steps, cfg_.optim.lr, cfg_.optim.warmup_ratio, cfg_.optim.min_lr_ratio);
+  auto capture_grads = [&] {
+    g_dev_.download(be, exec_);  // waits for the copy
+    capture->grads = grads_.flat;
+  };
   if (r.sums.weight <= 0) {  // Σw = 0: the loss is 0/0; change nothing rather than step on NaN
     r.skipped = true;
-    if (capture) capture->grads = grads_.flat;  // all zero: every weight was 0
+    if (capture) capture_grads();  // all zero: every weight was 0
     return r;
   }
   // normalise by the global Σw (identical on every rank: the same float multiply of the same reduced sums)
-  const float inv_w = float(1.0 / r.sums.weight);
-  for (float& g : grads_.flat) g *= inv_w;
-  if (capture) capture->grads = grads_.flat;
-  g_dev_.upload(be, exec_);
+  be.scale_master(exec_, g_dev_.as<float>(), double(float(1.0 / r.sums.weight)), P);
+  if (capture) capture_grads();
   r.grad_norm = model::clip_global_norm(be, exec_, g_dev_.as<float>(), P, cfg_.optim.grad_clip);
   adam_.step += 1;
   model::adamw_update(be, exec_, w_dev_.as<float>(), g_dev_.as<float>(), m_dev_.as<float>(), v_dev_.as<float>(),

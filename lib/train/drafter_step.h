@@ -53,8 +53,8 @@ struct StepCapture {
 // One drafter rank's optimizer steps. The kernels run on the backend run.device names, in the compute type
 // run.precision names: the CPU in fp32, CUDA in fp32 or bf16 (bf16 activations and compute weights, fp32 master
 // weights, gradients and AdamW state). Weights, gradients and optimizer state live in the backend's memory,
-// mirrored on the host for checkpoints (params(), optimizer()); the gradient all-reduce is host-staged
-// (downloaded, all-reduced on the DP data plane, uploaded) on either data plane.
+// mirrored on the host for checkpoints (params(), optimizer()); the gradient all-reduce takes the device
+// gradients on a data plane that accepts device pointers (NCCL) and goes through the host otherwise (MPI).
 class DrafterStep {
  public:
   // embed, lm_head: [V, H] frozen target tensors on the host (outlive this object). dp: the drafter DP group.

@@ -80,6 +80,7 @@ class WatchedTransport final : public comm::Transport {
   void barrier() override;
   bool probe(int src, int tag) override { return inner_.probe(src, tag); }  // does not block
   bool cancellable_receives() const override { return inner_.cancellable_receives(); }
+  bool takes_device_pointers() const override { return inner_.takes_device_pointers(); }
   void group_start() override { inner_.group_start(); }
   void group_end() override { inner_.group_end(); }
 
