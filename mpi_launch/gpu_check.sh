@@ -2,12 +2,15 @@
 # One-GPU check of the CUDA backend, for a machine with an NVIDIA GPU (sized for one H200: under 8 minutes
 # including the build). Steps, each timed and summarised at the end:
 #   1. build with CUDA for one architecture (default sm_90; DFLASH_CUDA_ARCH=120 for RTX PRO 6000 Blackwell)
-#   2. the `cuda` twin tests: every CUDA kernel against its CPU twin (a skip counts as a failure here)
+#   2. the `cuda` twin tests: every CUDA kernel against its CPU twin, and the whole target forward (dense + hybrid,
+#      plain and cached) on CUDA against the CPU target (a skip counts as a failure here)
 #   3. the host-device math tests (cuda_math: the kernels' per-row / per-tile math on the CPU)
 #   4. dflash_bench cuda: vocab loss at the seed's shapes (T 32768, H 5120, V 248320, chunk 2048), a small fp32
 #      loss, and a small drafter forward+backward, each against its cuBLASLt GEMMs alone
 #   5. the tiny training job with run.device=cuda: fp32 against the same job on the CPU (50 steps' losses within
-#      1e-4 relative), and bf16 learning (its loss falls); 8 ranks on one GPU, so the data plane is mpi
+#      1e-4 relative), and bf16 learning (its loss falls); 8 ranks on one GPU, so the data plane is mpi. With
+#      run.device=cuda both the drafter step and the target TP forward run on the GPU (the target in fp32 in both
+#      precisions), so the loss comparison covers the target's GPU path too
 #   6. the NCCL data plane: bootstrap + one-rank collectives, device and host (staged) buffers (nccl_np1); with
 #      more GPUs than one also the multi-rank NCCL checks (ring, timeout abort, the packet stream and its stop
 #      protocol on nccl), each needing as many GPUs as ranks; with one GPU they are listed as SKIP (not a failure)
@@ -72,8 +75,9 @@ step bench_loss32 60 "$bench" cuda loss --precision fp32 --T 4096 --H 1024 --V 3
 step bench_drafter 90 "$bench" cuda drafter --precision bf16 --seq 4096 --anchors 128 --block 32 --hidden 2048 \
   --layers 2 --heads 16 --kv-heads 4 --head-dim 128 --intermediate 5632 --reps 2
 
-# 5. the tiny job on the GPU (all 8 ranks on this one GPU; the drafter step on the CUDA backend): fp32 against the
-#    same job on the CPU (the per-step losses of 50 steps agree to 1e-4 relative); bf16 learns
+# 5. the tiny job on the GPU (all 8 ranks on this one GPU; the drafter step and the target forward on the CUDA
+#    backend): fp32 against the same job on the CPU (the per-step losses of 50 steps agree to 1e-4 relative); bf16
+#    learns
 t0=$(date +%s)
 echo "== tiny_job"
 (
@@ -96,7 +100,7 @@ echo "== tiny_job"
   paste <(grep -o '"loss":[^,]*' runs/tiny_gpu_check_cpu/metrics.jsonl | cut -d: -f2) \
         <(grep -o '"loss":[^,]*' runs/tiny_gpu_check_cuda/metrics.jsonl | cut -d: -f2) |
     awk '{ d = ($1 - $2) / ($1 == 0 ? 1 : $1); if (d < 0) d = -d; if (d > m) m = d; n++ }
-         END { printf "tiny_job: %d steps, max relative loss difference cuda vs cpu %.3g (last cpu loss %s)\n", n, m, $1;
+         END { printf "tiny_job: %d steps, max relative loss difference cuda vs cpu %.3g (target forward + drafter step on cuda; last cpu loss %s)\n", n, m, $1;
                exit !(n == 50 && m <= 1e-4) }'
 ) >"$logs/tiny_job.log" 2>&1
 rc=$?

@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/rmsnorm.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/model/target_layers.h"
@@ -30,15 +28,26 @@ TargetModel::TargetModel(const std::string& model_dir, comm::Transport& tp, Targ
     : dir_(model_dir),
       tp_(tp),
       options_(options),
+      backend_(options.backend ? options.backend : kernels::make_cpu_backend<float>({options.attention_block})),
       config_(load_qwen_config(model_dir)),
       shard_(plan_target_shard(config_, tp.size(), tp.rank(), options.mlp_grain)),
       ckpt_(model_dir) {
   const int64_t H = config_.hidden;
   ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
-  final_norm_ = ckpt_.read(ckpt_.expect(config_.weight_prefix + "norm.weight", {H}).name);
-  fold_norm_offset(config_, final_norm_);
+  std::vector<float> final_norm = ckpt_.read(ckpt_.expect(config_.weight_prefix + "norm.weight", {H}).name);
+  fold_norm_offset(config_, final_norm);
+  final_norm_ = upload(final_norm);
   layers_.resize(size_t(config_.layers));
   for (int l = 0; l < config_.layers; ++l) load_layer(l);
+}
+
+TargetWeight TargetModel::upload(const std::vector<float>& host) {
+  TargetWeight w;
+  w.count = host.size();
+  w.buffer = Buffer(backend_->memory(), host.size() * sizeof(float));
+  backend_->upload(backend_->context(), w.buffer.data(), host.data(), host.size() * sizeof(float));
+  backend_->synchronize(backend_->context());  // `host` may be freed as soon as this returns
+  return w;
 }
 
 // Slices of layer l's tensors: rows [b, e) of a tensor (dim 0; any rank) or columns [b, e) of a 2-D tensor.
@@ -79,19 +88,25 @@ void TargetModel::load_layer(int l) {
   const int64_t H = c.hidden;
   TargetLayer& L = layers_[size_t(l)];
   const LayerReader r{ckpt_, c, l};
-  r.rows("input_layernorm", {H}, 0, H, L.input_norm);
-  r.rows("post_attention_layernorm", {H}, 0, H, L.post_norm);
-  fold_norm_offset(c, L.input_norm);
-  fold_norm_offset(c, L.post_norm);
+  std::vector<float> input_norm, post_norm, wgate, wup, wdown;
+  r.rows("input_layernorm", {H}, 0, H, input_norm);
+  r.rows("post_attention_layernorm", {H}, 0, H, post_norm);
+  fold_norm_offset(c, input_norm);
+  fold_norm_offset(c, post_norm);
+  L.input_norm = upload(input_norm);
+  L.post_norm = upload(post_norm);
   L.linear = c.is_linear(l);
   if (L.linear) {
     load_linear_attention(l, L);
   } else {
     load_attention(l, L);
   }
-  r.rows("mlp.gate_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, L.wgate);
-  r.rows("mlp.up_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, L.wup);
-  r.cols("mlp.down_proj", {H, c.intermediate}, shard_.mlp_begin, shard_.mlp_end, L.wdown);
+  r.rows("mlp.gate_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, wgate);
+  L.wgate = upload(wgate);
+  r.rows("mlp.up_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, wup);
+  L.wup = upload(wup);
+  r.cols("mlp.down_proj", {H, c.intermediate}, shard_.mlp_begin, shard_.mlp_end, wdown);
+  L.wdown = upload(wdown);
 }
 
 void TargetModel::load_attention(int l, TargetLayer& L) {
@@ -99,17 +114,24 @@ void TargetModel::load_attention(int l, TargetLayer& L) {
   const int64_t H = c.hidden, hd = c.head_dim;
   const int64_t qd = int64_t(shard_.q_count) * hd, kvd = int64_t(shard_.kv_count) * hd;
   const LayerReader r{ckpt_, c, l};
-  r.rows("self_attn.q_norm", {hd}, 0, hd, L.q_norm);
-  r.rows("self_attn.k_norm", {hd}, 0, hd, L.k_norm);
-  fold_norm_offset(c, L.q_norm);
-  fold_norm_offset(c, L.k_norm);
+  std::vector<float> w;
+  r.rows("self_attn.q_norm", {hd}, 0, hd, w);
+  fold_norm_offset(c, w);
+  L.q_norm = upload(w);
+  r.rows("self_attn.k_norm", {hd}, 0, hd, w);
+  fold_norm_offset(c, w);
+  L.k_norm = upload(w);
   const int64_t q0 = int64_t(shard_.q_begin) * hd, kv0 = int64_t(shard_.kv_begin) * hd;
   // hybrid q_proj: per head [query | output gate], 2·head_dim rows each
   const int64_t qf = c.hybrid ? 2 : 1;
-  r.rows("self_attn.q_proj", {qf * c.heads * hd, H}, qf * q0, qf * (q0 + qd), L.wq);
-  r.rows("self_attn.k_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, L.wk);
-  r.rows("self_attn.v_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, L.wv);
-  r.cols("self_attn.o_proj", {H, c.heads * hd}, q0, q0 + qd, L.wo);
+  r.rows("self_attn.q_proj", {qf * c.heads * hd, H}, qf * q0, qf * (q0 + qd), w);
+  L.wq = upload(w);
+  r.rows("self_attn.k_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, w);
+  L.wk = upload(w);
+  r.rows("self_attn.v_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, w);
+  L.wv = upload(w);
+  r.cols("self_attn.o_proj", {H, c.heads * hd}, q0, q0 + qd, w);
+  L.wo = upload(w);
 }
 
 void TargetModel::load_linear_attention(int l, TargetLayer& L) {
@@ -121,23 +143,32 @@ void TargetModel::load_linear_attention(int l, TargetLayer& L) {
   const int64_t v0 = int64_t(s.member_begin) * dv, v1 = v0 + int64_t(s.member_count) * dv;
   const int64_t h0 = s.member_begin, h1 = s.member_begin + s.member_count;
   const LayerReader r{ckpt_, c, l};
+  std::vector<float> w;
   // channels of in_proj_qkv and conv1d: q [0, key_dim), k [key_dim, 2·key_dim), v [2·key_dim, conv_dim)
   const std::initializer_list<std::pair<int64_t, int64_t>> channels = {
       {k0, k1}, {key_dim + k0, key_dim + k1}, {2 * key_dim + v0, 2 * key_dim + v1}};
-  r.row_ranges("linear_attn.in_proj_qkv", {conv_dim, H}, channels, L.w_qkv);
-  r.row_ranges("linear_attn.conv1d", {conv_dim, 1, K}, channels, L.conv);
-  r.rows("linear_attn.in_proj_z", {value_dim, H}, v0, v1, L.w_z);
-  r.rows("linear_attn.in_proj_b", {c.linear_v_heads, H}, h0, h1, L.w_b);
-  r.rows("linear_attn.in_proj_a", {c.linear_v_heads, H}, h0, h1, L.w_a);
+  r.row_ranges("linear_attn.in_proj_qkv", {conv_dim, H}, channels, w);
+  L.w_qkv = upload(w);
+  r.row_ranges("linear_attn.conv1d", {conv_dim, 1, K}, channels, w);
+  L.conv = upload(w);
+  r.rows("linear_attn.in_proj_z", {value_dim, H}, v0, v1, w);
+  L.w_z = upload(w);
+  r.rows("linear_attn.in_proj_b", {c.linear_v_heads, H}, h0, h1, w);
+  L.w_b = upload(w);
+  r.rows("linear_attn.in_proj_a", {c.linear_v_heads, H}, h0, h1, w);
+  L.w_a = upload(w);
   // A_log and dt_bias are parameters without the ".weight" suffix
   for (auto [name, out] : {std::pair{"A_log", &L.a_log}, std::pair{"dt_bias", &L.dt_bias}}) {
     const std::string n = fmt::format("{}layers.{}.linear_attn.{}", c.weight_prefix, l, name);
     ckpt_.expect(n, {c.linear_v_heads});
-    out->resize(size_t(h1 - h0));
-    ckpt_.read_rows(n, h0, h1, out->data());
+    w.resize(size_t(h1 - h0));
+    ckpt_.read_rows(n, h0, h1, w.data());
+    *out = upload(w);
   }
-  r.rows("linear_attn.norm", {dv}, 0, dv, L.gated_norm);
-  r.cols("linear_attn.out_proj", {H, value_dim}, v0, v1, L.w_out);
+  r.rows("linear_attn.norm", {dv}, 0, dv, w);
+  L.gated_norm = upload(w);
+  r.cols("linear_attn.out_proj", {H, value_dim}, v0, v1, w);
+  L.w_out = upload(w);
 }
 
 size_t TargetModel::weight_bytes() const {
@@ -151,11 +182,27 @@ size_t TargetModel::weight_bytes() const {
   return n * sizeof(float);
 }
 
-void TargetModel::timed_allreduce(float* data, size_t n) {
+void TargetModel::timed_allreduce(float* part, size_t n) {
   Timer t;
-  tp_.allreduce_sum(data, n);
+  if (backend_->memory() == MemoryKind::host) {
+    tp_.allreduce_sum(part, n);
+  } else {
+    // device backend: staged through the host (download → all-reduce → upload). The NCCL transport could take the
+    // device pointer directly; that path is not wired for the target yet.
+    ExecContext& ctx = backend_->context();
+    host_stage_.resize(n);
+    backend_->download(ctx, host_stage_.data(), part, n * sizeof(float));
+    tp_.allreduce_sum(host_stage_.data(), n);
+    backend_->upload(ctx, part, host_stage_.data(), n * sizeof(float));
+  }
   stats_.allreduce_seconds += t.seconds();
   ++stats_.allreduces;
+}
+
+void TargetModel::reserve_activations(size_t bytes) {
+  if (activations_.capacity() >= bytes) return;
+  // grown by at least half: a decode loop whose cache staging grows by a row per step reallocates rarely
+  activations_ = Arena(backend_->memory(), std::max(bytes, activations_.capacity() * 3 / 2), "target activations");
 }
 
 void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
@@ -184,6 +231,10 @@ void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cach
 
 void TargetModel::forward_tree(const int32_t* tokens, const int* parents, int n, TargetCache& cache,
                                const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden) {
+  DFLASH_CHECK(backend_->memory() == MemoryKind::host,
+               "target forward_tree: tree verification runs the CPU kernel kernels/cpu/attention_tree on host memory; "
+               "this target runs on the {} backend (load the target with the CPU backend for tree verification)",
+               backend_->name());
   DFLASH_CHECK(!config_.hybrid, "target forward_tree: {} has Gated DeltaNet layers, whose recurrent state cannot "
                "branch within one forward; tree verification needs a dense target", dir_);
   DFLASH_CHECK(n >= 1 && parents[0] == -1, "target forward_tree: node 0 must be the root (parent -1)");
@@ -214,63 +265,84 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
                  tokens[i], i, c.vocab);
   }
   Timer timer;
+  kernels::Backend<float>& be = *backend_;
+  ExecContext& ctx = be.context();
+  const MemoryKind memory = be.memory();
   const int H = c.hidden, ic = int(shard_.mlp_end - shard_.mlp_begin);
   const int n_taps = int(tap_layer_ids.size());
   const float eps = float(c.rms_norm_eps);
-
-  std::vector<float> x(size_t(S) * H);      // [S, H] residual stream, identical on every TP rank
-  std::vector<float> h(size_t(S) * H);      // [S, H] normed input of the current sub-block
-  std::vector<float> part(size_t(S) * H);   // [S, H] this rank's row-parallel partial sum, then the full sum
-  std::vector<float> gate(size_t(S) * ic), up(size_t(S) * ic);  // up then holds silu(gate)·up
-  std::vector<float> rstd(static_cast<size_t>(S));
-  std::vector<int> pos(static_cast<size_t>(S));
   const int past = cache ? cache->length : 0;
-  for (int i = 0; i < S; ++i) pos[size_t(i)] = past + i;
+  const size_t s = size_t(S), sh = s * size_t(H);
+
+  // one arena for the forward: the arrays below, then the token mixer's scratch (rewound after each layer)
+  const size_t mixer = std::max(attention_scratch_bytes(c, shard_, S, past, memory),
+                                c.hybrid ? gated_deltanet_scratch_bytes(c, shard_, S, memory) : size_t(0));
+  reserve_activations(3 * Arena::footprint(sh * sizeof(float)) + 2 * Arena::footprint(s * size_t(ic) * sizeof(float)) +
+                      Arena::footprint(s * sizeof(float)) + Arena::footprint(s * sizeof(int32_t)) + mixer);
+  activations_.reset();
+  float* x = activations_.alloc<float>(sh);     // [S, H] residual stream, identical on every TP rank
+  float* h = activations_.alloc<float>(sh);     // [S, H] normed input of the current sub-block
+  float* part = activations_.alloc<float>(sh);  // [S, H] this rank's row-parallel partial sum, then the full sum
+  float* gate = activations_.alloc<float>(s * size_t(ic));
+  float* up = activations_.alloc<float>(s * size_t(ic));  // up then holds silu(gate)·up
+  float* rstd = activations_.alloc<float>(s);
+  int32_t* pos = activations_.alloc<int32_t>(s);
+
+  std::vector<int32_t> host_pos(s);
+  for (int i = 0; i < S; ++i) host_pos[size_t(i)] = past + i;
   if (tree_parents) {  // a tree node sits at past + its depth
-    for (int i = 0; i < S; ++i) pos[size_t(i)] = tree_parents[i] < 0 ? past : pos[size_t(tree_parents[i])] + 1;
+    for (int i = 0; i < S; ++i)
+      host_pos[size_t(i)] = tree_parents[i] < 0 ? past : host_pos[size_t(tree_parents[i])] + 1;
   }
+  be.upload(ctx, pos, host_pos.data(), s * sizeof(int32_t));
 
+  // embedding rows from the mmapped checkpoint (host), one [S, H] upload
   const std::string embed = c.weight_prefix + "embed_tokens.weight";
-  for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &x[size_t(i) * H]);
+  host_stage_.resize(sh);
+  for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &host_stage_[size_t(i) * H]);
+  be.upload(ctx, x, host_stage_.data(), sh * sizeof(float));
 
-  // the token mixers' kernels (target_layers.h): the CPU backend, with this model's attention block
-  const auto backend = kernels::make_cpu_backend<float>({options_.attention_block});
   for (int l = 0; l < c.layers; ++l) {
     const TargetLayer& L = layers_[size_t(l)];
     // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
-    cpu::rmsnorm_forward<float>(h.data(), rstd.data(), x.data(), L.input_norm.data(), S, H, eps);
+    be.rmsnorm_forward(ctx, h, rstd, x, L.input_norm.data(), S, H, eps);
     const size_t li = size_t(l);
-    Timer part_timer;
+    Timer part_timer;  // on a device backend: launch time plus what the cache staging waits for
     if (L.linear) {
-      gated_deltanet_forward(*backend, part.data(), h.data(), S, L, c, shard_,
-                             cache ? &cache->conv_tail[li] : nullptr, cache ? &cache->delta_state[li] : nullptr);
+      gated_deltanet_forward(be, activations_, part, h, S, L, c, shard_, cache ? &cache->conv_tail[li] : nullptr,
+                             cache ? &cache->delta_state[li] : nullptr);
     } else {
-      attention_forward(*backend, part.data(), h.data(), pos.data(), S, L, c, shard_,
-                        cache ? &cache->keys[li] : nullptr, cache ? &cache->values[li] : nullptr, tree_parents);
+      attention_forward(be, activations_, part, h, pos, S, L, c, shard_, cache ? &cache->keys[li] : nullptr,
+                        cache ? &cache->values[li] : nullptr, tree_parents);
     }
     (L.linear ? stats_.linear_attention_seconds : stats_.full_attention_seconds) += part_timer.seconds();
-    timed_allreduce(part.data(), part.size());
-    cpu::residual_forward<float>(x.data(), x.data(), part.data(), x.size());
+    timed_allreduce(part, sh);
+    be.residual_forward(ctx, x, x, part, sh);
 
     // MLP: column-parallel gate/up over this rank's channels, row-parallel down + all-reduce
     part_timer.reset();
-    cpu::rmsnorm_forward<float>(h.data(), rstd.data(), x.data(), L.post_norm.data(), S, H, eps);
-    shard_linear(gate.data(), h.data(), L.wgate.data(), S, H, ic);
-    shard_linear(up.data(), h.data(), L.wup.data(), S, H, ic);
-    cpu::swiglu_forward<float>(up.data(), gate.data(), up.data(), up.size());
-    shard_linear(part.data(), up.data(), L.wdown.data(), S, ic, H);
+    be.rmsnorm_forward(ctx, h, rstd, x, L.post_norm.data(), S, H, eps);
+    shard_linear(be, gate, h, L.wgate.data(), S, H, ic);
+    shard_linear(be, up, h, L.wup.data(), S, H, ic);
+    be.swiglu_forward(ctx, up, gate, up, s * size_t(ic));
+    shard_linear(be, part, up, L.wdown.data(), S, ic, H);
     stats_.mlp_seconds += part_timer.seconds();
-    timed_allreduce(part.data(), part.size());
-    cpu::residual_forward<float>(x.data(), x.data(), part.data(), x.size());
+    timed_allreduce(part, sh);
+    be.residual_forward(ctx, x, x, part, sh);
 
     for (int t = 0; t < n_taps; ++t) {
       if (tap_layer_ids[size_t(t)] != l || !taps) continue;
+      be.download(ctx, host_stage_.data(), x, sh * sizeof(float));
       for (int i = 0; i < S; ++i) {
-        std::copy_n(&x[size_t(i) * H], H, taps + (size_t(i) * n_taps + t) * H);
+        std::copy_n(&host_stage_[size_t(i) * H], H, taps + (size_t(i) * n_taps + t) * H);
       }
     }
   }
-  if (final_hidden) cpu::rmsnorm_forward<float>(final_hidden, rstd.data(), x.data(), final_norm_.data(), S, H, eps);
+  if (final_hidden) {
+    be.rmsnorm_forward(ctx, h, rstd, x, final_norm_.data(), S, H, eps);
+    be.download(ctx, final_hidden, h, sh * sizeof(float));
+  }
+  be.synchronize(ctx);
   ++stats_.forwards;
   stats_.tokens += S;
   stats_.forward_seconds += timer.seconds();

@@ -1,18 +1,28 @@
 #pragma once
 // The frozen Qwen target (dense Qwen3, or the Qwen3.5 / Qwen3.6 hybrids of Gated DeltaNet and gated full
-// attention layers), tensor-parallel over one TP group, forward only, fp32 on CPU.
+// attention layers), tensor-parallel over one TP group, forward only, fp32, on a kernels::Backend<float> (the CPU
+// backend unless the caller hands it another: the trainer's target ranks use CUDA with run.device cuda).
 //
 // Per decoder layer (Megatron naming): column-parallel q/k/v (this rank's heads) and gate/up (its intermediate
 // channels), row-parallel o/down (the matching input columns) each followed by one all-reduce of the [S, H]
 // partial sums, after which every TP rank holds the full activations. bf16/f16 checkpoints are widened to fp32
 // on load. Each rank reads only its own slices from the mmapped checkpoint; embedding rows are read per forward
 // for the tokens at hand, so no rank keeps the [V, H] table.
+//
+// Where things live: the weights in the backend's memory (one Buffer per tensor, uploaded once at load), the
+// activations of a forward in one arena of backend memory (grown to the largest forward seen); the embedding rows
+// are read on the host and uploaded, taps and final_hidden downloaded to the caller's host arrays, and the
+// row-parallel all-reduces run on the host transport (on a device backend: download, all-reduce, upload). The
+// TargetCache is host memory, because the speculative decoders copy and truncate it: on a device backend each
+// layer's cache is uploaded before and downloaded after its use (correct, not fast).
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "lib/comm/transport.h"
+#include "lib/core/buffer.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/qwen_config.h"
 #include "lib/model/target_shard.h"
@@ -21,7 +31,10 @@ namespace dflash::model {
 
 struct TargetOptions {
   int mlp_grain = 64;        // intermediate channels per shard unit (tile alignment)
-  int attention_block = 64;  // query rows per attention block (scores held: block × S floats)
+  int attention_block = 64;  // query rows per attention block (scores held: block × S floats; CPU backend)
+  // The backend the forward runs on; null: a CPU backend with attention_block. Weights and activations are
+  // allocated in its memory (device memory on the calling thread's current GPU for CUDA).
+  std::shared_ptr<kernels::Backend<float>> backend;
 };
 
 struct TargetStats {
@@ -35,28 +48,37 @@ struct TargetStats {
   double linear_attention_seconds = 0, full_attention_seconds = 0, mlp_seconds = 0;
 };
 
+// One weight tensor in the backend's memory (fp32).
+struct TargetWeight {
+  Buffer buffer;
+  size_t count = 0;  // floats
+  const float* data() const { return buffer.as<float>(); }
+  size_t size() const { return count; }
+  bool empty() const { return count == 0; }
+};
+
 // One decoder layer's slices on this rank (shapes with the shard's local sizes: qd = q_count·head_dim,
 // kvd = kv_count·head_dim, ic = mlp_end − mlp_begin; DeltaNet: nk key heads of dk, nv value heads of dv held).
 // Hybrid RMSNorm weights are stored here as 1 + w (Qwen3.5 scales by 1 + w), so one rmsnorm kernel serves both.
 struct TargetLayer {
   bool linear = false;            // Gated DeltaNet layer (else full attention)
-  std::vector<float> input_norm;  // [H]
-  std::vector<float> wq;          // [qd, H] rows of q_proj; hybrid: [q_count, 2, head_dim] rows = query, gate
-  std::vector<float> wk, wv;      // [kvd, H]  rows of k_proj, v_proj
-  std::vector<float> q_norm;      // [head_dim]
-  std::vector<float> k_norm;      // [head_dim]
-  std::vector<float> wo;          // [H, qd]   columns of o_proj
-  std::vector<float> post_norm;   // [H]
-  std::vector<float> wgate, wup;  // [ic, H]   rows of gate_proj, up_proj
-  std::vector<float> wdown;       // [H, ic]   columns of down_proj
+  TargetWeight input_norm;  // [H]
+  TargetWeight wq;          // [qd, H] rows of q_proj; hybrid: [q_count, 2, head_dim] rows = query, gate
+  TargetWeight wk, wv;      // [kvd, H]  rows of k_proj, v_proj
+  TargetWeight q_norm;      // [head_dim]
+  TargetWeight k_norm;      // [head_dim]
+  TargetWeight wo;          // [H, qd]   columns of o_proj
+  TargetWeight post_norm;   // [H]
+  TargetWeight wgate, wup;  // [ic, H]   rows of gate_proj, up_proj
+  TargetWeight wdown;       // [H, ic]   columns of down_proj
   // Gated DeltaNet (linear_attn.*)
-  std::vector<float> w_qkv;             // [2·nk·dk + nv·dv, H] rows of in_proj_qkv: this rank's q | k | v channels
-  std::vector<float> conv;              // [2·nk·dk + nv·dv, K] the same channels of conv1d.weight [C, 1, K]
-  std::vector<float> w_z;               // [nv·dv, H] rows of in_proj_z (output gate)
-  std::vector<float> w_b, w_a;          // [nv, H] rows of in_proj_b (β), in_proj_a (decay)
-  std::vector<float> a_log, dt_bias;    // [nv]
-  std::vector<float> gated_norm;        // [dv] linear_attn.norm.weight (plain w)
-  std::vector<float> w_out;             // [H, nv·dv] columns of out_proj
+  TargetWeight w_qkv;             // [2·nk·dk + nv·dv, H] rows of in_proj_qkv: this rank's q | k | v channels
+  TargetWeight conv;              // [2·nk·dk + nv·dv, K] the same channels of conv1d.weight [C, 1, K]
+  TargetWeight w_z;               // [nv·dv, H] rows of in_proj_z (output gate)
+  TargetWeight w_b, w_a;          // [nv, H] rows of in_proj_b (β), in_proj_a (decay)
+  TargetWeight a_log, dt_bias;    // [nv]
+  TargetWeight gated_norm;        // [dv] linear_attn.norm.weight (plain w)
+  TargetWeight w_out;             // [H, nv·dv] columns of out_proj
 };
 
 // What an incremental forward carries between calls for one sequence on one rank: per full attention layer the
@@ -78,8 +100,9 @@ class TargetModel {
   const QwenConfig& config() const { return config_; }
   const TargetShard& shard() const { return shard_; }
   const TargetStats& stats() const { return stats_; }
+  kernels::Backend<float>& backend() const { return *backend_; }
   void reset_stats() { stats_ = {}; }
-  size_t weight_bytes() const;  // fp32 bytes of the slices held
+  size_t weight_bytes() const;  // fp32 bytes of the slices held (in the backend's memory)
 
   // Collective over the TP group (every rank passes the same tokens). Positions 0..S-1.
   // taps[S, n_taps*H] (=): columns [t*H, (t+1)*H) = output of decoder layer tap_layer_ids[t] (0-based);
@@ -101,7 +124,8 @@ class TargetModel {
   // row [n, H] (=) and taps row [n, n_taps·H] (=) are what forward_cached would give after the cache and its
   // root-to-node path. The n nodes' keys/values are appended to the cache in node order (cache.length += n); the
   // caller keeps one path (lib/model/spec_tree.h). Dense targets only: a Gated DeltaNet layer's recurrent state
-  // cannot branch within one forward (a dflash::Error).
+  // cannot branch within one forward (a dflash::Error). CPU backend only (the tree attention is a CPU kernel,
+  // kernels/cpu/attention_tree.h): a device backend is a dflash::Error.
   void forward_tree(const int32_t* tokens, const int* parents, int n, TargetCache& cache,
                     const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden);
 
@@ -111,18 +135,26 @@ class TargetModel {
   void run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden,
            TargetCache* cache, const int* tree_parents = nullptr);
   void load_layer(int l);
+  // host floats → a weight in the backend's memory
+  TargetWeight upload(const std::vector<float>& host);
+  // the activation arena holds at least `bytes` (reallocated, empty, when smaller)
+  void reserve_activations(size_t bytes);
   void load_attention(int l, TargetLayer& L);
   void load_linear_attention(int l, TargetLayer& L);
-  void timed_allreduce(float* data, size_t n);
+  // all-reduce of part[n] in backend memory over the TP group (host transport; device: staged through the host)
+  void timed_allreduce(float* part, size_t n);
 
   std::string dir_;
   comm::Transport& tp_;
   TargetOptions options_;
+  std::shared_ptr<kernels::Backend<float>> backend_;  // declared before the weights, which live in its memory
   QwenConfig config_;
   TargetShard shard_;
   io::Checkpoint ckpt_;            // kept open: embedding rows are read per forward
   std::vector<TargetLayer> layers_;
-  std::vector<float> final_norm_;  // [H]
+  TargetWeight final_norm_;        // [H]
+  Arena activations_;              // one forward's activations and scratch (backend memory)
+  std::vector<float> host_stage_;  // [S, H] host staging: embedding rows, taps, all-reduce (device backends)
   TargetStats stats_;
 };
 

@@ -2,26 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "kernels/cpu/attention_tree.h"
-#include "kernels/cpu/gemm.h"
+#include "lib/core/error.h"
 
 namespace dflash::model {
 
-void shard_linear(float* y, const float* x, const float* W, int N, int in, int out) {
-  if (N == 0 || out == 0) return;
-  if (in == 0) {
-    std::fill(y, y + size_t(N) * out, 0.f);
-    return;
-  }
-  cpu::linear_forward<float>(y, x, W, N, in, out);
-}
-
-namespace {
-
-// shard_linear on the backend: y[N, out] (=) x · Wᵀ, zeros when in = 0, nothing when the shard is empty
-void linear(kernels::Backend<float>& be, float* y, const float* x, const float* W, int N, int in, int out) {
+void shard_linear(kernels::Backend<float>& be, float* y, const float* x, const float* W, int N, int in, int out) {
   if (N == 0 || out == 0) return;
   if (in == 0) {
     be.zero(be.context(), y, sizeof(float) * size_t(N) * out);
@@ -30,99 +17,160 @@ void linear(kernels::Backend<float>& be, float* y, const float* x, const float* 
   be.linear_forward(be.context(), y, x, W, N, in, out);
 }
 
+namespace {
+
+// arena bytes of float arrays of these sizes (Arena::footprint per array)
+size_t floats_footprint(std::initializer_list<size_t> counts) {
+  size_t n = 0;
+  for (size_t c : counts) n += Arena::footprint(c * sizeof(float));
+  return n;
+}
+
+// A host cache array in backend memory for the length of one call: the vector itself on a host backend, else a
+// copy in the scratch arena (uploaded here; written back by download_into).
+float* stage_in(kernels::Backend<float>& be, Arena& scratch, std::vector<float>& host) {
+  if (be.memory() == MemoryKind::host) return host.data();
+  float* dev = scratch.alloc<float>(host.size());
+  be.upload(be.context(), dev, host.data(), host.size() * sizeof(float));
+  return dev;
+}
+void stage_out(kernels::Backend<float>& be, std::vector<float>& host, const float* staged) {
+  if (be.memory() == MemoryKind::host) return;
+  be.download(be.context(), host.data(), staged, host.size() * sizeof(float));
+}
+
 }  // namespace
 
-void attention_forward(kernels::Backend<float>& be, float* part, const float* h, const int* pos, int S,
-                       const TargetLayer& L, const QwenConfig& c, const TargetShard& shard, std::vector<float>* keys,
-                       std::vector<float>* values, const int* tree_parents) {
+size_t attention_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S, int past, MemoryKind memory) {
+  const size_t s = size_t(S), hd = size_t(c.head_dim), qh = size_t(shard.q_count), kvh = size_t(shard.kv_count);
+  const size_t qd = qh * hd, kvd = kvh * hd;
+  size_t n = floats_footprint({s * qd, s * kvd, s * kvd, s * qd, s * std::max<size_t>({qh, kvh, 1})});
+  if (c.hybrid) n += floats_footprint({s * 2 * qd, s * qd});
+  if (memory != MemoryKind::host) n += floats_footprint({(size_t(past) + s) * kvd, (size_t(past) + s) * kvd});
+  return n;
+}
+
+void attention_forward(kernels::Backend<float>& be, Arena& scratch, float* part, const float* h, const int32_t* pos,
+                       int S, const TargetLayer& L, const QwenConfig& c, const TargetShard& shard,
+                       std::vector<float>* keys, std::vector<float>* values, const int* tree_parents) {
+  DFLASH_CHECK(!tree_parents || be.memory() == MemoryKind::host,
+               "target forward_tree: tree verification runs the CPU kernel kernels/cpu/attention_tree on host "
+               "memory; this target runs on the {} backend (use a CPU target for tree verification)",
+               be.name());
   ExecContext& ctx = be.context();
+  ArenaScope scope(scratch);
   const int H = c.hidden, hd = c.head_dim, qh = shard.q_count, kvh = shard.kv_count;
   const int qd = qh * hd, kvd = kvh * hd;
-  std::vector<float> q(size_t(S) * qd), k(size_t(S) * kvd), v(size_t(S) * kvd), attn(size_t(S) * qd);
-  std::vector<float> gate;  // [S, qd] hybrid output gate
-  std::vector<float> rstd(size_t(S) * std::max({qh, kvh, 1}));
+  const size_t s = size_t(S);
+  float* q = scratch.alloc<float>(s * qd);
+  float* k = scratch.alloc<float>(s * kvd);
+  float* v = scratch.alloc<float>(s * kvd);
+  float* attn = scratch.alloc<float>(s * qd);
+  float* rstd = scratch.alloc<float>(s * size_t(std::max({qh, kvh, 1})));
+  float* gate = nullptr;  // [S, qd] hybrid output gate
   if (c.hybrid) {
     // q_proj rows come per head as [query (hd) | gate (hd)]
-    std::vector<float> qg(size_t(S) * 2 * qd);
-    linear(be, qg.data(), h, L.wq.data(), S, H, 2 * qd);
-    gate.resize(size_t(S) * qd);
-    be.copy_strided(ctx, q.data(), hd, qg.data(), 2 * hd, S * qh, hd);
-    be.copy_strided(ctx, gate.data(), hd, qg.data() + hd, 2 * hd, S * qh, hd);
+    float* qg = scratch.alloc<float>(s * 2 * qd);
+    gate = scratch.alloc<float>(s * qd);
+    shard_linear(be, qg, h, L.wq.data(), S, H, 2 * qd);
+    be.copy_strided(ctx, q, hd, qg, 2 * hd, S * qh, hd);
+    be.copy_strided(ctx, gate, hd, qg + hd, 2 * hd, S * qh, hd);
   } else {
-    linear(be, q.data(), h, L.wq.data(), S, H, qd);
+    shard_linear(be, q, h, L.wq.data(), S, H, qd);
   }
-  linear(be, k.data(), h, L.wk.data(), S, H, kvd);
-  linear(be, v.data(), h, L.wv.data(), S, H, kvd);
-  be.rmsnorm_forward(ctx, q.data(), rstd.data(), q.data(), L.q_norm.data(), S * qh, hd, c.rms_norm_eps);
-  be.rmsnorm_forward(ctx, k.data(), rstd.data(), k.data(), L.k_norm.data(), S * kvh, hd, c.rms_norm_eps);
+  shard_linear(be, k, h, L.wk.data(), S, H, kvd);
+  shard_linear(be, v, h, L.wv.data(), S, H, kvd);
+  be.rmsnorm_forward(ctx, q, rstd, q, L.q_norm.data(), S * qh, hd, c.rms_norm_eps);
+  be.rmsnorm_forward(ctx, k, rstd, k, L.k_norm.data(), S * kvh, hd, c.rms_norm_eps);
   if (c.rotary_dim == hd) {
-    be.rope_forward(ctx, q.data(), q.data(), pos, S, qh, hd, c.rope_theta);
-    be.rope_forward(ctx, k.data(), k.data(), pos, S, kvh, hd, c.rope_theta);
+    be.rope_forward(ctx, q, q, pos, S, qh, hd, c.rope_theta);
+    be.rope_forward(ctx, k, k, pos, S, kvh, hd, c.rope_theta);
   } else {
-    be.rope_partial_forward(ctx, q.data(), q.data(), pos, S, qh, hd, c.rotary_dim, c.rope_theta);
-    be.rope_partial_forward(ctx, k.data(), k.data(), pos, S, kvh, hd, c.rotary_dim, c.rope_theta);
+    be.rope_partial_forward(ctx, q, q, pos, S, qh, hd, c.rotary_dim, c.rope_theta);
+    be.rope_partial_forward(ctx, k, k, pos, S, kvh, hd, c.rotary_dim, c.rope_theta);
   }
   // local Q head j belongs to global KV head (q_begin + j) / g, i.e. local KV head j / (qh / kvh) — true for both
   // the whole-group split (qh = kvh·g) and replication (kvh = 1)
   const int past = keys ? int(keys->size() / std::max<size_t>(size_t(kvd), 1)) : 0;
-  if (keys) {
-    keys->insert(keys->end(), k.begin(), k.end());
-    values->insert(values->end(), v.begin(), v.end());
+  if (keys) {  // append these S rows to the host cache (a download on a device backend)
+    const size_t old = keys->size(), add = s * size_t(kvd);
+    keys->resize(old + add);
+    values->resize(old + add);
+    be.download(ctx, keys->data() + old, k, add * sizeof(float));
+    be.download(ctx, values->data() + old, v, add * sizeof(float));
   }
   if (tree_parents) {
-    // tree verification has no backend entry yet: the CPU kernel on the host arrays (the target runs on the CPU)
-    cpu::attention_tree_forward<float>(attn.data(), q.data(), keys->data(), values->data(), tree_parents, S, past, qh,
-                                       kvh, hd);
+    // tree verification has no backend entry: the CPU kernel on host memory (checked above)
+    cpu::attention_tree_forward<float>(attn, q, keys->data(), values->data(), tree_parents, S, past, qh, kvh, hd);
   } else {
     // after a cache the keys are the cache's (these S rows appended); from position 0 they are just these rows
-    const float* kk = past > 0 ? keys->data() : k.data();
-    const float* vv = past > 0 ? values->data() : v.data();
-    be.attention_cached_forward(ctx, attn.data(), q.data(), kk, vv, S, past, qh, kvh, hd);
+    const float* kk = past > 0 ? stage_in(be, scratch, *keys) : k;
+    const float* vv = past > 0 ? stage_in(be, scratch, *values) : v;
+    be.attention_cached_forward(ctx, attn, q, kk, vv, S, past, qh, kvh, hd);
   }
-  if (c.hybrid) be.sigmoid_gate(ctx, attn.data(), gate.data(), attn.size());
-  linear(be, part, attn.data(), L.wo.data(), S, qd, H);
+  if (c.hybrid) be.sigmoid_gate(ctx, attn, gate, s * size_t(qd));
+  shard_linear(be, part, attn, L.wo.data(), S, qd, H);
 }
 
-void gated_deltanet_forward(kernels::Backend<float>& be, float* part, const float* h, int S, const TargetLayer& L,
-                            const QwenConfig& c, const TargetShard& shard, std::vector<float>* conv_tail,
-                            std::vector<float>* state) {
+size_t gated_deltanet_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S, MemoryKind memory) {
+  const size_t s = size_t(S), dk = size_t(c.linear_k_dim), dv = size_t(c.linear_v_dim), K = size_t(c.conv_kernel);
+  const size_t nk = size_t(shard.linear.group_count), nv = size_t(shard.linear.member_count);
+  const size_t qkd = nk * dk, vd = nv * dv, C = 2 * qkd + vd;
+  size_t n = floats_footprint({s * C, s * C, s * qkd, s * qkd, s * vd, s * vd, s * nv, s * nv, s * vd});
+  if (memory != MemoryKind::host) n += floats_footprint({(K - 1) * C, nv * dk * dv});
+  return n;
+}
+
+void gated_deltanet_forward(kernels::Backend<float>& be, Arena& scratch, float* part, const float* h, int S,
+                            const TargetLayer& L, const QwenConfig& c, const TargetShard& shard,
+                            std::vector<float>* conv_tail, std::vector<float>* state) {
   ExecContext& ctx = be.context();
+  ArenaScope scope(scratch);
   const int H = c.hidden, dk = c.linear_k_dim, dv = c.linear_v_dim, K = c.conv_kernel;
   const int nk = shard.linear.group_count, nv = shard.linear.member_count;
   const int qkd = nk * dk, vd = nv * dv, C = 2 * qkd + vd;
-  std::vector<float> mixed(size_t(S) * C), conv(size_t(S) * C);
-  linear(be, mixed.data(), h, L.w_qkv.data(), S, H, C);
+  const size_t s = size_t(S);
+  float* mixed = scratch.alloc<float>(s * C);
+  float* conv = scratch.alloc<float>(s * C);
+  shard_linear(be, mixed, h, L.w_qkv.data(), S, H, C);
   // with a cache the conv continues from the last K−1 inputs (conv_tail, zeros before position 0) and keeps them
   float* tail = nullptr;
+  float* state_mem = nullptr;
   if (conv_tail) {
     if (conv_tail->empty()) conv_tail->assign(size_t(K - 1) * C, 0.f);
     if (state->empty()) state->assign(size_t(nv) * dk * dv, 0.f);
-    tail = conv_tail->data();
+    tail = stage_in(be, scratch, *conv_tail);
+    state_mem = stage_in(be, scratch, *state);
   }
-  be.causal_conv1d_silu_forward(ctx, conv.data(), mixed.data(), L.conv.data(), tail, S, C, K);
+  be.causal_conv1d_silu_forward(ctx, conv, mixed, L.conv.data(), tail, S, C, K);
   // split the conv output's channels q | k | v into per-head rows
-  std::vector<float> q(size_t(S) * qkd), k(size_t(S) * qkd), v(size_t(S) * vd);
-  be.copy_strided(ctx, q.data(), qkd, conv.data(), C, S, qkd);
-  be.copy_strided(ctx, k.data(), qkd, conv.data() + qkd, C, S, qkd);
-  be.copy_strided(ctx, v.data(), vd, conv.data() + 2 * qkd, C, S, vd);
+  float* q = scratch.alloc<float>(s * qkd);
+  float* k = scratch.alloc<float>(s * qkd);
+  float* v = scratch.alloc<float>(s * vd);
+  be.copy_strided(ctx, q, qkd, conv, C, S, qkd);
+  be.copy_strided(ctx, k, qkd, conv + qkd, C, S, qkd);
+  be.copy_strided(ctx, v, vd, conv + 2 * qkd, C, S, vd);
   // the constants as float, as the layer computes them (the backend narrows its double arguments to float)
-  be.l2norm_forward(ctx, q.data(), S * nk, dk, double(1e-6f), double(1.f / std::sqrt(float(dk))));
-  be.l2norm_forward(ctx, k.data(), S * nk, dk, double(1e-6f), 1.0);
+  be.l2norm_forward(ctx, q, S * nk, dk, double(1e-6f), double(1.f / std::sqrt(float(dk))));
+  be.l2norm_forward(ctx, k, S * nk, dk, double(1e-6f), 1.0);
 
-  std::vector<float> z(size_t(S) * vd), beta(size_t(S) * nv), decay(size_t(S) * nv);
-  linear(be, z.data(), h, L.w_z.data(), S, H, vd);
-  linear(be, beta.data(), h, L.w_b.data(), S, H, nv);
-  linear(be, decay.data(), h, L.w_a.data(), S, H, nv);
+  float* z = scratch.alloc<float>(s * vd);
+  float* beta = scratch.alloc<float>(s * nv);
+  float* decay = scratch.alloc<float>(s * nv);
+  shard_linear(be, z, h, L.w_z.data(), S, H, vd);
+  shard_linear(be, beta, h, L.w_b.data(), S, H, nv);
+  shard_linear(be, decay, h, L.w_a.data(), S, H, nv);
   // β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), in place
-  be.deltanet_gates_forward(ctx, decay.data(), beta.data(), decay.data(), beta.data(), L.a_log.data(),
-                            L.dt_bias.data(), S, nv);
+  be.deltanet_gates_forward(ctx, decay, beta, decay, beta, L.a_log.data(), L.dt_bias.data(), S, nv);
   // local value head j reads local key head j / (nv / nk): whole groups (nv = nk·r) or one replicated key head
-  std::vector<float> o(size_t(S) * vd);
-  if (nv > 0)
-    be.gated_delta_rule_forward(ctx, o.data(), q.data(), k.data(), v.data(), decay.data(), beta.data(),
-                                state ? state->data() : nullptr, S, nk, nv, dk, dv);
-  be.gated_rmsnorm_forward(ctx, o.data(), o.data(), z.data(), L.gated_norm.data(), S * nv, dv, c.rms_norm_eps);
-  linear(be, part, o.data(), L.w_out.data(), S, vd, H);
+  float* o = scratch.alloc<float>(s * vd);
+  if (nv > 0) be.gated_delta_rule_forward(ctx, o, q, k, v, decay, beta, state_mem, S, nk, nv, dk, dv);
+  be.gated_rmsnorm_forward(ctx, o, o, z, L.gated_norm.data(), S * nv, dv, c.rms_norm_eps);
+  shard_linear(be, part, o, L.w_out.data(), S, vd, H);
+  if (conv_tail) {  // the updated conv tail and recurrent state back to the host cache (device backends)
+    stage_out(be, *conv_tail, tail);
+    stage_out(be, *state, state_mem);
+  }
 }
 
 }  // namespace dflash::model

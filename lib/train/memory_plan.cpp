@@ -32,19 +32,19 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   const model::DrafterConfig& d = in.drafter;
   GpuMemoryPlan p;
 
-  // target rank: bf16 weights; forward activations of one sequence (flash attention: nothing S × S); the taps and
-  // final hidden it sends, double buffered
+  // target rank, as lib/model/target.cpp allocates it: fp32 weights (bf16 target weights are not built), one fp32
+  // arena with the residual stream, normed input and partial sum [S, H], the MLP's gate and up [S, ic] and the token
+  // mixer's scratch (flash attention: nothing S × S). The taps and final hidden go to host packets (downloaded), the
+  // embedding rows come through a host staging array: neither is GPU memory.
   const model::QwenConfig& t = in.target;
   const double th = t.hidden, q_local = double(t.heads) / in.target_tp + 1, kv_local = double(t.kv_heads);
   const double mlp_local = double(t.intermediate) / in.target_tp + 128;
   p.target.role = "target TP rank (largest shard)";
   p.target.items = {
-      {"weights (bf16)", double(in.target_rank_params) * 2},
-      {"residual stream (fp32) + normed input", S * th * (4 + 2)},
-      {"q, k, v, attention output (bf16)", S * t.head_dim * (2 * q_local + 2 * kv_local) * 2},
-      {"MLP gate, up (bf16)", S * mlp_local * 2 * 2},
-      {"taps + final hidden, x packets_in_flight (bf16)",
-       S * th * (d.n_taps + 1) * 2 * std::max(1, in.packets_in_flight)},
+      {"weights (fp32)", double(in.target_rank_params) * 4},
+      {"residual stream, normed input, partial sum (fp32)", S * th * 4 * 3},
+      {"q, k, v, attention output (fp32)", S * t.head_dim * (2 * q_local + 2 * kv_local) * 4},
+      {"MLP gate, up (fp32)", S * mlp_local * 2 * 4},
       {"cuBLASLt workspace", 32.0 * (1 << 20)},
   };
 

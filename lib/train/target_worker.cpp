@@ -28,10 +28,16 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
                                                                   plane)),
       world_data(comms.world_data(), watchdog, fmt::format("world ({} data plane)", plane));
   Timer load_timer;
-  model::TargetModel target(cfg.target.path, tp_data);
-  log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB in {:.2f} s; taps {}",
+  // run.device cuda: the forward on the GPU the trainer bound at start-up, in fp32 whatever run.precision says
+  // (bf16 target weights are not built); the TP all-reduces stay on the host transport (docs/backend.md)
+  model::TargetOptions target_options;
+  if (cfg.run.device == "cuda") target_options.backend = kernels::make_cuda_backend<float>();
+  model::TargetModel target(cfg.target.path, tp_data, target_options);
+  log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB (fp32, {} backend) in {:.2f} s; "
+           "taps {}",
            cfg.target.path, plan.target.layers, plan.target.hidden, plan.target.heads, plan.target.kv_heads,
-           target.weight_bytes() / 1048576.0, load_timer.seconds(), fmt::join(plan.tap_ids, ","));
+           target.weight_bytes() / 1048576.0, target.backend().name(), load_timer.seconds(),
+           fmt::join(plan.tap_ids, ","));
 
   io::SequenceSchedule schedule(plan.num_sequences, cfg.layout.drafter_dp, cfg.optim.micro_batches,
                                 uint64_t(cfg.run.seed), cfg.data.shuffle, cfg.data.path);

@@ -269,11 +269,12 @@ int dflash_mpi_main(int argc, char** argv) {
                                                      cfg.layout.drafter_dp, size, rank);
     who = layout.describe();
     // run.device cuda: every rank binds a GPU of its node by node-local rank (several ranks may share one); the
-    // drafter step runs on it, the target forward still on the CPU (docs/backend.md)
+    // drafter step and the target forward run on it (docs/backend.md)
     const int local_rank = comm::node_local_rank(MPI_COMM_WORLD);
     if (cfg.run.device == "cuda") {
       const int gpu = kernels::bind_cuda_device(local_rank);
-      if (layout.role == comm::Role::Drafter) std::printf("%s: drafter step on GPU %d\n", who.c_str(), gpu);
+      std::printf("%s: %s on GPU %d\n", who.c_str(),
+                  layout.role == comm::Role::Drafter ? "drafter step" : "target forward", gpu);
     }
     // the data plane (lib/comm/data_plane.h): every rank decides alike from the job's shape
     const comm::DataPlane plane = comm::choose_data_plane(cfg.layout.transport, cfg.run.device == "cuda",
