@@ -68,37 +68,6 @@ void DrafterProposer::propose_topk(const std::vector<int32_t>& tokens, const flo
   seconds_ += timer.seconds();
 }
 
-namespace {
-
-// The Gated DeltaNet part of a cache (conv tails, recurrent states): what a rollback restores.
-struct RecurrentSnapshot {
-  std::vector<std::vector<float>> conv_tail, delta_state;
-  bool any = false;
-};
-
-RecurrentSnapshot snapshot(const TargetCache& c) {
-  RecurrentSnapshot s;
-  for (const auto& v : c.delta_state) s.any |= !v.empty();
-  if (s.any) {
-    s.conv_tail = c.conv_tail;
-    s.delta_state = c.delta_state;
-  }
-  return s;
-}
-
-// Drops positions ≥ length from every attention layer's keys and values.
-void truncate_kv(TargetCache& c, int length) {
-  for (size_t l = 0; l < c.keys.size(); ++l) {
-    if (c.keys[l].empty()) continue;  // a DeltaNet layer
-    const size_t row = c.keys[l].size() / size_t(c.length);
-    c.keys[l].resize(row * size_t(length));
-    c.values[l].resize(row * size_t(length));
-  }
-  c.length = length;
-}
-
-}  // namespace
-
 SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Transport& tp, BlockProposer* proposer,
                                 const std::vector<int32_t>& prompt, const SpecOptions& o) {
   const int H = target.config().hidden, B = o.block_size, W = int(o.tap_layer_ids.size()) * H;
@@ -125,6 +94,7 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
   taps.resize(taps.size() + size_t(W), 0.f);
 
   std::vector<int32_t> input(static_cast<size_t>(B)), draft(static_cast<size_t>(B - 1));
+  TargetRecurrentState before;  // hybrid targets: the DeltaNet part of the cache before a verify (backend memory)
   auto done = [&] { return int(r.tokens.size()) >= o.max_new_tokens || r.tokens.back() == o.eos_id; };
   while (!done()) {
     const int p = int(seq.size()) - 1;  // position of the last kept token, not yet through the target
@@ -133,7 +103,7 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
     input[0] = seq[size_t(p)];
     std::copy(draft.begin(), draft.end(), input.begin() + 1);
 
-    const RecurrentSnapshot before = snapshot(cache);
+    target.save_recurrent(cache, before);
     target.forward_cached(input.data(), B, cache, o.tap_layer_ids, block_taps.data(), hidden.data());
     r.target_forwards += 1;
     int m = 0;
@@ -149,11 +119,10 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
     // keep positions p..p+m−1 (their inputs were t_p and the m−1 confirmed drafts); a finished sequence's cache
     // is dropped, so the last verify needs no rollback
     if (m < B && !done()) {
-      truncate_kv(cache, p + m);
-      if (before.any) {
-        truncate_kv(cache, p);
-        cache.conv_tail = before.conv_tail;
-        cache.delta_state = before.delta_state;
+      cache.truncate(p + m);
+      if (target.config().hybrid) {
+        cache.truncate(p);
+        target.restore_recurrent(cache, before);
         target.forward_cached(input.data(), m, cache, hidden.data());
         r.rollback_forwards += 1;
       }

@@ -57,24 +57,6 @@ DraftTree build_draft_tree(int32_t root, const int32_t* ids, const float* logpro
   return t;
 }
 
-void keep_tree_path(TargetCache& cache, int past, const std::vector<int>& path) {
-  const int m = int(path.size());
-  for (size_t l = 0; l < cache.keys.size(); ++l) {
-    if (cache.keys[l].empty()) continue;
-    const size_t row = cache.keys[l].size() / size_t(cache.length);
-    // row past + d ← row past + path[d]; path[d] ≥ d, so the rows read were not yet overwritten
-    for (int d = 0; d < m; ++d) {
-      const size_t from = size_t(past + path[size_t(d)]) * row, to = size_t(past + d) * row;
-      if (from == to) continue;
-      std::copy_n(cache.keys[l].begin() + long(from), row, cache.keys[l].begin() + long(to));
-      std::copy_n(cache.values[l].begin() + long(from), row, cache.values[l].begin() + long(to));
-    }
-    cache.keys[l].resize(row * size_t(past + m));
-    cache.values[l].resize(row * size_t(past + m));
-  }
-  cache.length = past + m;
-}
-
 SpecResult speculative_generate_tree(TargetModel& target, GreedyHead& head, comm::Transport& tp,
                                      TopkProposer* proposer, const std::vector<int32_t>& prompt,
                                      const SpecOptions& o, const TreeOptions& tree) {
@@ -138,7 +120,7 @@ SpecResult speculative_generate_tree(TargetModel& target, GreedyHead& head, comm
     }
     const int m = int(path.size());
     r.accepted.push_back(m);
-    keep_tree_path(cache, p, path);
+    target.keep_cache_path(cache, p, path);
     taps.resize(size_t(p) * W);  // drop the placeholder row of p
     for (int node : path)
       taps.insert(taps.end(), tree_taps.begin() + long(size_t(node) * W), tree_taps.begin() + long(size_t(node + 1) * W));

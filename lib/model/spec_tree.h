@@ -43,10 +43,6 @@ struct DraftTree {
 // log-probability (ties: the earlier-found candidate) until `budget` nodes besides the root.
 DraftTree build_draft_tree(int32_t root, const int32_t* ids, const float* logprobs, int positions, int k, int budget);
 
-// The cache after a tree forward at length past + n: keeps past positions and the path's nodes path[0..m) (path[0] =
-// 0, the root; each the child of the one before) as positions past..past+m−1, keys and values moved down.
-void keep_tree_path(TargetCache& cache, int past, const std::vector<int>& path);
-
 // Collective over `tp`, as speculative_generate (which it equals token for token); `proposer` on rank 0 only. The
 // target must be dense. result.tree_nodes counts the verified nodes.
 SpecResult speculative_generate_tree(TargetModel& target, GreedyHead& head, comm::Transport& tp,

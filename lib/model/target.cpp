@@ -201,7 +201,7 @@ void TargetModel::timed_allreduce(float* part, size_t n) {
 
 void TargetModel::reserve_activations(size_t bytes) {
   if (activations_.capacity() >= bytes) return;
-  // grown by at least half: a decode loop whose cache staging grows by a row per step reallocates rarely
+  // grown by at least half: a decode loop whose blocks vary in size reallocates rarely
   activations_ = Arena(backend_->memory(), std::max(bytes, activations_.capacity() * 3 / 2), "target activations");
 }
 
@@ -216,15 +216,7 @@ void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cach
 
 void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache,
                                  const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden) {
-  const size_t L = size_t(config_.layers);
-  if (cache.keys.size() != L) {
-    DFLASH_CHECK(cache.length == 0, "target forward_cached: a cache at length {} without per-layer state",
-                 cache.length);
-    cache.keys.assign(L, {});
-    cache.values.assign(L, {});
-    cache.conv_tail.assign(L, {});
-    cache.delta_state.assign(L, {});
-  }
+  prepare_cache(cache, n, "forward_cached");
   run(tokens, n, tap_layer_ids, taps, final_hidden, &cache);
   cache.length += n;
 }
@@ -241,13 +233,7 @@ void TargetModel::forward_tree(const int32_t* tokens, const int* parents, int n,
   for (int i = 1; i < n; ++i)
     DFLASH_CHECK(parents[i] >= 0 && parents[i] < i, "target forward_tree: node {} has parent {}, outside [0, {})", i,
                  parents[i], i);
-  if (cache.keys.size() != size_t(config_.layers)) {  // a fresh cache: the same per-layer state forward_cached makes
-    DFLASH_CHECK(cache.length == 0, "target forward_tree: a cache at length {} without per-layer state", cache.length);
-    cache.keys.assign(size_t(config_.layers), {});
-    cache.values.assign(size_t(config_.layers), {});
-    cache.conv_tail.assign(size_t(config_.layers), {});
-    cache.delta_state.assign(size_t(config_.layers), {});
-  }
+  prepare_cache(cache, n, "forward_tree");
   run(tokens, n, tap_layer_ids, taps, final_hidden, &cache, parents);
   cache.length += n;
 }
@@ -267,7 +253,6 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
   Timer timer;
   kernels::Backend<float>& be = *backend_;
   ExecContext& ctx = be.context();
-  const MemoryKind memory = be.memory();
   const int H = c.hidden, ic = int(shard_.mlp_end - shard_.mlp_begin);
   const int n_taps = int(tap_layer_ids.size());
   const float eps = float(c.rms_norm_eps);
@@ -275,8 +260,8 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
   const size_t s = size_t(S), sh = s * size_t(H);
 
   // one arena for the forward: the arrays below, then the token mixer's scratch (rewound after each layer)
-  const size_t mixer = std::max(attention_scratch_bytes(c, shard_, S, past, memory),
-                                c.hybrid ? gated_deltanet_scratch_bytes(c, shard_, S, memory) : size_t(0));
+  const size_t mixer = std::max(attention_scratch_bytes(c, shard_, S),
+                                c.hybrid ? gated_deltanet_scratch_bytes(c, shard_, S) : size_t(0));
   reserve_activations(3 * Arena::footprint(sh * sizeof(float)) + 2 * Arena::footprint(s * size_t(ic) * sizeof(float)) +
                       Arena::footprint(s * sizeof(float)) + Arena::footprint(s * sizeof(int32_t)) + mixer);
   activations_.reset();
@@ -307,13 +292,14 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
     // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
     be.rmsnorm_forward(ctx, h, rstd, x, L.input_norm.data(), S, H, eps);
     const size_t li = size_t(l);
-    Timer part_timer;  // on a device backend: launch time plus what the cache staging waits for
+    Timer part_timer;  // on a device backend: launch time (plus any wait for the stream)
     if (L.linear) {
-      gated_deltanet_forward(be, activations_, part, h, S, L, c, shard_, cache ? &cache->conv_tail[li] : nullptr,
-                             cache ? &cache->delta_state[li] : nullptr);
+      gated_deltanet_forward(be, activations_, part, h, S, L, c, shard_,
+                             cache ? cache->conv_tail[li].as<float>() : nullptr,
+                             cache ? cache->delta_state[li].as<float>() : nullptr);
     } else {
-      attention_forward(be, activations_, part, h, pos, S, L, c, shard_, cache ? &cache->keys[li] : nullptr,
-                        cache ? &cache->values[li] : nullptr, tree_parents);
+      attention_forward(be, activations_, part, h, pos, S, L, c, shard_, cache ? cache->keys[li].as<float>() : nullptr,
+                        cache ? cache->values[li].as<float>() : nullptr, past, tree_parents);
     }
     (L.linear ? stats_.linear_attention_seconds : stats_.full_attention_seconds) += part_timer.seconds();
     timed_allreduce(part, sh);
@@ -346,6 +332,182 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
   ++stats_.forwards;
   stats_.tokens += S;
   stats_.forward_seconds += timer.seconds();
+}
+
+void TargetCache::truncate(int new_length) {
+  DFLASH_CHECK(new_length >= 0 && new_length <= length, "target cache: cannot truncate to {} positions: it holds {}",
+               new_length, length);
+  length = new_length;
+}
+
+namespace {
+
+// floats of the per-layer cache arrays on this rank
+size_t kv_row_floats(const TargetShard& shard, const QwenConfig& c) { return size_t(shard.kv_count) * c.head_dim; }
+size_t conv_tail_floats(const TargetShard& shard, const QwenConfig& c) {
+  const size_t qkd = size_t(shard.linear.group_count) * c.linear_k_dim, vd = size_t(shard.linear.member_count) * c.linear_v_dim;
+  return size_t(c.conv_kernel - 1) * (2 * qkd + vd);
+}
+size_t delta_state_floats(const TargetShard& shard, const QwenConfig& c) {
+  return size_t(shard.linear.member_count) * c.linear_k_dim * c.linear_v_dim;
+}
+
+}  // namespace
+
+void TargetModel::prepare_cache(TargetCache& cache, int n, const char* what) {
+  kernels::Backend<float>& be = *backend_;
+  ExecContext& ctx = be.context();
+  const size_t L = size_t(config_.layers), row = kv_row_floats(shard_, config_);
+  if (cache.keys.size() != L) {  // a fresh sequence: per-layer buffers, the recurrent part zeros
+    DFLASH_CHECK(cache.length == 0 && cache.keys.empty(), "target {}: a cache at length {} without per-layer state for "
+                 "this model's {} layers", what, cache.length, L);
+    cache.capacity = 0;
+    cache.keys.resize(L);
+    cache.values.resize(L);
+    cache.conv_tail.resize(L);
+    cache.delta_state.resize(L);
+    for (size_t l = 0; l < L; ++l) {
+      if (!layers_[l].linear) continue;
+      const size_t tail = conv_tail_floats(shard_, config_), state = delta_state_floats(shard_, config_);
+      cache.conv_tail[l] = Buffer(be.memory(), tail * sizeof(float));
+      cache.delta_state[l] = Buffer(be.memory(), state * sizeof(float));
+      be.zero(ctx, cache.conv_tail[l].data(), tail * sizeof(float));
+      be.zero(ctx, cache.delta_state[l].data(), state * sizeof(float));
+    }
+  }
+  for (size_t l = 0; l < L; ++l) {
+    for (const Buffer* b : {&cache.keys[l], &cache.conv_tail[l]}) {
+      DFLASH_CHECK(b->data() == nullptr || b->kind() == be.memory(), "target {}: the cache is in {} memory, this "
+                   "target runs on the {} backend (a cache belongs to the target that filled it)", what,
+                   memory_kind_name(b->kind()), be.name());
+    }
+  }
+  const int need = cache.length + n;
+  if (need <= cache.capacity) return;
+  // geometric growth: a decode appends a block at a time, so the copies add up to O(final length)
+  const int capacity = std::max(need, cache.capacity * 2);
+  const size_t bytes = size_t(capacity) * row * sizeof(float), kept = size_t(cache.length) * row * sizeof(float);
+  for (size_t l = 0; l < L; ++l) {
+    if (layers_[l].linear) continue;
+    for (Buffer* b : {&cache.keys[l], &cache.values[l]}) {
+      Buffer grown(be.memory(), bytes);
+      if (kept > 0) be.copy(ctx, grown.data(), b->data(), kept);
+      *b = std::move(grown);
+    }
+  }
+  cache.capacity = capacity;
+}
+
+TargetCache TargetModel::copy_cache(const TargetCache& cache) const {
+  kernels::Backend<float>& be = *backend_;
+  ExecContext& ctx = be.context();
+  TargetCache out;
+  out.length = cache.length;
+  out.capacity = cache.keys.empty() ? 0 : cache.length;
+  const size_t kept = size_t(cache.length) * kv_row_floats(shard_, config_) * sizeof(float);
+  auto copy_of = [&](const Buffer& b, size_t bytes) {
+    if (b.data() == nullptr) return Buffer();
+    Buffer c(be.memory(), bytes);
+    if (bytes > 0) be.copy(ctx, c.data(), b.data(), bytes);
+    return c;
+  };
+  for (size_t l = 0; l < cache.keys.size(); ++l) {
+    const bool attention = !layers_[l].linear;
+    out.keys.push_back(attention ? copy_of(cache.keys[l], kept) : Buffer());
+    out.values.push_back(attention ? copy_of(cache.values[l], kept) : Buffer());
+    out.conv_tail.push_back(copy_of(cache.conv_tail[l], cache.conv_tail[l].bytes()));
+    out.delta_state.push_back(copy_of(cache.delta_state[l], cache.delta_state[l].bytes()));
+  }
+  be.synchronize(ctx);
+  return out;
+}
+
+void TargetModel::save_recurrent(const TargetCache& cache, TargetRecurrentState& state) const {
+  kernels::Backend<float>& be = *backend_;
+  ExecContext& ctx = be.context();
+  if (!config_.hybrid || cache.conv_tail.empty()) {
+    state = {};
+    return;
+  }
+  state.conv_tail.resize(cache.conv_tail.size());
+  state.delta_state.resize(cache.delta_state.size());
+  auto save = [&](Buffer& into, const Buffer& from) {
+    if (into.bytes() != from.bytes() || into.kind() != from.kind()) into = Buffer(from.kind(), from.bytes());
+    if (from.bytes() > 0) be.copy(ctx, into.data(), from.data(), from.bytes());
+  };
+  for (size_t l = 0; l < cache.conv_tail.size(); ++l) {
+    save(state.conv_tail[l], cache.conv_tail[l]);
+    save(state.delta_state[l], cache.delta_state[l]);
+  }
+}
+
+void TargetModel::restore_recurrent(TargetCache& cache, const TargetRecurrentState& state) const {
+  if (state.conv_tail.empty()) return;
+  kernels::Backend<float>& be = *backend_;
+  ExecContext& ctx = be.context();
+  DFLASH_CHECK(state.conv_tail.size() == cache.conv_tail.size(), "target restore_recurrent: a snapshot of {} layers "
+               "for a cache of {}", state.conv_tail.size(), cache.conv_tail.size());
+  auto restore = [&](Buffer& into, const Buffer& from) {
+    DFLASH_CHECK(into.bytes() == from.bytes(), "target restore_recurrent: a snapshot array of {} bytes for one of {}",
+                 from.bytes(), into.bytes());
+    if (from.bytes() > 0) be.copy(ctx, into.data(), from.data(), from.bytes());
+  };
+  for (size_t l = 0; l < cache.conv_tail.size(); ++l) {
+    restore(cache.conv_tail[l], state.conv_tail[l]);
+    restore(cache.delta_state[l], state.delta_state[l]);
+  }
+}
+
+void TargetModel::keep_cache_path(TargetCache& cache, int past, const std::vector<int>& path) const {
+  const int m = int(path.size());
+  DFLASH_CHECK(past >= 0 && past + m <= cache.length, "target keep_cache_path: {} kept nodes after {} positions, "
+               "the cache holds {}", m, past, cache.length);
+  kernels::Backend<float>& be = *backend_;
+  ExecContext& ctx = be.context();
+  const size_t row = kv_row_floats(shard_, config_) * sizeof(float);
+  for (size_t l = 0; l < cache.keys.size(); ++l) {
+    if (layers_[l].linear) continue;
+    // row past + d ← row past + path[d]; path[d] ≥ d, so the rows read were not yet overwritten, and a row never
+    // overlaps another (one backend copy per row)
+    for (int d = 0; d < m; ++d) {
+      DFLASH_CHECK(path[size_t(d)] >= d && past + path[size_t(d)] < cache.length,
+                   "target keep_cache_path: node {} at depth {} (nodes are numbered after their ancestors)",
+                   path[size_t(d)], d);
+      const size_t from = size_t(past + path[size_t(d)]) * row, to = size_t(past + d) * row;
+      if (from == to) continue;
+      be.copy(ctx, cache.keys[l].as<char>() + to, cache.keys[l].as<char>() + from, row);
+      be.copy(ctx, cache.values[l].as<char>() + to, cache.values[l].as<char>() + from, row);
+    }
+  }
+  cache.length = past + m;
+}
+
+std::vector<float> TargetModel::read_cache(const TargetCache& cache, int layer, TargetCachePart part) const {
+  DFLASH_CHECK(layer >= 0 && layer < config_.layers, "target read_cache: layer {} outside [0, {})", layer,
+               config_.layers);
+  if (cache.keys.empty()) return {};
+  const size_t l = size_t(layer);
+  const Buffer* b = nullptr;
+  size_t floats = 0;
+  switch (part) {
+    case TargetCachePart::keys:
+    case TargetCachePart::values:
+      if (layers_[l].linear) return {};
+      b = part == TargetCachePart::keys ? &cache.keys[l] : &cache.values[l];
+      floats = size_t(cache.length) * kv_row_floats(shard_, config_);
+      break;
+    case TargetCachePart::conv_tail:
+    case TargetCachePart::delta_state:
+      if (!layers_[l].linear) return {};
+      b = part == TargetCachePart::conv_tail ? &cache.conv_tail[l] : &cache.delta_state[l];
+      floats = b->bytes() / sizeof(float);
+      break;
+  }
+  std::vector<float> host(floats);
+  kernels::Backend<float>& be = *backend_;
+  if (floats > 0) be.download(be.context(), host.data(), b->data(), floats * sizeof(float));
+  be.synchronize(be.context());
+  return host;
 }
 
 TargetVocab load_target_vocab(const std::string& model_dir) {

@@ -13,8 +13,8 @@
 // activations of a forward in one arena of backend memory (grown to the largest forward seen); the embedding rows
 // are read on the host and uploaded, taps and final_hidden downloaded to the caller's host arrays, and the
 // row-parallel all-reduces run on the host transport (on a device backend: download, all-reduce, upload). The
-// TargetCache is host memory, because the speculative decoders copy and truncate it: on a device backend each
-// layer's cache is uploaded before and downloaded after its use (correct, not fast).
+// TargetCache of an incremental decode lives in the backend's memory too; what the speculative decoders do to it
+// (truncate, snapshot / restore of the recurrent part, keep a tree path) are TargetModel methods that run there.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -81,15 +81,33 @@ struct TargetLayer {
   TargetWeight w_out;             // [H, nv·dv] columns of out_proj
 };
 
-// What an incremental forward carries between calls for one sequence on one rank: per full attention layer the
-// keys and values of every position so far (this rank's KV heads, after k_norm and RoPE), per Gated DeltaNet layer
-// the last K−1 rows of its conv input and its recurrent state. Empty = a fresh sequence.
+// What an incremental forward carries between calls for one sequence on one rank, in the memory of the backend of
+// the TargetModel that filled it: per full attention layer the keys and values of every position so far (this
+// rank's KV heads, after k_norm and RoPE), per Gated DeltaNet layer the last K−1 rows of its conv input and its
+// recurrent state. Default-constructed = a fresh sequence (the buffers are made by the first forward_cached).
+// Move-only; TargetModel::copy_cache copies one. The attention buffers hold `capacity` positions, of which the first
+// `length` are valid: appending grows them geometrically (a decode appends one block at a time), truncating only
+// lowers `length` (TargetCache::truncate).
 struct TargetCache {
-  int length = 0;                               // positions already processed
-  std::vector<std::vector<float>> keys, values;  // [layer] → [length, kv_count, head_dim]
-  std::vector<std::vector<float>> conv_tail;     // [layer] → [K−1, local conv channels] (zeros before position 0)
-  std::vector<std::vector<float>> delta_state;   // [layer] → [local value heads, dk, dv]
+  int length = 0;                       // positions already processed
+  int capacity = 0;                     // positions the attention buffers have room for (≥ length)
+  std::vector<Buffer> keys, values;     // [layer] → [capacity, kv_count, head_dim]; empty for a DeltaNet layer
+  std::vector<Buffer> conv_tail;        // [layer] → [K−1, local conv channels] (zeros before position 0)
+  std::vector<Buffer> delta_state;      // [layer] → [local value heads, dk, dv]; both empty for an attention layer
+
+  // Drops positions ≥ new_length from every attention layer (0 ≤ new_length ≤ length, else a dflash::Error). The
+  // DeltaNet layers' recurrent part cannot be truncated: a rollback restores a snapshot of it (restore_recurrent).
+  void truncate(int new_length);
 };
+
+// A copy of the Gated DeltaNet part of a TargetCache (conv tails, recurrent states) in the backend's memory: what a
+// speculative decoder's rollback restores. Empty for a dense target.
+struct TargetRecurrentState {
+  std::vector<Buffer> conv_tail, delta_state;  // [layer], as in TargetCache
+};
+
+// Which array of one layer of a TargetCache read_cache returns.
+enum class TargetCachePart { keys, values, conv_tail, delta_state };
 
 class TargetModel {
  public:
@@ -129,11 +147,27 @@ class TargetModel {
   void forward_tree(const int32_t* tokens, const int* parents, int n, TargetCache& cache,
                     const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden);
 
+  // Cache operations on this model's backend (device copies on CUDA; a cache filled by another backend's target is
+  // a dflash::Error). copy_cache: an independent copy (the same length, capacity = length).
+  TargetCache copy_cache(const TargetCache& cache) const;
+  // state (=) the recurrent part of `cache` (buffers reused when state already holds them); restore_recurrent puts
+  // it back. A fresh cache or a dense target: nothing to copy (state stays empty; restoring empty leaves the cache).
+  void save_recurrent(const TargetCache& cache, TargetRecurrentState& state) const;
+  void restore_recurrent(TargetCache& cache, const TargetRecurrentState& state) const;
+  // After a forward_tree at cache length past + n: keeps the past positions and the nodes path[0..m) (path[0] = 0,
+  // the root; each the child of the one before; path[d] ≥ d) as positions past..past+m−1 (length = past + m).
+  void keep_cache_path(TargetCache& cache, int past, const std::vector<int>& path) const;
+  // A host copy of one layer's array: keys/values [length, kv_count, head_dim], conv_tail [K−1, channels],
+  // delta_state [value heads, dk, dv]; empty where the layer has no such array (or the cache is fresh). For tests.
+  std::vector<float> read_cache(const TargetCache& cache, int layer, TargetCachePart part) const;
+
  private:
   // positions start at cache ? cache->length : 0 (plus the node's depth in a tree); cache (optional) is read and
   // extended; tree_parents (optional, with cache): the rows are the nodes of a tree (forward_tree)
   void run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden,
            TargetCache* cache, const int* tree_parents = nullptr);
+  // the cache holds per-layer buffers (made on a fresh cache) with room for n more positions (grown geometrically)
+  void prepare_cache(TargetCache& cache, int n, const char* what);
   void load_layer(int l);
   // host floats → a weight in the backend's memory
   TargetWeight upload(const std::vector<float>& host);

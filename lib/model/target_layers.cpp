@@ -26,33 +26,19 @@ size_t floats_footprint(std::initializer_list<size_t> counts) {
   return n;
 }
 
-// A host cache array in backend memory for the length of one call: the vector itself on a host backend, else a
-// copy in the scratch arena (uploaded here; written back by download_into).
-float* stage_in(kernels::Backend<float>& be, Arena& scratch, std::vector<float>& host) {
-  if (be.memory() == MemoryKind::host) return host.data();
-  float* dev = scratch.alloc<float>(host.size());
-  be.upload(be.context(), dev, host.data(), host.size() * sizeof(float));
-  return dev;
-}
-void stage_out(kernels::Backend<float>& be, std::vector<float>& host, const float* staged) {
-  if (be.memory() == MemoryKind::host) return;
-  be.download(be.context(), host.data(), staged, host.size() * sizeof(float));
-}
-
 }  // namespace
 
-size_t attention_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S, int past, MemoryKind memory) {
+size_t attention_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
   const size_t s = size_t(S), hd = size_t(c.head_dim), qh = size_t(shard.q_count), kvh = size_t(shard.kv_count);
   const size_t qd = qh * hd, kvd = kvh * hd;
   size_t n = floats_footprint({s * qd, s * kvd, s * kvd, s * qd, s * std::max<size_t>({qh, kvh, 1})});
   if (c.hybrid) n += floats_footprint({s * 2 * qd, s * qd});
-  if (memory != MemoryKind::host) n += floats_footprint({(size_t(past) + s) * kvd, (size_t(past) + s) * kvd});
   return n;
 }
 
 void attention_forward(kernels::Backend<float>& be, Arena& scratch, float* part, const float* h, const int32_t* pos,
                        int S, const TargetLayer& L, const QwenConfig& c, const TargetShard& shard,
-                       std::vector<float>* keys, std::vector<float>* values, const int* tree_parents) {
+                       float* keys, float* values, int past, const int* tree_parents) {
   DFLASH_CHECK(!tree_parents || be.memory() == MemoryKind::host,
                "target forward_tree: tree verification runs the CPU kernel kernels/cpu/attention_tree on host "
                "memory; this target runs on the {} backend (use a CPU target for tree verification)",
@@ -91,39 +77,34 @@ void attention_forward(kernels::Backend<float>& be, Arena& scratch, float* part,
   }
   // local Q head j belongs to global KV head (q_begin + j) / g, i.e. local KV head j / (qh / kvh) — true for both
   // the whole-group split (qh = kvh·g) and replication (kvh = 1)
-  const int past = keys ? int(keys->size() / std::max<size_t>(size_t(kvd), 1)) : 0;
-  if (keys) {  // append these S rows to the host cache (a download on a device backend)
-    const size_t old = keys->size(), add = s * size_t(kvd);
-    keys->resize(old + add);
-    values->resize(old + add);
-    be.download(ctx, keys->data() + old, k, add * sizeof(float));
-    be.download(ctx, values->data() + old, v, add * sizeof(float));
+  DFLASH_CHECK(keys || past == 0, "target attention: {} earlier positions but no cache", past);
+  if (keys) {  // append these S rows to the cache, then attend over all past + S of them
+    const size_t at = size_t(past) * size_t(kvd), add = s * size_t(kvd);
+    be.copy(ctx, keys + at, k, add * sizeof(float));
+    be.copy(ctx, values + at, v, add * sizeof(float));
   }
+  const float* kk = keys ? keys : k;
+  const float* vv = keys ? values : v;
   if (tree_parents) {
     // tree verification has no backend entry: the CPU kernel on host memory (checked above)
-    cpu::attention_tree_forward<float>(attn, q, keys->data(), values->data(), tree_parents, S, past, qh, kvh, hd);
+    cpu::attention_tree_forward<float>(attn, q, kk, vv, tree_parents, S, past, qh, kvh, hd);
   } else {
-    // after a cache the keys are the cache's (these S rows appended); from position 0 they are just these rows
-    const float* kk = past > 0 ? stage_in(be, scratch, *keys) : k;
-    const float* vv = past > 0 ? stage_in(be, scratch, *values) : v;
     be.attention_cached_forward(ctx, attn, q, kk, vv, S, past, qh, kvh, hd);
   }
   if (c.hybrid) be.sigmoid_gate(ctx, attn, gate, s * size_t(qd));
   shard_linear(be, part, attn, L.wo.data(), S, qd, H);
 }
 
-size_t gated_deltanet_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S, MemoryKind memory) {
-  const size_t s = size_t(S), dk = size_t(c.linear_k_dim), dv = size_t(c.linear_v_dim), K = size_t(c.conv_kernel);
+size_t gated_deltanet_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
+  const size_t s = size_t(S), dk = size_t(c.linear_k_dim), dv = size_t(c.linear_v_dim);
   const size_t nk = size_t(shard.linear.group_count), nv = size_t(shard.linear.member_count);
   const size_t qkd = nk * dk, vd = nv * dv, C = 2 * qkd + vd;
-  size_t n = floats_footprint({s * C, s * C, s * qkd, s * qkd, s * vd, s * vd, s * nv, s * nv, s * vd});
-  if (memory != MemoryKind::host) n += floats_footprint({(K - 1) * C, nv * dk * dv});
-  return n;
+  return floats_footprint({s * C, s * C, s * qkd, s * qkd, s * vd, s * vd, s * nv, s * nv, s * vd});
 }
 
 void gated_deltanet_forward(kernels::Backend<float>& be, Arena& scratch, float* part, const float* h, int S,
                             const TargetLayer& L, const QwenConfig& c, const TargetShard& shard,
-                            std::vector<float>* conv_tail, std::vector<float>* state) {
+                            float* conv_tail, float* state) {
   ExecContext& ctx = be.context();
   ArenaScope scope(scratch);
   const int H = c.hidden, dk = c.linear_k_dim, dv = c.linear_v_dim, K = c.conv_kernel;
@@ -133,16 +114,9 @@ void gated_deltanet_forward(kernels::Backend<float>& be, Arena& scratch, float* 
   float* mixed = scratch.alloc<float>(s * C);
   float* conv = scratch.alloc<float>(s * C);
   shard_linear(be, mixed, h, L.w_qkv.data(), S, H, C);
-  // with a cache the conv continues from the last K−1 inputs (conv_tail, zeros before position 0) and keeps them
-  float* tail = nullptr;
-  float* state_mem = nullptr;
-  if (conv_tail) {
-    if (conv_tail->empty()) conv_tail->assign(size_t(K - 1) * C, 0.f);
-    if (state->empty()) state->assign(size_t(nv) * dk * dv, 0.f);
-    tail = stage_in(be, scratch, *conv_tail);
-    state_mem = stage_in(be, scratch, *state);
-  }
-  be.causal_conv1d_silu_forward(ctx, conv, mixed, L.conv.data(), tail, S, C, K);
+  // with a cache the conv continues from the last K−1 inputs (conv_tail, zeros before position 0) and keeps them,
+  // and the delta rule continues from the cache's state; both are updated in place
+  be.causal_conv1d_silu_forward(ctx, conv, mixed, L.conv.data(), conv_tail, S, C, K);
   // split the conv output's channels q | k | v into per-head rows
   float* q = scratch.alloc<float>(s * qkd);
   float* k = scratch.alloc<float>(s * qkd);
@@ -164,13 +138,9 @@ void gated_deltanet_forward(kernels::Backend<float>& be, Arena& scratch, float* 
   be.deltanet_gates_forward(ctx, decay, beta, decay, beta, L.a_log.data(), L.dt_bias.data(), S, nv);
   // local value head j reads local key head j / (nv / nk): whole groups (nv = nk·r) or one replicated key head
   float* o = scratch.alloc<float>(s * vd);
-  if (nv > 0) be.gated_delta_rule_forward(ctx, o, q, k, v, decay, beta, state_mem, S, nk, nv, dk, dv);
+  if (nv > 0) be.gated_delta_rule_forward(ctx, o, q, k, v, decay, beta, state, S, nk, nv, dk, dv);
   be.gated_rmsnorm_forward(ctx, o, o, z, L.gated_norm.data(), S * nv, dv, c.rms_norm_eps);
   shard_linear(be, part, o, L.w_out.data(), S, vd, H);
-  if (conv_tail) {  // the updated conv tail and recurrent state back to the host cache (device backends)
-    stage_out(be, *conv_tail, tail);
-    stage_out(be, *state, state_mem);
-  }
 }
 
 }  // namespace dflash::model

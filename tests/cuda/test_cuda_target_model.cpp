@@ -1,7 +1,9 @@
 // The whole target forward (lib/model/target.h) on the CUDA backend against the same model on the CPU backend:
-// weights in device Buffers, activations in the device arena, the host caches staged per layer. Dense Qwen3 and a
-// Qwen3.5 hybrid, a plain forward (taps + final hidden) and a cached forward in pieces. Test-case names start with
-// "cuda twin target_model:" (tests/cuda/CMakeLists.txt).
+// weights in device Buffers, activations in the device arena, the incremental-decoding cache in device Buffers.
+// Dense Qwen3 and a Qwen3.5 hybrid, a plain forward (taps + final hidden), a cached forward in pieces (every cache
+// array read back), and the speculative decoders' cache operations on the device cache: a hybrid rollback
+// (truncate + restore_recurrent + re-run), copy_cache, and keep_cache_path's row compaction. Test-case names start
+// with "cuda twin target_model:" (tests/cuda/CMakeLists.txt).
 //
 // Tolerance: max |gpu − cpu| / max |cpu| ≤ 1e-4 over each output, the bound gpu_check.sh uses for the tiny run's
 // losses. Every kernel on the way is checked against its CPU twin with a per-element bound (test_cuda_twins.cpp);
@@ -11,6 +13,7 @@
 #if DFLASH_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -80,8 +83,8 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
     CHECK(rel_diff(taps_g, taps_c) < 1e-4);
     CHECK(rel_diff(fh_g, fh_c) < 1e-4);
 
-    // the same sequence in pieces through the (host, staged) cache: pieces shorter than the conv kernel and across
-    // the delta rule's chunk of 64
+    // the same sequence in pieces through the (device) cache: pieces shorter than the conv kernel and across the
+    // delta rule's chunk of 64; the buffers grow several times on the way
     model::TargetCache cache_c, cache_g;
     std::vector<float> pieces_c(fh_c.size()), pieces_g(fh_c.size());
     int b = 0;
@@ -92,9 +95,60 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
     }
     CHECK(cache_g.length == S);
     CHECK(rel_diff(pieces_g, pieces_c) < 1e-4);
-    for (size_t l = 0; l < cache_c.keys.size(); ++l) {
-      if (!cache_c.keys[l].empty()) CHECK(rel_diff(cache_g.keys[l], cache_c.keys[l]) < 1e-4);
-      if (!cache_c.delta_state[l].empty()) CHECK(rel_diff(cache_g.delta_state[l], cache_c.delta_state[l]) < 1e-4);
+    CHECK(cache_g.keys[size_t(hybrid ? 3 : 0)].kind() == MemoryKind::device);
+    using Part = model::TargetCachePart;
+    auto check_cache = [&](const model::TargetCache& g, const model::TargetCache& c) {
+      for (int l = 0; l < spec.layers; ++l) {
+        CAPTURE(l);
+        for (Part part : {Part::keys, Part::values, Part::conv_tail, Part::delta_state}) {
+          const std::vector<float> want = cpu.read_cache(c, l, part), got = gpu.read_cache(g, l, part);
+          REQUIRE(got.size() == want.size());
+          if (!want.empty()) CHECK(rel_diff(got, want) < 1e-4);
+        }
+      }
+    };
+    check_cache(cache_g, cache_c);
+
+    // a speculative rollback on both: snapshot the recurrent part, verify 4 positions, keep 2 (truncate, restore,
+    // re-run the 2 kept inputs: hybrids) — then the next position must match
+    const int32_t block[4] = {5, 9, 2, 7};
+    model::TargetRecurrentState before_c, before_g;
+    std::vector<float> block_c(4 * size_t(H)), block_g(block_c.size());
+    for (auto [target, cache, before, out] : {std::tuple{&cpu, &cache_c, &before_c, &block_c},
+                                              std::tuple{&gpu, &cache_g, &before_g, &block_g}}) {
+      target->save_recurrent(*cache, *before);
+      CHECK(before->conv_tail.empty() == !hybrid);
+      target->forward_cached(block, 4, *cache, out->data());
+      cache->truncate(S + 2);
+      if (hybrid) {
+        cache->truncate(S);
+        target->restore_recurrent(*cache, *before);
+        target->forward_cached(block, 2, *cache, out->data());
+      }
+      CHECK(cache->length == S + 2);
+    }
+    CHECK(rel_diff(block_g, block_c) < 1e-4);
+    check_cache(cache_g, cache_c);
+    const int32_t next = 11;
+    std::vector<float> next_c(static_cast<size_t>(H)), next_g(static_cast<size_t>(H));
+    cpu.forward_cached(&next, 1, cache_c, next_c.data());
+    gpu.forward_cached(&next, 1, cache_g, next_g.data());
+    CHECK(rel_diff(next_g, next_c) < 1e-4);
+
+    // copy_cache, then keep_cache_path's compaction of the last 5 positions to rows {0, 2, 4} of them (device
+    // copies on CUDA, host ones on the CPU): the same rows on both, and the copies' originals untouched
+    model::TargetCache kept_c = cpu.copy_cache(cache_c), kept_g = gpu.copy_cache(cache_g);
+    const int past = cache_c.length - 5;
+    cpu.keep_cache_path(kept_c, past, {0, 2, 4});
+    gpu.keep_cache_path(kept_g, past, {0, 2, 4});
+    CHECK(kept_g.length == past + 3);
+    check_cache(kept_g, kept_c);
+    check_cache(cache_g, cache_c);
+    if (!hybrid) {  // row past + 1 of the kept cache is row past + 2 of the original
+      const size_t row = size_t(spec.kv_heads * spec.head_dim);
+      const std::vector<float> orig = gpu.read_cache(cache_g, 0, Part::keys), kept = gpu.read_cache(kept_g, 0, Part::keys);
+      CHECK(std::equal(kept.begin() + long((past + 1) * row), kept.begin() + long((past + 2) * row),
+                       orig.begin() + long((past + 2) * row)));
     }
 
     // tree verification is a CPU kernel on host memory: a CUDA target refuses it with an error naming the backend

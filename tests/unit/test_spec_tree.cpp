@@ -1,6 +1,7 @@
 // Tree verification (lib/model/spec_tree.h, kernels/cpu/attention_tree.h): the tree attention kernel against its
 // plain reference and, on a chain, bit for bit against the decode kernel; TargetModel::forward_tree against
-// forward_cached along each root-to-node path; keep_tree_path leaves the cache of the accepted path; the draft tree
+// forward_cached along each root-to-node path; TargetModel::keep_cache_path leaves the cache of the
+// accepted path; the draft tree
 // holds the top-1 chain and then the best nodes by path log-probability.
 #include <doctest/doctest.h>
 
@@ -114,7 +115,7 @@ TEST_CASE("attention_tree: matches the dense-mask reference on random trees, and
   }
 }
 
-TEST_CASE("forward_tree: each node's state is forward_cached's along its path, and keep_tree_path keeps that path") {
+TEST_CASE("forward_tree: each node's state is forward_cached's along its path, and keep_cache_path keeps that path") {
   const auto spec = small_target(false);
   const auto dir = test::scratch_dir("tree_target");
   model::write_random_target(dir.string(), spec);
@@ -132,7 +133,7 @@ TEST_CASE("forward_tree: each node's state is forward_cached's along its path, a
   std::vector<float> h(size_t(past + n) * H), taps(size_t(past + n) * W);
   target.forward_cached(prefix.data(), past, base, h.data());
 
-  model::TargetCache tree_cache = base;
+  model::TargetCache tree_cache = target.copy_cache(base);
   std::vector<float> tree_h(size_t(n) * H), tree_taps(size_t(n) * W);
   target.forward_tree(nodes.data(), parents.data(), n, tree_cache, taps_ids, tree_taps.data(), tree_h.data());
   CHECK(tree_cache.length == past + n);
@@ -141,7 +142,7 @@ TEST_CASE("forward_tree: each node's state is forward_cached's along its path, a
     const auto path = path_to(parents, node);
     std::vector<int32_t> tokens;
     for (int a : path) tokens.push_back(nodes[size_t(a)]);
-    model::TargetCache c = base;
+    model::TargetCache c = target.copy_cache(base);
     target.forward_cached(tokens.data(), int(tokens.size()), c, taps_ids, taps.data(), h.data());
     const size_t last = tokens.size() - 1;
     const std::vector<float> want_h(h.begin() + long(last * H), h.begin() + long((last + 1) * H));
@@ -158,15 +159,18 @@ TEST_CASE("forward_tree: each node's state is forward_cached's along its path, a
   for (int i = 0; i < n; ++i)
     if (path_to(parents, i).size() > path_to(parents, deepest).size()) deepest = i;
   const auto path = path_to(parents, deepest);
-  model::keep_tree_path(tree_cache, past, path);
+  target.keep_cache_path(tree_cache, past, path);
   CHECK(tree_cache.length == past + int(path.size()));
-  model::TargetCache straight = base;
+  model::TargetCache straight = target.copy_cache(base);
   std::vector<int32_t> tokens;
   for (int a : path) tokens.push_back(nodes[size_t(a)]);
   target.forward_cached(tokens.data(), int(tokens.size()), straight, h.data());
-  for (size_t l = 0; l < straight.keys.size(); ++l) {
-    CHECK(max_rel(tree_cache.keys[l], straight.keys[l]) < 1e-5);
-    CHECK(max_rel(tree_cache.values[l], straight.values[l]) < 1e-5);
+  for (int l = 0; l < spec.layers; ++l) {
+    const auto keys = target.read_cache(straight, l, model::TargetCachePart::keys);
+    REQUIRE(keys.size() == size_t(past + int(path.size())) * size_t(spec.kv_heads * spec.head_dim));
+    CHECK(max_rel(target.read_cache(tree_cache, l, model::TargetCachePart::keys), keys) < 1e-5);
+    CHECK(max_rel(target.read_cache(tree_cache, l, model::TargetCachePart::values),
+                  target.read_cache(straight, l, model::TargetCachePart::values)) < 1e-5);
   }
   const int32_t next[2] = {3, 7};
   std::vector<float> a(2 * size_t(H)), b(2 * size_t(H));
@@ -177,7 +181,7 @@ TEST_CASE("forward_tree: each node's state is forward_cached's along its path, a
   // a chain through forward_tree is forward_cached, bit for bit
   std::vector<int> chain(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) chain[size_t(i)] = i - 1;
-  model::TargetCache c1 = base, c2 = base;
+  model::TargetCache c1 = target.copy_cache(base), c2 = target.copy_cache(base);
   std::vector<float> h1(size_t(n) * H), h2(size_t(n) * H), t1(size_t(n) * W), t2(size_t(n) * W);
   target.forward_tree(nodes.data(), chain.data(), n, c1, taps_ids, t1.data(), h1.data());
   target.forward_cached(nodes.data(), n, c2, taps_ids, t2.data(), h2.data());
@@ -187,7 +191,7 @@ TEST_CASE("forward_tree: each node's state is forward_cached's along its path, a
   // bad trees are programming errors
   std::vector<int> bad = parents;
   bad[3] = 5;
-  model::TargetCache c3 = base;
+  model::TargetCache c3 = target.copy_cache(base);
   CHECK_THROWS(target.forward_tree(nodes.data(), bad.data(), n, c3, {}, nullptr, h1.data()));
 }
 

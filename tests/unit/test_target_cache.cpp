@@ -15,6 +15,19 @@
 
 using namespace dflash;
 
+namespace {
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+}  // namespace
+
 TEST_CASE("target cache: forward_cached in pieces equals forward over the whole sequence (dense and hybrid)") {
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
@@ -60,5 +73,86 @@ TEST_CASE("target cache: forward_cached in pieces equals forward over the whole 
     model::TargetCache bad;
     bad.length = 3;
     CHECK_THROWS(target.forward_cached(tokens.data(), 1, bad, pieces.data()));
+  }
+}
+
+// The cache's own operations (what the speculative decoders call) on the CPU backend: the keys/values buffers grow
+// geometrically and keep their rows; copy_cache is independent of its source; a rollback (save_recurrent, a verify,
+// truncate, restore_recurrent, re-run the kept inputs) leaves the cache a straight run gives — bit for bit on a hybrid
+// (the same computation), to rounding on a dense target (its kept rows came from a 4-row GEMM, the straight run's
+// from a 2-row one); the recurrent snapshot of a dense target is empty; bad truncations are errors.
+TEST_CASE("target cache: growth, copy_cache, truncate and the recurrent rollback equal a straight run") {
+  for (bool hybrid : {false, true}) {
+    CAPTURE(hybrid);
+    model::RandomTargetSpec spec;
+    spec.hidden = 32;
+    spec.layers = 4;
+    spec.heads = 4;
+    spec.kv_heads = 2;
+    spec.head_dim = 8;
+    spec.intermediate = 48;
+    spec.vocab = 64;
+    spec.seed = 6;
+    spec.hybrid = hybrid;
+    spec.full_attention_interval = 2;  // layers 1 and 3 attention, 0 and 2 Gated DeltaNet
+    spec.linear_k_dim = 8;
+    spec.linear_v_dim = 6;
+    const auto dir = test::scratch_dir(hybrid ? "cache_ops_hybrid" : "cache_ops_dense");
+    model::write_random_target(dir.string(), spec);
+    comm::SelfTransport self;
+    model::TargetModel target(dir.string(), self);
+    const int H = spec.hidden;
+    const std::vector<int32_t> prompt = {3, 9, 17, 22, 5}, block = {8, 1, 30, 12}, next = {40};
+    std::vector<float> h(8 * size_t(H));
+    using Part = model::TargetCachePart;
+
+    // growth: 5 positions, then 4 more (capacity doubles to 10), then 1 (fits)
+    model::TargetCache cache;
+    target.forward_cached(prompt.data(), 5, cache, h.data());
+    CHECK(cache.capacity == 5);
+    const std::vector<float> keys5 = target.read_cache(cache, 1, Part::keys);
+    CHECK(keys5.size() == 5 * size_t(spec.kv_heads * spec.head_dim));
+    model::TargetCache copy = target.copy_cache(cache);
+
+    // the rollback of a verify that keeps 2 of 4 positions
+    model::TargetRecurrentState before;
+    target.save_recurrent(cache, before);
+    CHECK(before.conv_tail.empty() == !hybrid);
+    target.forward_cached(block.data(), 4, cache, h.data());
+    CHECK(cache.capacity == 10);
+    std::vector<float> keys9 = target.read_cache(cache, 1, Part::keys);
+    CHECK(std::equal(keys5.begin(), keys5.end(), keys9.begin()));  // the rows before the growth were kept
+    cache.truncate(7);
+    if (hybrid) {
+      cache.truncate(5);
+      target.restore_recurrent(cache, before);
+      target.forward_cached(block.data(), 2, cache, h.data());
+    }
+    CHECK(cache.length == 7);
+    CHECK_THROWS(cache.truncate(8));
+    CHECK_THROWS(cache.truncate(-1));
+
+    // the copy went on unchanged; the straight run over the kept inputs gives the same cache and next state
+    CHECK(copy.length == 5);
+    CHECK(target.read_cache(copy, 1, Part::keys) == keys5);
+    target.forward_cached(block.data(), 2, copy, h.data());
+    for (int l = 0; l < spec.layers; ++l) {
+      CAPTURE(l);
+      for (Part part : {Part::keys, Part::values, Part::conv_tail, Part::delta_state}) {
+        const std::vector<float> a = target.read_cache(cache, l, part), b = target.read_cache(copy, l, part);
+        REQUIRE(a.size() == b.size());
+        if (hybrid) CHECK(a == b);
+        else CHECK(max_rel(a, b) < 1e-6);
+        // an attention layer has keys/values, a DeltaNet layer conv tail and state
+        const bool attention = !hybrid || l % 2 == 1;
+        CHECK(a.empty() == (attention != (part == Part::keys || part == Part::values)));
+      }
+    }
+    std::vector<float> h1(static_cast<size_t>(H)), h2(static_cast<size_t>(H));
+    target.forward_cached(next.data(), 1, cache, h1.data());
+    target.forward_cached(next.data(), 1, copy, h2.data());
+    if (hybrid) CHECK(h1 == h2);
+    else CHECK(max_rel(h1, h2) < 1e-5);
+    CHECK(cache.capacity == 10);  // 8 positions fit
   }
 }
