@@ -37,23 +37,7 @@ double rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
   return num / den;
 }
 
-model::RandomTargetSpec tiny_target(bool hybrid) {
-  model::RandomTargetSpec spec;
-  spec.hidden = 32;
-  spec.layers = 4;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.head_dim = 8;
-  spec.intermediate = 48;
-  spec.vocab = 64;
-  spec.seed = 4;
-  spec.hybrid = hybrid;
-  spec.linear_k_heads = 2;
-  spec.linear_v_heads = 4;
-  spec.linear_k_dim = 8;
-  spec.linear_v_dim = 6;
-  return spec;
-}
+model::RandomTargetSpec tiny_target(bool hybrid) { return test::small_random_target(hybrid, 4, 4); }
 
 }  // namespace
 

@@ -54,23 +54,7 @@ std::vector<int> path_to(const std::vector<int>& parents, int node) {
   return path;
 }
 
-model::RandomTargetSpec small_target(bool hybrid) {
-  model::RandomTargetSpec spec;
-  spec.hidden = 32;
-  spec.layers = 3;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.head_dim = 8;
-  spec.intermediate = 48;
-  spec.vocab = 64;
-  spec.seed = 9;
-  spec.hybrid = hybrid;
-  spec.linear_k_heads = 2;
-  spec.linear_v_heads = 4;
-  spec.linear_k_dim = 8;
-  spec.linear_v_dim = 6;
-  return spec;
-}
+model::RandomTargetSpec small_target(bool hybrid) { return test::small_random_target(hybrid, 3, 9); }
 
 }  // namespace
 

@@ -40,20 +40,7 @@ Outputs run(model::TargetModel& t, const std::vector<int32_t>& tokens, int S) {
 TEST_CASE("target backend: an explicit CPU backend equals the default; the arena grows and shrinking reuses it") {
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
-    model::RandomTargetSpec spec;
-    spec.hidden = 32;
-    spec.layers = 3;
-    spec.heads = 4;
-    spec.kv_heads = 2;
-    spec.head_dim = 8;
-    spec.intermediate = 48;
-    spec.vocab = 64;
-    spec.seed = 9;
-    spec.hybrid = hybrid;
-    spec.linear_k_heads = 2;
-    spec.linear_v_heads = 4;
-    spec.linear_k_dim = 8;
-    spec.linear_v_dim = 6;
+    model::RandomTargetSpec spec = test::small_random_target(hybrid, 3, 9);
     spec.full_attention_interval = 2;
     const auto dir = test::scratch_dir(hybrid ? "backend_hybrid" : "backend_dense");
     model::write_random_target(dir.string(), spec);

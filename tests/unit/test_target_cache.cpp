@@ -31,20 +31,7 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("target cache: forward_cached in pieces equals forward over the whole sequence (dense and hybrid)") {
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
-    model::RandomTargetSpec spec;
-    spec.hidden = 32;
-    spec.layers = 4;
-    spec.heads = 4;
-    spec.kv_heads = 2;
-    spec.head_dim = 8;
-    spec.intermediate = 48;
-    spec.vocab = 64;
-    spec.seed = 4;
-    spec.hybrid = hybrid;
-    spec.linear_k_heads = 2;
-    spec.linear_v_heads = 4;
-    spec.linear_k_dim = 8;
-    spec.linear_v_dim = 6;
+    model::RandomTargetSpec spec = test::small_random_target(hybrid, 4, 4);
     const auto dir = test::scratch_dir(hybrid ? "cache_hybrid" : "cache_dense");
     model::write_random_target(dir.string(), spec);
     comm::SelfTransport self;

@@ -11,8 +11,29 @@
 
 #include "lib/core/rng.h"
 #include "lib/model/drafter_config.h"
+#include "lib/model/random_target.h"
 
 namespace dflash::test {
+
+// The small random target the target, cache and decoding tests share (H 32, 4 Q / 2 KV heads of 8, V 64; hybrid:
+// Gated DeltaNet layers of 2 key heads × 8 and 4 value heads × 6).
+inline model::RandomTargetSpec small_random_target(bool hybrid, int layers, uint64_t seed) {
+  model::RandomTargetSpec spec;
+  spec.hidden = 32;
+  spec.layers = layers;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.head_dim = 8;
+  spec.intermediate = 48;
+  spec.vocab = 64;
+  spec.seed = seed;
+  spec.hybrid = hybrid;
+  spec.linear_k_heads = 2;
+  spec.linear_v_heads = 4;
+  spec.linear_k_dim = 8;
+  spec.linear_v_dim = 6;
+  return spec;
+}
 
 // n values drawn from N(0, sd²) by Rng(seed): the same inputs on every run.
 inline std::vector<float> random_floats(size_t n, uint64_t seed, double sd = 1.0) {
