@@ -133,7 +133,8 @@ PY
       out="$work/stop_$n"
       rm -rf "$out"
       rc=0
-      timeout 60 "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set "run.out_dir=$out" \
+      # a clean stop takes ~5 s; 180 s tells a hang from a checkpoint fsync stalled by a loaded disk (seen once: 60 s)
+      timeout 180 "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set "run.out_dir=$out" \
         --set run.steps=30 --stop-after-steps $n >"$work/stop_$n.log" 2>&1 || rc=$?
       [[ $rc -eq 0 ]] || { tail -20 "$work/stop_$n.log"; fail "--stop-after-steps $n: exit $rc (124: a rank hung)"; }
       [[ -f "$out/ckpt/step_$(printf %08d $n)/DONE" ]] || fail "--stop-after-steps $n: no checkpoint of step $n"
