@@ -13,7 +13,6 @@ An optional top-level "system" string becomes a system turn before it (not with 
 Any bad row fails the whole run with file:line: key: what is wrong, and nothing is written.
 """
 import json
-import os
 import sys
 
 import numpy as np
@@ -22,7 +21,7 @@ from . import check
 from .atomic import atomic_output
 from .h5out import DatasetWriter
 from .render import load_tokenizer
-from .rows import CHAT_ROLES, Reject, _text_of, read_lines
+from .rows import CHAT_ROLES, Reject, _text_of, json_object_arg, read_lines, require_input_files
 
 PROMPT_KEYS = ("messages", "turns", "prompt", "question")
 MAX_PRINTED_ERRORS = 20
@@ -96,14 +95,8 @@ def encode_prompt(tok, obj, template_kwargs: dict) -> np.ndarray:
 
 
 def run(args) -> int:
-    try:
-        template_kwargs = json.loads(args.template_kwargs)
-        assert isinstance(template_kwargs, dict)
-    except (json.JSONDecodeError, AssertionError):
-        raise SystemExit(f"error: --template-kwargs must be a JSON object, got {args.template_kwargs!r}") from None
-    for path in args.inputs:
-        if not os.path.isfile(path):
-            raise SystemExit(f"error: input file {path} not found")
+    template_kwargs = json_object_arg(args.template_kwargs, "--template-kwargs")
+    require_input_files(args.inputs)
     tok = load_tokenizer(args.tokenizer)
     if tok.chat_template is None:
         raise SystemExit(f"error: the tokenizer in {args.tokenizer} has no chat template (tokenizer_config.json "

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 
 from .atomic import atomic_output, fsync_path, write_text_atomic
-from .rows import Reject, parse_row, read_lines
+from .rows import Reject, json_object_arg, parse_row, read_lines, require_input_files
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 FSYNC_EVERY = 64
@@ -208,18 +208,8 @@ class Journal:
         os.close(self.fd)
 
 
-def _json_arg(text: str, name: str) -> dict:
-    try:
-        v = json.loads(text)
-        assert isinstance(v, dict)
-        return v
-    except (json.JSONDecodeError, AssertionError):
-        raise SystemExit(f"error: {name} must be a JSON object, got {text!r}") from None
-
-
 def run(args) -> int:
-    if not os.path.isfile(args.input):
-        raise SystemExit(f"error: input file {args.input} not found")
+    require_input_files([args.input])
     if args.h5 and not args.tokenizer:
         raise SystemExit("error: --h5 needs --tokenizer (the target's model directory)")
     client = Client(args.server, os.environ.get("OPENAI_API_KEY", ""), args.request_timeout, args.retries)
@@ -231,8 +221,8 @@ def run(args) -> int:
     if args.seed is not None:
         body["seed"] = args.seed
     if args.chat_template_kwargs:
-        body["chat_template_kwargs"] = _json_arg(args.chat_template_kwargs, "--chat-template-kwargs")
-    body.update(_json_arg(args.extra_body, "--extra-body"))
+        body["chat_template_kwargs"] = json_object_arg(args.chat_template_kwargs, "--chat-template-kwargs")
+    body.update(json_object_arg(args.extra_body, "--extra-body"))
     header = {"input": os.path.abspath(args.input), "request": body}
     journal = Journal(args.out + ".journal", header)
     if journal.done:

@@ -9,6 +9,7 @@ A row that fits none of them, or has a bad field, raises Reject with the reason;
 """
 from dataclasses import dataclass, field
 import json
+import os
 from typing import Iterator, Optional
 
 # ShareGPT "from" values and their chat roles
@@ -130,6 +131,23 @@ def parse_row(line_no: int, line: str) -> Row:
         return Row(line_no, text=obj["text"], raw=obj)
     raise Reject("unknown_format", "no 'messages' (OpenAI), 'conversations' (ShareGPT) or 'text' key; keys: "
                  + ", ".join(sorted(obj)[:8]))
+
+
+def json_object_arg(text: str, name: str) -> dict:
+    """A command-line option that holds a JSON object (e.g. --template-kwargs), or exit naming the option."""
+    try:
+        v = json.loads(text)
+        assert isinstance(v, dict)
+        return v
+    except (json.JSONDecodeError, AssertionError):
+        raise SystemExit(f"error: {name} must be a JSON object, got {text!r}") from None
+
+
+def require_input_files(paths) -> None:
+    """Exit naming the first input file that does not exist, before any work starts."""
+    for path in paths:
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: input file {path} not found")
 
 
 def read_lines(path: str) -> Iterator:

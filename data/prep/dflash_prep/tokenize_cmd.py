@@ -19,7 +19,7 @@ from . import check
 from .atomic import atomic_output, write_text_atomic
 from .h5out import DatasetWriter
 from .render import ChatEncoder, load_tokenizer
-from .rows import Reject, parse_row, read_lines
+from .rows import Reject, json_object_arg, parse_row, read_lines, require_input_files
 
 MAX_PRINTED_REJECTS = 20
 
@@ -171,14 +171,8 @@ def encoded_rows(path, enc, args, vocab, template_kwargs, pool):
 
 
 def run(args) -> int:
-    try:
-        template_kwargs = json.loads(args.template_kwargs)
-        assert isinstance(template_kwargs, dict)
-    except (json.JSONDecodeError, AssertionError):
-        raise SystemExit(f"error: --template-kwargs must be a JSON object, got {args.template_kwargs!r}") from None
-    for path in args.inputs:
-        if not os.path.isfile(path):
-            raise SystemExit(f"error: input file {path} not found")
+    template_kwargs = json_object_arg(args.template_kwargs, "--template-kwargs")
+    require_input_files(args.inputs)
     tok = load_tokenizer(args.tokenizer)
     vocab = None
     if args.target:
