@@ -28,15 +28,6 @@ using namespace dflash;
 
 namespace {
 
-double rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, double(std::fabs(got[i] - want[i])));
-    den = std::max(den, double(std::fabs(want[i])));
-  }
-  return num / den;
-}
-
 model::RandomTargetSpec tiny_target(bool hybrid) { return test::small_random_target(hybrid, 4, 4); }
 
 }  // namespace
@@ -64,8 +55,8 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
     std::vector<float> taps_c(size_t(S) * n_taps * H), fh_c(size_t(S) * H), taps_g(taps_c.size()), fh_g(fh_c.size());
     cpu.forward(tokens.data(), S, tap_ids, taps_c.data(), fh_c.data());
     gpu.forward(tokens.data(), S, tap_ids, taps_g.data(), fh_g.data());
-    CHECK(rel_diff(taps_g, taps_c) < 1e-4);
-    CHECK(rel_diff(fh_g, fh_c) < 1e-4);
+    CHECK(test::max_rel_diff(taps_g, taps_c) < 1e-4);
+    CHECK(test::max_rel_diff(fh_g, fh_c) < 1e-4);
 
     // the same sequence in pieces through the (device) cache: pieces shorter than the conv kernel and across the
     // delta rule's chunk of 64; the buffers grow several times on the way
@@ -78,7 +69,7 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
       b += n;
     }
     CHECK(cache_g.length == S);
-    CHECK(rel_diff(pieces_g, pieces_c) < 1e-4);
+    CHECK(test::max_rel_diff(pieces_g, pieces_c) < 1e-4);
     CHECK(cache_g.keys[size_t(hybrid ? 3 : 0)].kind() == MemoryKind::device);
     using Part = model::TargetCachePart;
     auto check_cache = [&](const model::TargetCache& g, const model::TargetCache& c) {
@@ -87,7 +78,7 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
         for (Part part : {Part::keys, Part::values, Part::conv_tail, Part::delta_state}) {
           const std::vector<float> want = cpu.read_cache(c, l, part), got = gpu.read_cache(g, l, part);
           REQUIRE(got.size() == want.size());
-          if (!want.empty()) CHECK(rel_diff(got, want) < 1e-4);
+          if (!want.empty()) CHECK(test::max_rel_diff(got, want) < 1e-4);
         }
       }
     };
@@ -111,13 +102,13 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
       }
       CHECK(cache->length == S + 2);
     }
-    CHECK(rel_diff(block_g, block_c) < 1e-4);
+    CHECK(test::max_rel_diff(block_g, block_c) < 1e-4);
     check_cache(cache_g, cache_c);
     const int32_t next = 11;
     std::vector<float> next_c(static_cast<size_t>(H)), next_g(static_cast<size_t>(H));
     cpu.forward_cached(&next, 1, cache_c, next_c.data());
     gpu.forward_cached(&next, 1, cache_g, next_g.data());
-    CHECK(rel_diff(next_g, next_c) < 1e-4);
+    CHECK(test::max_rel_diff(next_g, next_c) < 1e-4);
 
     // copy_cache, then keep_cache_path's compaction of the last 5 positions to rows {0, 2, 4} of them (device
     // copies on CUDA, host ones on the CPU): the same rows on both, and the copies' originals untouched

@@ -303,16 +303,6 @@ void delta_walk(std::vector<float>& out, const DeltaInputs& in, const DeltaCase&
     }
 }
 
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::fabs(double(b[i])));
-  }
-  REQUIRE(den > 0);
-  return num / den;
-}
-
 }  // namespace
 
 // Against the per-token reference the walk does the same float operations in the same order (up to contraction):
@@ -337,10 +327,10 @@ TEST_CASE("cuda_math: gated delta rule, one state column per lane, state carried
     delta_walk(got, in, c, 0, first, state);
     delta_walk(got, in, c, first, second, state);
     delta_walk(got, in, c, first + second, c.S - first - second, state);
-    CHECK(max_rel(got, want) < 1e-6);
-    CHECK(max_rel(state, state_want) < 1e-6);
-    CHECK(max_rel(got, chunked) < 1e-5);
-    CHECK(max_rel(state, state_chunked) < 1e-5);
+    CHECK(test::max_rel_diff(got, want) < 1e-6);
+    CHECK(test::max_rel_diff(state, state_want) < 1e-6);
+    CHECK(test::max_rel_diff(got, chunked) < 1e-5);
+    CHECK(test::max_rel_diff(state, state_chunked) < 1e-5);
   }
 }
 

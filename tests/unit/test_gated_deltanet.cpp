@@ -13,6 +13,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/rope_partial.h"
 #include "lib/core/rng.h"
+#include "tests/unit/test_util.h"
 
 using namespace dflash;
 
@@ -23,18 +24,6 @@ std::vector<T> normal(size_t n, Rng& rng, double scale = 1.0) {
   std::vector<T> x(n);
   for (auto& v : x) v = T(scale * rng.normal());
   return x;
-}
-
-// max |a − b| / max |b|
-template <typename A, typename B>
-double rel(const std::vector<A>& a, const std::vector<B>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::fabs(double(b[i])));
-  }
-  REQUIRE(den > 0);
-  return num / den;
 }
 
 struct DeltaCase {
@@ -76,8 +65,8 @@ TEST_CASE("gated_deltanet: chunked delta rule equals the per-token recurrence (d
                                           state.data());
     cpu::gated_delta_rule_reference<double>(ref.data(), in.q.data(), in.k.data(), in.v.data(), in.g.data(),
                                             in.beta.data(), c.S, c.k_heads, c.v_heads, c.dk, c.dv, state_ref.data());
-    CHECK(rel(out, ref) < 1e-12);
-    CHECK(rel(state, state_ref) < 1e-12);
+    CHECK(test::max_rel_diff(out, ref) < 1e-12);
+    CHECK(test::max_rel_diff(state, state_ref) < 1e-12);
     // splitting the sequence in two with the state carried gives the same outputs
     const int half = c.S / 2;
     if (half > 0) {
@@ -92,7 +81,7 @@ TEST_CASE("gated_deltanet: chunked delta rule equals the per-token recurrence (d
       cpu::gated_delta_rule_forward<double>(o2.data() + vo, in.q.data() + qo, in.k.data() + qo, in.v.data() + vo,
                                             in.g.data() + go, in.beta.data() + go, c.S - half, c.k_heads, c.v_heads,
                                             c.dk, c.dv, c.chunk, s2.data());
-      CHECK(rel(o2, o_full) < 1e-12);
+      CHECK(test::max_rel_diff(o2, o_full) < 1e-12);
     }
   }
 }
@@ -107,7 +96,7 @@ TEST_CASE("gated_deltanet: float chunked delta rule within 1e-5 of the double re
                                        f(in.beta).data(), c.S, c.k_heads, c.v_heads, c.dk, c.dv, c.chunk);
   cpu::gated_delta_rule_reference<double>(ref.data(), in.q.data(), in.k.data(), in.v.data(), in.g.data(),
                                           in.beta.data(), c.S, c.k_heads, c.v_heads, c.dk, c.dv);
-  CHECK(rel(out, ref) < 1e-5);
+  CHECK(test::max_rel_diff(out, ref) < 1e-5);
 }
 
 TEST_CASE("gated_deltanet: value heads read their own key head (v_heads / k_heads consecutive heads each)") {
@@ -160,7 +149,7 @@ TEST_CASE("rope_partial: full rotary equals rope_forward; partial rotates only t
   std::vector<double> full(x.size()), part = x;
   cpu::rope_forward<double>(full.data(), x.data(), pos.data(), rows, heads, hd, 1e4);
   cpu::rope_partial_forward<double>(part.data(), pos.data(), rows, heads, hd, hd, 1e4);
-  CHECK(rel(part, full) < 1e-14);
+  CHECK(test::max_rel_diff(part, full) < 1e-14);
   // rot_dim 4: dims 4.. unchanged; dims 0..3 equal plain RoPE over a head_dim of 4
   part = x;
   cpu::rope_partial_forward<double>(part.data(), pos.data(), rows, heads, hd, 4, 1e4);
@@ -187,6 +176,6 @@ TEST_CASE("attention_decode: rows continuing a sequence equal those rows of full
     cpu::attention_decode_forward<double>(out.data(), q.data() + size_t(past) * qh * hd, k.data(), v.data(), n, past,
                                           qh, kvh, hd);
     std::vector<double> want(full.begin() + long(size_t(past) * qh * hd), full.end());
-    CHECK(rel(out, want) < 1e-13);
+    CHECK(test::max_rel_diff(out, want) < 1e-13);
   }
 }

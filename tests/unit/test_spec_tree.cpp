@@ -30,16 +30,6 @@ std::vector<T> randn(size_t n, Rng& rng) {
   return x;
 }
 
-template <typename T>
-double max_rel(const std::vector<T>& a, const std::vector<T>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::fabs(double(b[i])));
-  }
-  return num / den;
-}
-
 // node i's parent: a random earlier node (a bushy tree: several children per node, several depths)
 std::vector<int> random_tree(int n, Rng& rng) {
   std::vector<int> parents(static_cast<size_t>(n), -1);
@@ -73,7 +63,7 @@ TEST_CASE("attention_tree: matches the dense-mask reference on random trees, and
                                           hd);
       cpu::attention_tree_reference<double>(ref.data(), q.data(), k.data(), v.data(), parents.data(), n, past, qh,
                                             kvh, hd);
-      CHECK(max_rel(out, ref) < 1e-13);
+      CHECK(test::max_rel_diff(out, ref) < 1e-13);
       // the root sees only the cache and itself; a node with another node's path sees the same keys: equal rows
       // when their queries are equal
       if (n >= 3 && parents[2] == parents[1]) {
@@ -131,11 +121,11 @@ TEST_CASE("forward_tree: each node's state is forward_cached's along its path, a
     const size_t last = tokens.size() - 1;
     const std::vector<float> want_h(h.begin() + long(last * H), h.begin() + long((last + 1) * H));
     const std::vector<float> got_h(tree_h.begin() + long(size_t(node) * H), tree_h.begin() + long(size_t(node + 1) * H));
-    CHECK(max_rel(got_h, want_h) < 1e-5);
+    CHECK(test::max_rel_diff(got_h, want_h) < 1e-5);
     const std::vector<float> want_t(taps.begin() + long(last * W), taps.begin() + long((last + 1) * W));
     const std::vector<float> got_t(tree_taps.begin() + long(size_t(node) * W),
                                    tree_taps.begin() + long(size_t(node + 1) * W));
-    CHECK(max_rel(got_t, want_t) < 1e-5);
+    CHECK(test::max_rel_diff(got_t, want_t) < 1e-5);
   }
 
   // keep the path to the deepest node, then continue: the same as a cache that only ever saw that path
@@ -152,15 +142,15 @@ TEST_CASE("forward_tree: each node's state is forward_cached's along its path, a
   for (int l = 0; l < spec.layers; ++l) {
     const auto keys = target.read_cache(straight, l, model::TargetCachePart::keys);
     REQUIRE(keys.size() == size_t(past + int(path.size())) * size_t(spec.kv_heads * spec.head_dim));
-    CHECK(max_rel(target.read_cache(tree_cache, l, model::TargetCachePart::keys), keys) < 1e-5);
-    CHECK(max_rel(target.read_cache(tree_cache, l, model::TargetCachePart::values),
+    CHECK(test::max_rel_diff(target.read_cache(tree_cache, l, model::TargetCachePart::keys), keys) < 1e-5);
+    CHECK(test::max_rel_diff(target.read_cache(tree_cache, l, model::TargetCachePart::values),
                   target.read_cache(straight, l, model::TargetCachePart::values)) < 1e-5);
   }
   const int32_t next[2] = {3, 7};
   std::vector<float> a(2 * size_t(H)), b(2 * size_t(H));
   target.forward_cached(next, 2, tree_cache, a.data());
   target.forward_cached(next, 2, straight, b.data());
-  CHECK(max_rel(a, b) < 1e-5);
+  CHECK(test::max_rel_diff(a, b) < 1e-5);
 
   // a chain through forward_tree is forward_cached, bit for bit
   std::vector<int> chain(static_cast<size_t>(n));

@@ -15,19 +15,6 @@
 
 using namespace dflash;
 
-namespace {
-
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-
-}  // namespace
-
 TEST_CASE("target cache: forward_cached in pieces equals forward over the whole sequence (dense and hybrid)") {
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
@@ -129,7 +116,7 @@ TEST_CASE("target cache: growth, copy_cache, truncate and the recurrent rollback
         const std::vector<float> a = target.read_cache(cache, l, part), b = target.read_cache(copy, l, part);
         REQUIRE(a.size() == b.size());
         if (hybrid) CHECK(a == b);
-        else CHECK(max_rel(a, b) < 1e-6);
+        else CHECK(test::max_rel_diff(a, b) < 1e-6);
         // an attention layer has keys/values, a DeltaNet layer conv tail and state
         const bool attention = !hybrid || l % 2 == 1;
         CHECK(a.empty() == (attention != (part == Part::keys || part == Part::values)));
@@ -139,7 +126,7 @@ TEST_CASE("target cache: growth, copy_cache, truncate and the recurrent rollback
     target.forward_cached(next.data(), 1, cache, h1.data());
     target.forward_cached(next.data(), 1, copy, h2.data());
     if (hybrid) CHECK(h1 == h2);
-    else CHECK(max_rel(h1, h2) < 1e-5);
+    else CHECK(test::max_rel_diff(h1, h2) < 1e-5);
     CHECK(cache.capacity == 10);  // 8 positions fit
   }
 }

@@ -2,6 +2,7 @@
 // Helpers shared by the unit tests: scratch folders and the small drafter shape most model tests use.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -41,6 +42,19 @@ inline std::vector<float> random_floats(size_t n, uint64_t seed, double sd = 1.0
   std::vector<float> v(n);
   for (auto& x : v) x = float(sd * rng.normal());
   return v;
+}
+
+// max |a − b| / max |b|: the relative error of a whole tensor against its reference (0 when both are all zero).
+template <typename A, typename B>
+double max_rel_diff(const std::vector<A>& a, const std::vector<B>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  REQUIRE((den > 0 || num == 0));
+  return den > 0 ? num / den : 0.0;
 }
 
 // |got − want| ≤ atol + rtol·|want| elementwise, reporting the first violation.
