@@ -68,6 +68,20 @@ void DrafterProposer::propose_topk(const std::vector<int32_t>& tokens, const flo
   seconds_ += timer.seconds();
 }
 
+SpecContext spec_prefill(TargetModel& target, GreedyHead& head, const std::vector<int32_t>& prompt,
+                         const SpecOptions& o, std::vector<float>& hidden, SpecResult& r) {
+  const int S = int(prompt.size()), H = target.config().hidden, W = int(o.tap_layer_ids.size()) * H;
+  SpecContext c;
+  c.taps.resize(size_t(S) * W);
+  target.forward_cached(prompt.data(), S, c.cache, o.tap_layer_ids, c.taps.data(), hidden.data());
+  r.target_forwards = 1;
+  c.seq = prompt;
+  c.seq.push_back(head.next_token(&hidden[size_t(S - 1) * H], o.vocab_limit));
+  r.tokens.push_back(c.seq.back());
+  c.taps.resize(c.taps.size() + size_t(W), 0.f);
+  return c;
+}
+
 SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Transport& tp, BlockProposer* proposer,
                                 const std::vector<int32_t>& prompt, const SpecOptions& o) {
   const int H = target.config().hidden, B = o.block_size, W = int(o.tap_layer_ids.size()) * H;
@@ -80,18 +94,10 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
   SpecResult r;
   if (o.max_new_tokens == 0) return r;
 
-  // prefill: taps of every prompt position, the first token from the last row
-  const int S = int(prompt.size());
-  TargetCache cache;
-  std::vector<float> taps(size_t(S) * W);           // [p+1, W] taps of positions < p, then a zero row for p
-  std::vector<float> hidden(size_t(std::max(S, B)) * H);
+  std::vector<float> hidden(size_t(std::max(int(prompt.size()), B)) * H);
   std::vector<float> block_taps(size_t(B) * W);
-  target.forward_cached(prompt.data(), S, cache, o.tap_layer_ids, taps.data(), hidden.data());
-  r.target_forwards = 1;
-  std::vector<int32_t> seq = prompt;
-  seq.push_back(head.next_token(&hidden[size_t(S - 1) * H], o.vocab_limit));
-  r.tokens.push_back(seq.back());
-  taps.resize(taps.size() + size_t(W), 0.f);
+  SpecContext ctx = spec_prefill(target, head, prompt, o, hidden, r);
+  auto& [cache, taps, seq] = ctx;
 
   std::vector<int32_t> input(static_cast<size_t>(B)), draft(static_cast<size_t>(B - 1));
   TargetRecurrentState before;  // hybrid targets: the DeltaNet part of the cache before a verify (backend memory)

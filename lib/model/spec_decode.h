@@ -92,6 +92,17 @@ struct SpecResult {
   double seconds = 0;           // wall time of the whole generation
 };
 
+// What chain and tree decoding carry from cycle to cycle, and the prefill that starts it (collective over the TP
+// group): the prompt through the target with taps, the first token from its last row, appended to seq and to
+// r.tokens (r.target_forwards = 1). hidden: scratch of at least [prompt length, H].
+struct SpecContext {
+  TargetCache cache;
+  std::vector<float> taps;   // [p+1, W]: taps of positions < p, then a zero row for p
+  std::vector<int32_t> seq;  // prompt + kept tokens; the last, at position p, has not been through the target yet
+};
+SpecContext spec_prefill(TargetModel& target, GreedyHead& head, const std::vector<int32_t>& prompt,
+                         const SpecOptions& options, std::vector<float>& hidden, SpecResult& r);
+
 // Collective over the target's TP group `tp` (the target's and the head's): every rank passes the same prompt and
 // options; `proposer` is used on rank 0 only (may be null elsewhere). Every rank returns the same result.
 SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Transport& tp, BlockProposer* proposer,

@@ -73,17 +73,10 @@ SpecResult speculative_generate_tree(TargetModel& target, GreedyHead& head, comm
   SpecResult r;
   if (o.max_new_tokens == 0) return r;
 
-  const int S = int(prompt.size());
-  TargetCache cache;
-  std::vector<float> taps(size_t(S) * W);  // [p+1, W]: taps of positions < p, then a zero row for p
-  std::vector<float> hidden(size_t(std::max(S, N)) * H);
+  std::vector<float> hidden(size_t(std::max(int(prompt.size()), N)) * H);
   std::vector<float> tree_taps(size_t(N) * W);
-  target.forward_cached(prompt.data(), S, cache, o.tap_layer_ids, taps.data(), hidden.data());
-  r.target_forwards = 1;
-  std::vector<int32_t> seq = prompt;
-  seq.push_back(head.next_token(&hidden[size_t(S - 1) * H], o.vocab_limit));
-  r.tokens.push_back(seq.back());
-  taps.resize(taps.size() + size_t(W), 0.f);
+  SpecContext ctx = spec_prefill(target, head, prompt, o, hidden, r);
+  auto& [cache, taps, seq] = ctx;
 
   std::vector<int32_t> ids(size_t(B - 1) * K);
   std::vector<float> logprobs(ids.size());
