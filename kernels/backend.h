@@ -57,6 +57,9 @@ class Backend {
   virtual void copy(ExecContext& ctx, void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(ExecContext& ctx, void* dst, size_t bytes) = 0;
   virtual void synchronize(ExecContext& ctx) = 0;
+  // True when the work queued on ctx has completed (a poll, never blocks; CPU: always). An error of that work is
+  // reported by synchronize().
+  virtual bool idle(ExecContext&) { return true; }
   // dst[n] (=) src[n] rounded to T (bf16: round to nearest even); both in backend memory. How fp32 master weights
   // become compute weights and fp32 features become activations.
   virtual void convert_from_float(ExecContext& ctx, T* dst, const float* src, size_t n) = 0;

@@ -79,21 +79,24 @@ int run_stream(int argc, char** argv) {
     StreamResult r;
     MPI_Barrier(MPI_COMM_WORLD);
     Timer total;
+    // the tensors where the trainer keeps them: on the GPU with the nccl plane, else on the host
+    const MemoryKind memory = train::packet_memory(comms.plane() == comm::DataPlane::Nccl, comms.world_data());
     if (layout.role == comm::Role::Target) {
       comm::MpiTransport tp_control(comms.tp());
-      train::PacketSender sender(world, comms.world_data(), in_flight);
+      train::PacketSender sender(world, comms.world_data(), in_flight, memory);
+      std::vector<float> fill;
       for (int k = 0; k < packets; ++k) {
-        train::FeaturePacket p;
         train::PacketHeader h;
         h.seq_index = k;
         h.step = k;
         h.seq_len = S;
         h.tap_width = tap_width;
         h.hidden = H;
-        p.allocate(h);
+        train::FeaturePacket p = sender.blank(h);
         for (int i = 0; i < S; ++i) p.tokens[size_t(i)] = i, p.loss_mask[size_t(i)] = 1;
-        std::fill(p.taps.begin(), p.taps.end(), float(k));  // touches the pages, as the forward would
-        std::fill(p.final_hidden.begin(), p.final_hidden.end(), float(k));
+        fill.assign(p.taps.size(), float(k));  // writes every element, as the forward would
+        p.taps.assign(fill.data(), fill.size());
+        p.final_hidden.assign(fill.data(), p.final_hidden.size());
         sender.send(std::move(p), layout.drafter_world_rank(0), layout.tp_rank, tp);
       }
       sender.finish(tp_control, packets - 1, {layout.drafter_world_rank(0)});
@@ -110,11 +113,13 @@ int run_stream(int argc, char** argv) {
       };
       std::vector<int> sources;
       for (int t = 0; t < tp; ++t) sources.push_back(layout.target_world_rank(0, t));
-      train::PacketReceiver receiver(world, comms.world_data(), sources, tap_width, H, in_flight, plans);
+      train::PacketReceiver receiver(world, comms.world_data(), sources, tap_width, H, in_flight, plans, memory);
       for (int k = 0; k < packets; ++k) {
-        train::FeaturePacket p = receiver.next(&r.wait_seconds);
-        DFLASH_CHECK(p.taps[size_t(k) % p.taps.size()] == float(k) && p.final_hidden.back() == float(k),
-                     "packet {} arrived with the wrong content", k);
+        const train::FeaturePacket& p = receiver.next(&r.wait_seconds);
+        float first = -1, last = -1;  // two elements, from wherever the packet lives
+        copy_bytes(&first, MemoryKind::host, p.taps.data() + size_t(k) % p.taps.size(), memory, sizeof(float));
+        copy_bytes(&last, MemoryKind::host, p.final_hidden.data() + p.final_hidden.size() - 1, memory, sizeof(float));
+        DFLASH_CHECK(first == float(k) && last == float(k), "packet {} arrived with the wrong content", k);
         r.bytes += packet_bytes;
         if (drafter_ms > 0) usleep(useconds_t(drafter_ms * 1000));
       }

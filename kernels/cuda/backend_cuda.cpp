@@ -94,6 +94,8 @@ class CudaBackend final : public Backend<T> {
     if (bytes) DFLASH_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_of(ctx)));
   }
   void synchronize(ExecContext& ctx) override { DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx))); }
+  // cudaErrorNotReady: still running; anything else (success or an error) ends the wait: synchronize() reports it
+  bool idle(ExecContext& ctx) override { return cudaStreamQuery(stream_of(ctx)) != cudaErrorNotReady; }
   void convert_from_float(ExecContext& ctx, T* dst, const float* src, size_t n) override {
     if constexpr (std::is_same_v<T, float>) {
       if (n && static_cast<const void*>(dst) != static_cast<const void*>(src))

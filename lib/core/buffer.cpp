@@ -1,6 +1,7 @@
 #include "lib/core/buffer.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "lib/core/error.h"
 
@@ -11,6 +12,22 @@
 namespace dflash {
 
 const char* memory_kind_name(MemoryKind kind) { return kind == MemoryKind::host ? "host" : "device"; }
+
+void copy_bytes(void* dst, MemoryKind dst_kind, const void* src, MemoryKind src_kind, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_kind == MemoryKind::host && src_kind == MemoryKind::host) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if DFLASH_WITH_CUDA
+  const cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing: the kinds are implied
+  DFLASH_CHECK(rc == cudaSuccess, "cudaMemcpy of {} bytes ({} to {} memory): {}", bytes, memory_kind_name(src_kind),
+               memory_kind_name(dst_kind), cudaGetErrorString(rc));
+#else
+  DFLASH_USER_FAIL("a copy from {} to {} memory needs the CUDA backend, which this build does not have",
+                   memory_kind_name(src_kind), memory_kind_name(dst_kind));
+#endif
+}
 
 Buffer::Buffer(MemoryKind kind, size_t bytes) : bytes_(bytes), kind_(kind) {
   if (bytes == 0) return;

@@ -15,6 +15,11 @@ enum class MemoryKind {
 
 const char* memory_kind_name(MemoryKind kind);
 
+// dst[bytes] (=) src[bytes] between any two kinds of memory (device: the calling thread's current GPU), blocking:
+// complete when it returns. For data outside a compute stream (packets, test fixtures, captures); kernels use the
+// backend's upload/download on their stream.
+void copy_bytes(void* dst, MemoryKind dst_kind, const void* src, MemoryKind src_kind, size_t bytes);
+
 class Buffer {
  public:
   Buffer() = default;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <unistd.h>
+
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/train/anchors.h"
@@ -78,8 +80,9 @@ std::unique_ptr<kernels::Backend<T>> make_backend(const TrainConfig& cfg) {
 class DrafterStep::Engine {
  public:
   virtual ~Engine() = default;
-  virtual StepResult run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
+  virtual StepResult run(int64_t step, const std::function<const FeaturePacket&(int, double*)>& next_packet,
                          bool stop_signal, StepCapture* capture) = 0;
+  virtual void set_progress(std::function<void()> progress) = 0;
   virtual StepResult evaluate(const FeaturePacket& packet, const AnchorKey& key) = 0;
   virtual model::DrafterParams<float>& params() = 0;
   virtual model::AdamWState& optimizer() = 0;
@@ -97,8 +100,9 @@ class EngineT final : public DrafterStep::Engine {
  public:
   EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* embed, const float* lm_head, int dp_rank,
           comm::Transport& dp);
-  StepResult run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet, bool stop_signal,
-                 StepCapture* capture) override;
+  StepResult run(int64_t step, const std::function<const FeaturePacket&(int, double*)>& next_packet,
+                 bool stop_signal, StepCapture* capture) override;
+  void set_progress(std::function<void()> progress) override { progress_ = std::move(progress); }
   StepResult evaluate(const FeaturePacket& packet, const AnchorKey& key) override;
   model::DrafterParams<float>& params() override;
   model::AdamWState& optimizer() override;
@@ -115,9 +119,11 @@ class EngineT final : public DrafterStep::Engine {
                    bool backward = true);
   // The compute weights from the master weights (bf16: a rounding copy; fp32: nothing to do).
   void refresh_compute_weights();
-  // An fp32 host array as T in the backend's memory: the array itself on the CPU, else uploaded into `out`
-  // (through `staging` and a conversion when T is not float).
-  const T* to_backend(const float* host, size_t n, Buffer& out);
+  // An fp32 array in `where` memory as T in the backend's memory: the array itself when it is already there as
+  // float, else uploaded and/or converted into `out` (host bf16: through `staging`).
+  const T* to_backend(const float* src, MemoryKind where, size_t n, Buffer& out);
+  // Waits for the backend's queued work, running progress_ meanwhile (a GPU computes without the host).
+  void wait_for_compute();
 
   const TrainConfig& cfg_;
   const RunPlan& plan_;
@@ -142,6 +148,7 @@ class EngineT final : public DrafterStep::Engine {
   model::DrafterActivations<T> acts_;
   model::VocabLossContext loss_ctx_;
   Buffer taps_, final_hidden_, rows_idx_, x_rows_, y_rows_, dx_rows_, d_out_;
+  std::function<void()> progress_;  // set_progress
 };
 
 template <typename T>
@@ -170,8 +177,8 @@ EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* em
   decay_dev_.upload(be, exec_);
   if (!kMasterIsCompute) w_compute_ = Buffer(be.memory(), P * sizeof(T));
   upload_state();
-  embed_dev_ = to_backend(embed, VH, embed_);
-  head_dev_ = to_backend(lm_head, VH, head_);
+  embed_dev_ = to_backend(embed, MemoryKind::host, VH, embed_);
+  head_dev_ = to_backend(lm_head, MemoryKind::host, VH, head_);
   staging_ = Buffer();  // only needed again for packets
   g_views_ = model::DrafterWeights<float>::bind(c, g_dev_.as<float>());
   loss_ = std::make_unique<model::VocabLoss<T>>(plan.loss, be, exec_, head_dev_, c.vocab, c.hidden);
@@ -181,21 +188,38 @@ EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* em
 }
 
 template <typename T>
-const T* EngineT<T>::to_backend(const float* host, size_t n, Buffer& out) {
+const T* EngineT<T>::to_backend(const float* src, MemoryKind where, size_t n, Buffer& out) {
   kernels::Backend<T>& be = *backend_;
   const MemoryKind kind = be.memory();
+  DFLASH_CHECK(where == MemoryKind::host || where == kind, "drafter step: an array in {} memory for the {} backend",
+               memory_kind_name(where), be.name());
   if constexpr (std::is_same_v<T, float>) {
-    if (kind == MemoryKind::host) return host;
+    if (where == kind) return src;
     ensure(out, kind, n * sizeof(float));
-    be.upload(exec_, out.data(), host, n * sizeof(float));
+    be.upload(exec_, out.data(), src, n * sizeof(float));
     return out.as<float>();
   } else {
-    ensure(staging_, kind, n * sizeof(float));
+    const float* on_device = src;
+    if (where != kind) {
+      ensure(staging_, kind, n * sizeof(float));
+      be.upload(exec_, staging_.data(), src, n * sizeof(float));
+      on_device = staging_.as<float>();
+    }
     ensure(out, kind, n * sizeof(T));
-    be.upload(exec_, staging_.data(), host, n * sizeof(float));
-    be.convert_from_float(exec_, out.as<T>(), staging_.as<float>(), n);
+    be.convert_from_float(exec_, out.as<T>(), on_device, n);
     return out.as<T>();
   }
+}
+
+template <typename T>
+void EngineT<T>::wait_for_compute() {
+  if (progress_) {
+    while (!backend_->idle(exec_)) {
+      progress_();
+      usleep(50);
+    }
+  }
+  backend_->synchronize(exec_);
 }
 
 template <typename T>
@@ -248,7 +272,8 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
   r.tokens += S;
   const std::vector<int> anchors = sample_anchors(pk.loss_mask.data(), S, cfg_.loss.anchors_per_seq, key);
   if (capture)
-    capture->inputs.push_back({pk.header.seq_index, pk.tokens, pk.loss_mask, anchors, pk.taps, pk.final_hidden});
+    capture->inputs.push_back(
+        {pk.header.seq_index, pk.tokens, pk.loss_mask, anchors, pk.taps.to_host(), pk.final_hidden.to_host()});
   if (anchors.empty()) return;  // nothing trainable in this sequence
   const ScoredRows rows = scored_rows(pk.tokens.data(), pk.loss_mask.data(), S, anchors, B, plan_.decay_gamma);
   const int T_rows = rows.size();
@@ -256,12 +281,15 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
   const MemoryKind kind = be.memory();
 
   // the packet's float arrays as T in the backend's memory (the CPU reads the packet itself)
-  const T* taps = to_backend(pk.taps.data(), pk.taps.size(), taps_);
-  const T* final_hidden = with_kl ? to_backend(pk.final_hidden.data(), pk.final_hidden.size(), final_hidden_) : nullptr;
+  const T* taps = to_backend(pk.taps.data(), pk.taps.memory(), pk.taps.size(), taps_);
+  const T* final_hidden =
+      with_kl ? to_backend(pk.final_hidden.data(), pk.final_hidden.memory(), pk.final_hidden.size(), final_hidden_)
+              : nullptr;
 
   model::DrafterInputs<T> in{taps, pk.tokens.data(), S, anchors.data(), int(anchors.size()), embed_dev_};
   const model::DrafterRuntime<T> rt{be, exec_};
   model::drafter_forward(c, w_views_, in, acts_, rt);
+  if (progress_) progress_();  // the CPU computed for a while (a GPU: only queued)
 
   // gather the scored rows: drafter output rows b·B + k, target final hidden at a_b + k − 1
   ensure(rows_idx_, kind, 2 * size_t(T_rows) * sizeof(int32_t));
@@ -291,8 +319,10 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
   r.sums.add(res.sums);
   r.metrics.add(res.metrics);
   for (float w : rows.weight) r.positions += w > 0;
+  if (progress_) progress_();
   if (!backward) return;
   loss_->backward(batch, loss_ctx_, 1.0, dx_rows_.as<T>());
+  if (progress_) progress_();
 
   const size_t out_elems = anchors.size() * size_t(B) * H;
   ensure(d_out_, kind, out_elems * sizeof(T));
@@ -302,7 +332,7 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
 }
 
 template <typename T>
-StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
+StepResult EngineT<T>::run(int64_t step, const std::function<const FeaturePacket&(int, double*)>& next_packet,
                            bool stop_signal, StepCapture* capture) {
   kernels::Backend<T>& be = *backend_;
   StepResult r;
@@ -312,11 +342,11 @@ StepResult EngineT<T>::run(int64_t step, const std::function<FeaturePacket(int, 
   const size_t P = grads_.flat.size();
   be.zero(exec_, g_dev_.as<float>(), P * sizeof(float));
   for (int m = 0; m < cfg_.optim.micro_batches; ++m) {
-    FeaturePacket packet = next_packet(m, &r.wait_seconds);
+    const FeaturePacket& packet = next_packet(m, &r.wait_seconds);
     Timer t;
     const AnchorKey key{uint64_t(cfg_.run.seed), step, int64_t(m) * cfg_.layout.drafter_dp + dp_rank_};
     micro_batch(key, packet, r, capture);
-    be.synchronize(exec_);
+    wait_for_compute();  // before the next packet reuses this one's arrays
     r.compute_seconds += t.seconds();
   }
 
@@ -383,7 +413,7 @@ StepResult EngineT<T>::evaluate(const FeaturePacket& packet, const AnchorKey& ke
   r.metrics.scored.assign(plan_.drafter.block_size, 0);
   Timer t;
   micro_batch(key, packet, r, nullptr, /*backward=*/false);
-  backend_->synchronize(exec_);
+  wait_for_compute();
   r.compute_seconds = t.seconds();
   return r;
 }
@@ -408,10 +438,11 @@ DrafterStep::DrafterStep(const TrainConfig& cfg, const RunPlan& plan, const floa
     : engine_(make_engine(cfg, plan, embed, lm_head, dp_rank, dp)) {}
 DrafterStep::~DrafterStep() = default;
 
-StepResult DrafterStep::run(int64_t step, const std::function<FeaturePacket(int, double*)>& next_packet,
+StepResult DrafterStep::run(int64_t step, const std::function<const FeaturePacket&(int, double*)>& next_packet,
                             bool stop_signal, StepCapture* capture) {
   return engine_->run(step, next_packet, stop_signal, capture);
 }
+void DrafterStep::set_progress(std::function<void()> progress) { engine_->set_progress(std::move(progress)); }
 StepResult DrafterStep::evaluate(const FeaturePacket& packet, const AnchorKey& key) {
   return engine_->evaluate(packet, key);
 }

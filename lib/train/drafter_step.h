@@ -55,6 +55,8 @@ struct StepCapture {
 // weights, gradients and AdamW state). Weights, gradients and optimizer state live in the backend's memory,
 // mirrored on the host for checkpoints (params(), optimizer()); the gradient all-reduce takes the device
 // gradients on a data plane that accepts device pointers (NCCL) and goes through the host otherwise (MPI).
+// Packets whose tensors are in the backend's memory (NCCL on GPUs) are read in place (bf16: one conversion on the
+// device); host packets are uploaded.
 class DrafterStep {
  public:
   // embed, lm_head: [V, H] frozen target tensors on the host (outlive this object). dp: the drafter DP group.
@@ -62,11 +64,17 @@ class DrafterStep {
               comm::Transport& dp);
   ~DrafterStep();
 
-  // Runs step `step` on the micro-batches next_packet(0..M-1) returns. wait_seconds: filled by next_packet.
-  // stop_signal: this rank received a stop signal (agreed on across ranks in the step's all-reduce).
+  // Runs step `step` on the micro-batches next_packet(0..M-1) returns (each valid until the next call: a
+  // micro-batch is complete, device work included, before the next packet is asked for). wait_seconds: filled by
+  // next_packet. stop_signal: this rank received a stop signal (agreed on across ranks in the step's all-reduce).
   // capture: when given, filled for --dump-step.
-  StepResult run(int64_t step, const std::function<FeaturePacket(int micro, double* wait_seconds)>& next_packet,
+  StepResult run(int64_t step,
+                 const std::function<const FeaturePacket&(int micro, double* wait_seconds)>& next_packet,
                  bool stop_signal = false, StepCapture* capture = nullptr);
+  // Work for the host while the step waits for its compute (between the phases of a micro-batch, and while a GPU
+  // runs it): the drafter worker moves the packet stream along (PacketReceiver::poll). Must not throw on a healthy
+  // stream and must not touch the step.
+  void set_progress(std::function<void()> progress);
 
   // Held-out eval of one packet: forward + loss with the current weights, no gradients, nothing changed. Anchors
   // drawn as a training step draws them for `key`. This rank's unreduced sums and counts (the caller reduces).

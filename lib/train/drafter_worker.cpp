@@ -125,8 +125,11 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   };
   std::vector<int> sources;
   for (int t = 0; t < cfg.layout.target_tp; ++t) sources.push_back(layout.target_world_rank(layout.group, t));
+  // packets land in device memory when the drafter computes on a GPU and the data plane is NCCL (packet_memory)
   PacketReceiver receiver(world, world_data, sources, int(plan.tap_ids.size()) * plan.target.hidden, plan.target.hidden,
-                          cfg.layout.packets_in_flight, next_plan);
+                          cfg.layout.packets_in_flight, next_plan,
+                          packet_memory(cfg.run.device == "cuda", comms.world_data()));
+  trainer.set_progress([&] { receiver.poll(); });  // the next packets move while this one is computed on
 
   const bool reporter = layout.dp_rank == 0;
   std::optional<MetricsWriter> metrics;
@@ -170,7 +173,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     std::vector<float> start_weights;  // --dump-step: the weights this step starts from
     if (dumping) start_weights = trainer.params().flat;
     const StepResult r = trainer.run(
-        step, [&](int, double* wait) { return receiver.next(wait); }, stop_signal() != 0,
+        step, [&](int, double* wait) -> const FeaturePacket& { return receiver.next(wait); }, stop_signal() != 0,
         dumping ? &capture : nullptr);
     progress.add(r);
     if (r.skipped)
@@ -197,7 +200,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     if (opt.eval.data && heldout_due(cfg, next_step) && !stop) {
       const HeldoutResult e = run_heldout_eval(trainer, dp, cfg, next_step, int64_t(heldout.size()),
                                                plan.drafter.block_size,
-                                               [&](double* wait) { return receiver.next(wait); });
+                                               [&](double* wait) -> const FeaturePacket& { return receiver.next(wait); });
       heldout_seconds += e.seconds;
       if (reporter) {
         log.info("{}", heldout_line(e, plan.drafter.block_size, cfg.loss.top_k));

@@ -60,7 +60,7 @@ Rates rates_of(const StepResult& s, int B) {
 
 HeldoutResult run_heldout_eval(DrafterStep& drafter, comm::Transport& dp, const TrainConfig& cfg, int64_t next_step,
                                int64_t sequences, int B,
-                               const std::function<FeaturePacket(double* wait_seconds)>& next_packet) {
+                               const std::function<const FeaturePacket&(double* wait_seconds)>& next_packet) {
   Timer timer;
   HeldoutResult out;
   out.step = next_step;
@@ -68,7 +68,7 @@ HeldoutResult run_heldout_eval(DrafterStep& drafter, comm::Transport& dp, const 
   s.metrics.correct.assign(B, 0);
   s.metrics.scored.assign(B, 0);
   for (int64_t j = 0; j < sequences; ++j) {
-    const FeaturePacket p = next_packet(&s.wait_seconds);
+    const FeaturePacket& p = next_packet(&s.wait_seconds);
     const AnchorKey key{uint64_t(cfg.run.seed), next_step, p.header.seq_index};
     const StepResult r = drafter.evaluate(p, key);
     s.sums.add(r.sums);

@@ -46,7 +46,7 @@ struct HeldoutResult {
 // order) and reduces the sums. `sequences`: this rank's count (heldout_sequences(...).size()).
 HeldoutResult run_heldout_eval(DrafterStep& drafter, comm::Transport& dp, const TrainConfig& cfg, int64_t next_step,
                                int64_t sequences, int block_size,
-                               const std::function<FeaturePacket(double* wait_seconds)>& next_packet);
+                               const std::function<const FeaturePacket&(double* wait_seconds)>& next_packet);
 
 // {"step": N, "kind": "eval", "eval_loss": ..., "eval_tau": ...}: keys prefixed so that readers of the training
 // records (which look for "loss", "tau") never mistake it for one.

@@ -10,12 +10,46 @@
 
 namespace dflash::train {
 
-void FeaturePacket::allocate(const PacketHeader& h) {
+void PacketTensor::reshape(MemoryKind kind, size_t count) {
+  if (kind != kind_ || buffer_.bytes() < count * sizeof(float)) {
+    buffer_ = Buffer();  // the old allocation goes first: two packets' worth may not fit on the GPU
+    buffer_ = Buffer(kind, count * sizeof(float));
+  }
+  kind_ = kind;
+  count_ = count;
+}
+
+std::vector<float> PacketTensor::to_host() const {
+  std::vector<float> host(count_);
+  copy_bytes(host.data(), MemoryKind::host, data(), kind_, count_ * sizeof(float));
+  return host;
+}
+
+void PacketTensor::assign(const float* host, size_t count) {
+  reshape(kind_, count);
+  copy_bytes(data(), kind_, host, MemoryKind::host, count * sizeof(float));
+}
+
+MemoryKind packet_memory(bool cuda, const comm::Transport& data) {
+  return cuda && data.takes_device_pointers() ? MemoryKind::device : MemoryKind::host;
+}
+
+void FeaturePacket::allocate(const PacketHeader& h, MemoryKind tensors) {
   header = h;
   tokens.resize(size_t(h.seq_len));
   loss_mask.resize(size_t(h.seq_len));
-  taps.resize(size_t(h.seq_len) * h.tap_width);
-  final_hidden.resize(size_t(h.seq_len) * h.hidden);
+  taps.reshape(tensors, size_t(h.seq_len) * h.tap_width);
+  final_hidden.reshape(tensors, size_t(h.seq_len) * h.hidden);
+}
+
+FeaturePacket PacketSender::blank(const PacketHeader& h) {
+  FeaturePacket p;
+  if (!spare_.empty()) {
+    p = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  p.allocate(h, tensors_);
+  return p;
 }
 
 double PacketSender::send(FeaturePacket&& p, int dest, int tp_rank, int tp_size) {
@@ -23,20 +57,22 @@ double PacketSender::send(FeaturePacket&& p, int dest, int tp_rank, int tp_size)
   if (int(in_flight_.size()) >= max_in_flight_) {
     Timer t;
     for (auto& r : in_flight_.front().requests) r.wait();
+    spare_.push_back(std::move(in_flight_.front().packet));
     in_flight_.pop_front();
     blocked = t.seconds();
   }
   in_flight_.push_back({std::move(p), {}});
   InFlight& f = in_flight_.back();
   const PacketHeader& h = f.packet.header;
-  // the header first: on NCCL the drafter posts the data receives once it has it
-  if (tp_rank == 0) f.requests.push_back(world_.isend_bytes(&f.packet.header, sizeof(PacketHeader), dest, kTagHeader));
+  // the header first: on NCCL the drafter posts the data receives once it has it. Tokens and mask are small host
+  // arrays: control plane
+  if (tp_rank == 0) {
+    f.requests.push_back(world_.isend_bytes(&f.packet.header, sizeof(PacketHeader), dest, kTagHeader));
+    f.requests.push_back(world_.isend(f.packet.tokens.data(), f.packet.tokens.size(), dest, kTagTokens));
+    f.requests.push_back(world_.isend(f.packet.loss_mask.data(), f.packet.loss_mask.size(), dest, kTagMask));
+  }
   const comm::Range rows = comm::shard_range(h.seq_len, 1, tp_size, tp_rank);
   data_.group_start();
-  if (tp_rank == 0) {
-    f.requests.push_back(data_.isend(f.packet.tokens.data(), f.packet.tokens.size(), dest, kTagTokens));
-    f.requests.push_back(data_.isend(f.packet.loss_mask.data(), f.packet.loss_mask.size(), dest, kTagMask));
-  }
   if (rows.size() > 0) {
     f.requests.push_back(data_.isend(f.packet.taps.data() + rows.begin * h.tap_width,
                                      size_t(rows.size()) * h.tap_width, dest, kTagTaps));
@@ -71,9 +107,9 @@ void PacketSender::finish(comm::Transport& tp, int64_t last_step, const std::vec
 }
 
 PacketReceiver::PacketReceiver(comm::Transport& control, comm::Transport& data, std::vector<int> sources,
-                               int tap_width, int hidden, int depth, PlanSource plans)
+                               int tap_width, int hidden, int depth, PlanSource plans, MemoryKind tensors)
     : world_(control), data_(data), sources_(std::move(sources)), tap_width_(tap_width), hidden_(hidden),
-      depth_(depth < 1 ? 1 : depth), plans_(std::move(plans)) {
+      depth_(depth < 1 ? 1 : depth), plans_(std::move(plans)), tensors_(tensors) {
   DFLASH_CHECK(!sources_.empty(), "packet receiver: no target ranks to receive from");
   top_up();
 }
@@ -83,6 +119,7 @@ PacketReceiver::~PacketReceiver() {
   for (auto& p : pending_) {
     try {
       p.header_request.cancel();
+      for (auto& r : p.control) r.cancel();
       if (data_.cancellable_receives())
         for (auto& r : p.requests) r.cancel();
     } catch (...) {
@@ -109,8 +146,14 @@ void PacketReceiver::top_up() {
     h.tap_width = tap_width_;
     h.hidden = hidden_;
     h.kind = plan->kind;
-    p.packet.allocate(h);
+    if (!spare_.empty()) {
+      p.packet = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    p.packet.allocate(h, tensors_);
     p.header_request = world_.irecv_bytes(&p.header, sizeof(PacketHeader), sources_[0], kTagHeader);
+    p.control.push_back(world_.irecv(p.packet.tokens.data(), p.packet.tokens.size(), sources_[0], kTagTokens));
+    p.control.push_back(world_.irecv(p.packet.loss_mask.data(), p.packet.loss_mask.size(), sources_[0], kTagMask));
     if (data_.cancellable_receives()) post_data(p);
   }
   post_ready_data();
@@ -120,8 +163,6 @@ void PacketReceiver::post_data(Pending& p) {
   const PacketHeader& h = p.packet.header;  // the plan's shapes (a header that disagrees is refused before)
   const int tp = int(sources_.size());
   data_.group_start();
-  p.requests.push_back(data_.irecv(p.packet.tokens.data(), p.packet.tokens.size(), sources_[0], kTagTokens));
-  p.requests.push_back(data_.irecv(p.packet.loss_mask.data(), p.packet.loss_mask.size(), sources_[0], kTagMask));
   for (int t = 0; t < tp; ++t) {
     const comm::Range rows = comm::shard_range(h.seq_len, 1, tp, t);
     if (rows.size() == 0) continue;
@@ -163,11 +204,17 @@ bool PacketReceiver::arrived(Pending& p) {
   if (!p.data_posted) post_ready_data();
   if (!p.data_posted) return false;
   bool done = p.header_request.test();
+  for (auto& r : p.control) done = r.test() && done;
   for (auto& r : p.requests) done = r.test() && done;
   return done;
 }
 
-FeaturePacket PacketReceiver::next(double* wait_seconds) {
+void PacketReceiver::poll() {
+  for (Pending& p : pending_)
+    if (!arrived(p)) return;  // in order: a later packet's data is not posted before an earlier one's
+}
+
+const FeaturePacket& PacketReceiver::next(double* wait_seconds) {
   DFLASH_CHECK(!pending_.empty(), "packet receiver: no more packets are expected");
   Timer t;
   // wait in place: the header is received into the deque element itself, which must not move before then
@@ -175,12 +222,15 @@ FeaturePacket PacketReceiver::next(double* wait_seconds) {
   front.header_request.wait();
   check_header(front);  // before any data lands in buffers sized by the plan
   if (!front.data_posted) post_data(front);
+  for (auto& r : front.control) r.wait();
   for (auto& r : front.requests) r.wait();
-  Pending p = std::move(pending_.front());
+  // the packet handed out last is done with (the contract of next()): its arrays serve a packet to come
+  spare_.push_back(std::move(current_));
+  current_ = std::move(front.packet);
   pending_.pop_front();
   if (wait_seconds) *wait_seconds += t.seconds();
   top_up();  // post the following receives before the caller starts computing
-  return std::move(p.packet);
+  return current_;
 }
 
 int PacketReceiver::finish(int64_t stop_step, int target_rank0) {
@@ -205,6 +255,7 @@ int PacketReceiver::finish(int64_t stop_step, int target_rank0) {
   // posted before its header arrived, and every header that arrived was for a step ≤ last_step
   for (auto& p : pending_) {
     p.header_request.cancel();
+    for (auto& r : p.control) r.cancel();
     for (auto& r : p.requests) r.cancel();
   }
   pending_.clear();

@@ -4,13 +4,17 @@
 // Every TP rank of the group holds the full activations after the target forward, so each sends a slice of the
 // rows (shard_range(S, 1, tp_size, tp_rank)) of the taps and the final hidden: all links work at once. TP rank 0
 // also sends the header, the tokens and the loss mask.
-// Two planes (lib/comm/data_plane.h): the header and the stop protocol travel on the control plane (MPI world);
-// tokens, mask, taps and final hidden on the data plane (the world's data transport: MPI or NCCL), one tag per
-// field. Both keep the messages of one pair of ranks in the order they were issued, and both sides issue them in
-// packet order, so packets arrive in the order they were sent. On the MPI data plane the drafter posts the
-// receives of the next `depth` packets at once; NCCL cannot withdraw a posted receive (a stop would leave it
-// dangling), so there a packet's data receives are posted once its header has arrived (the target has issued
-// the sends), which still overlaps the next packet's transfer with the current packet's compute.
+// Two planes (lib/comm/data_plane.h): the header, the tokens, the loss mask (small, host) and the stop protocol
+// travel on the control plane (MPI world); the taps and the final hidden on the data plane (the world's data
+// transport: MPI or NCCL), one tag per field. Both keep the messages of one pair of ranks in the order they were
+// issued, and both sides issue them in packet order, so packets arrive in the order they were sent. On the MPI
+// data plane the drafter posts the receives of the next `depth` packets at once; NCCL cannot withdraw a posted
+// receive (a stop would leave it dangling), so there a packet's data receives are posted once its header has
+// arrived (the target has issued the sends); poll() posts them while the drafter computes, so the next packet's
+// transfer overlaps the current packet's compute.
+// Where the tensors live (packet_memory): on the GPU when the rank computes there and the data plane takes device
+// pointers (NCCL: target GPU → drafter GPU, no host copy), else in host memory. Both ends keep a packet's arrays
+// for the next one (a packet of a 27B target is ~0.8 GB: no allocation per packet).
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "lib/comm/transport.h"
+#include "lib/core/buffer.h"
 
 namespace dflash::train {
 
@@ -35,13 +40,37 @@ struct PacketHeader {
 // that step in the stop protocol below (a stop drops them like the step's own).
 enum PacketKind : int32_t { kTrainPacket = 0, kEvalPacket = 1 };
 
+// One fp32 array of a packet in host or device memory. reshape() keeps the allocation when it is big enough, so a
+// packet's arrays are reused from packet to packet.
+class PacketTensor {
+ public:
+  void reshape(MemoryKind kind, size_t count);
+  float* data() { return count_ ? buffer_.as<float>() : nullptr; }
+  const float* data() const { return count_ ? buffer_.as<float>() : nullptr; }
+  size_t size() const { return count_; }
+  MemoryKind memory() const { return kind_; }
+  std::vector<float> to_host() const;            // a host copy (blocking)
+  void assign(const float* host, size_t count);  // (=) count host floats, in this tensor's memory (blocking)
+
+ private:
+  Buffer buffer_;
+  size_t count_ = 0;
+  MemoryKind kind_ = MemoryKind::host;
+};
+
+// Where a rank keeps its packets' taps and final hidden: device memory when its compute runs on a GPU (cuda) and
+// the data plane takes device pointers (NCCL), else host memory.
+MemoryKind packet_memory(bool cuda, const comm::Transport& data);
+
+// Move-only (its tensors own memory).
 struct FeaturePacket {
   PacketHeader header;
   std::vector<int32_t> tokens;     // [S]
   std::vector<uint8_t> loss_mask;  // [S]
-  std::vector<float> taps;         // [S, n_taps*H]  target hidden states at the tap layers
-  std::vector<float> final_hidden; // [S, H]         target final normed hidden (for the KL term)
-  void allocate(const PacketHeader& h);
+  PacketTensor taps;               // [S, n_taps*H]  target hidden states at the tap layers
+  PacketTensor final_hidden;       // [S, H]         target final normed hidden (for the KL term)
+  // Shapes the arrays for h, the tensors in `tensors` memory (allocations kept when big enough).
+  void allocate(const PacketHeader& h, MemoryKind tensors = MemoryKind::host);
 };
 
 // Tags on the world communicator (distinct from anything else sent there).
@@ -59,11 +88,16 @@ enum PacketTag : int { kTagHeader = 7101, kTagTokens, kTagMask, kTagTaps, kTagFi
 // send() first waits for the oldest when the window is full.
 class PacketSender {
  public:
-  // control: the MPI world; data: the world's data-plane transport (may be the same object).
-  PacketSender(comm::Transport& control, comm::Transport& data, int max_in_flight)
-      : world_(control), data_(data), max_in_flight_(max_in_flight) {}
+  // control: the MPI world; data: the world's data-plane transport (may be the same object); tensors: where the
+  // packets' taps and final hidden live (packet_memory).
+  PacketSender(comm::Transport& control, comm::Transport& data, int max_in_flight,
+               MemoryKind tensors = MemoryKind::host)
+      : world_(control), data_(data), max_in_flight_(max_in_flight), tensors_(tensors) {}
   ~PacketSender() { flush(); }
 
+  // A packet to fill for header h, allocated in the sender's memory: the arrays of a packet whose sends have
+  // completed when there is one.
+  FeaturePacket blank(const PacketHeader& h);
   // Sends this TP rank's share of `packet` to world rank `dest`. Returns the seconds spent blocked by the window.
   double send(FeaturePacket&& packet, int dest, int tp_rank, int tp_size);
   void flush();  // waits for every pending send
@@ -82,7 +116,9 @@ class PacketSender {
   comm::Transport& world_;  // control plane
   comm::Transport& data_;
   int max_in_flight_;
+  MemoryKind tensors_;
   std::deque<InFlight> in_flight_;
+  std::vector<FeaturePacket> spare_;  // sent packets whose arrays blank() reuses
 };
 
 // What a drafter expects next: known in advance from the data schedule, so receives are posted early.
@@ -97,9 +133,10 @@ struct PacketPlan {
 class PacketReceiver {
  public:
   using PlanSource = std::function<std::optional<PacketPlan>()>;  // the next expected packet, or none at the end
-  // control: the MPI world; data: the world's data-plane transport (may be the same object).
+  // control: the MPI world; data: the world's data-plane transport (may be the same object); tensors: where the
+  // packets' taps and final hidden are received (packet_memory).
   PacketReceiver(comm::Transport& control, comm::Transport& data, std::vector<int> sources, int tap_width,
-                 int hidden, int depth, PlanSource plans);
+                 int hidden, int depth, PlanSource plans, MemoryKind tensors = MemoryKind::host);
   // Unwinding from an error (a stream-order mismatch), waiting for the pending receives could wait forever: the
   // target may be blocked on back-pressure behind a packet whose data this side never posted. Then the receives
   // that can be withdrawn are (headers; MPI data), so the error reaches the handler that aborts the job.
@@ -108,8 +145,13 @@ class PacketReceiver {
   PacketReceiver& operator=(const PacketReceiver&) = delete;
 
   // The next packet, checked against its plan (a mismatch is a stream-order error naming both). wait_seconds
-  // (+=) the time spent waiting for it.
-  FeaturePacket next(double* wait_seconds);
+  // (+=) the time spent waiting for it. The packet stays valid until the next call of next() or finish(), which
+  // reuse its arrays: finish the work on it (its device reads included) first.
+  const FeaturePacket& next(double* wait_seconds);
+  // Moves the stream along without blocking: tests the pending transfers (MPI progresses a large message only
+  // inside MPI calls) and posts the data receives of packets whose header arrived (NCCL). For the drafter to call
+  // while it computes.
+  void poll();
 
   // Ends the stream early or at its end (protocol above): `stop_step` is the first step this drafter does not
   // train; `target_rank0` the world rank of its group's TP rank 0. Returns the packets dropped.
@@ -123,7 +165,8 @@ class PacketReceiver {
     comm::Request header_request;          // control plane
     bool header_checked = false;
     bool data_posted = false;
-    std::vector<comm::Request> requests;   // data plane
+    std::vector<comm::Request> control;    // tokens and loss mask (control plane)
+    std::vector<comm::Request> requests;   // taps and final hidden (data plane)
   };
   void top_up();
   void post_data(Pending& p);
@@ -136,8 +179,11 @@ class PacketReceiver {
   std::vector<int> sources_;
   int tap_width_, hidden_, depth_;
   PlanSource plans_;
+  MemoryKind tensors_;
   bool plans_done_ = false;
   std::deque<Pending> pending_;
+  FeaturePacket current_;              // what next() returned last
+  std::vector<FeaturePacket> spare_;   // arrays of consumed packets, reused by the next posted ones
 };
 
 }  // namespace dflash::train

@@ -138,6 +138,8 @@ int main(int argc, char** argv) {
     comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, /*timeout_seconds=*/60);
     comm::MpiTransport world(comms.world());
     NoCancelTransport nocancel(comms.world_data());
+    // packets where the trainer keeps them: on the GPU with the nccl plane (device to device), else on the host
+    const MemoryKind memory = train::packet_memory(plane == comm::DataPlane::Nccl, comms.world_data());
     comm::Transport& world_data = plane_name == "mpi_nocancel" ? static_cast<comm::Transport&>(nocancel)
                                                                 : comms.world_data();
     if (rank == 0) {
@@ -159,22 +161,24 @@ int main(int argc, char** argv) {
       model::TargetModel target(dir, tp);
       const int H = target.config().hidden;
       comm::MpiTransport tp_control(comms.tp());
-      train::PacketSender sender(world, world_data, /*max_in_flight=*/2);
+      train::PacketSender sender(world, world_data, /*max_in_flight=*/2, memory);
       int k = 0;
       for (; k < packets; ++k) {
         if (sender.stop_requested(tp_control)) break;
         for (int d : layout.drafters_of_group(0)) {
-          train::FeaturePacket p;
           train::PacketHeader h;
           h.seq_index = 1000 * d + k;
           h.step = k;
           h.seq_len = seq_len_of(d, k);
           h.tap_width = int(taps.size()) * H;
           h.hidden = H;
-          p.allocate(h);
+          train::FeaturePacket p = sender.blank(h);
           p.tokens = tokens_of(d, k, target.config().vocab);
           p.loss_mask = mask_of(d, k);
-          target.forward(p.tokens.data(), h.seq_len, taps, p.taps.data(), p.final_hidden.data());
+          std::vector<float> t(p.taps.size()), f(p.final_hidden.size());
+          target.forward(p.tokens.data(), h.seq_len, taps, t.data(), f.data());
+          p.taps.assign(t.data(), t.size());
+          p.final_hidden.assign(f.data(), f.size());
           sender.send(std::move(p), layout.drafter_world_rank(d), layout.tp_rank, tp.size());
         }
       }
@@ -198,15 +202,21 @@ int main(int argc, char** argv) {
       };
       std::vector<int> sources;
       for (int t = 0; t < tp_size; ++t) sources.push_back(layout.target_world_rank(0, t));
-      train::PacketReceiver receiver(world, world_data, sources, int(taps.size()) * H, H, 2, plans);
+      train::PacketReceiver receiver(world, world_data, sources, int(taps.size()) * H, H, 2, plans, memory);
       double worst = 0;
       for (int k = 0; k < stop_after; ++k) {
         if (k == 1) usleep(200000);  // a slow drafter: the target must wait (back-pressure), not drop or reorder
-        train::FeaturePacket p = receiver.next(nullptr);
+        const train::FeaturePacket& p = receiver.next(nullptr);
+        if (p.taps.memory() != memory) {
+          std::fprintf(stderr, "drafter %d packet %d: taps in %s memory, expected %s\n", d, k,
+                       memory_kind_name(p.taps.memory()), memory_kind_name(memory));
+          ++failures;
+        }
+        receiver.poll();  // must leave the packet in hand alone
         const int S = seq_len_of(d, k);
         std::vector<float> taps_ref(size_t(S) * taps.size() * H), final_ref(size_t(S) * H);
         single.forward(p.tokens.data(), S, taps, taps_ref.data(), final_ref.data());
-        const double e = std::max(rel_err(p.taps, taps_ref), rel_err(p.final_hidden, final_ref));
+        const double e = std::max(rel_err(p.taps.to_host(), taps_ref), rel_err(p.final_hidden.to_host(), final_ref));
         worst = std::max(worst, e);
         if (p.tokens != tokens_of(d, k, single.config().vocab) || p.loss_mask != mask_of(d, k) || e > 1e-5) {
           std::fprintf(stderr, "drafter %d packet %d: tokens %s, mask %s, taps/final rel err %.3e (limit 1e-5)\n", d,

@@ -217,9 +217,9 @@ void run_trainer_steps(model::VocabLossMode mode) {
     REQUIRE(w.size() == p.numel);
     std::copy(w.begin(), w.end(), step.params().data(p));
   }
-  auto next_packet = [&](int micro, double*) {
+  train::FeaturePacket pk;  // what next_packet hands out (valid until its next call, as PacketReceiver::next's)
+  auto next_packet = [&](int micro, double*) -> const train::FeaturePacket& {
     const Sequence& s = seqs[size_t(micro)];
-    train::FeaturePacket pk;
     pk.header.seq_index = micro;
     pk.header.micro = micro;
     pk.header.seq_len = int(s.tokens.size());
@@ -227,8 +227,8 @@ void run_trainer_steps(model::VocabLossMode mode) {
     pk.header.tap_width = plan.drafter.n_taps * plan.drafter.hidden;
     pk.tokens = s.tokens;
     pk.loss_mask = s.loss_mask;
-    pk.taps = s.taps;
-    pk.final_hidden = s.final_hidden;
+    pk.taps.assign(s.taps.data(), s.taps.size());
+    pk.final_hidden.assign(s.final_hidden.data(), s.final_hidden.size());
     return pk;
   };
 
