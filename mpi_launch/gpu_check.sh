@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-GPU check of the CUDA backend, for a machine with an NVIDIA GPU (sized for one H200: under 8 minutes
 # including the build). Steps, each timed and summarised at the end:
-#   1. build with CUDA for one architecture (default sm_90; DFLASH_CUDA_ARCH=120 for RTX PRO 6000 Blackwell)
+#   1. build with CUDA for one architecture (default sm_90; DFLASH_CUDA_ARCH=120 for RTX PRO 6000 Blackwell), only
+#      the programs the steps below run
 #   2. the `cuda` twin tests: every CUDA kernel against its CPU twin, and the whole target forward (dense + hybrid,
 #      plain and cached) on CUDA against the CPU target (a skip counts as a failure here)
 #   3. the host-device math tests (cuda_math: the kernels' per-row / per-tile math on the CPU)
@@ -56,7 +57,8 @@ nvidia-smi -L 2>/dev/null || echo "gpu_check: nvidia-smi not found; continuing (
 # 1. build (dependencies first when the machine lacks them; a machine without network keeps what it has)
 bash "$root/mpi_launch/install_deps.sh" >"$logs/deps.log" 2>&1 || echo "gpu_check: install_deps.sh failed (see $logs/deps.log); trying the build anyway"
 if ! step build 420 bash -c "cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES='$arch' && cmake --build '$build' -j'$jobs'"; then
+      -DCMAKE_CUDA_ARCHITECTURES='$arch' && cmake --build '$build' -j'$jobs' --target dflash_tests \
+      dflash_cuda_tests dflash_mpi dflash_bench dflash_data nccl_check stream_check"; then
   printf '%s\n' "gpu_check summary (build failed: nothing else ran)" "${summary[@]}"
   exit 1
 fi
