@@ -12,7 +12,8 @@
 #      1e-4 relative), and bf16 learning (its loss falls); 8 ranks on one GPU, so the data plane is mpi. With
 #      run.device=cuda both the drafter step and the target TP forward run on the GPU (the target in fp32 in both
 #      precisions), so the loss comparison covers the target's GPU path too
-#   6. the NCCL data plane: bootstrap + one-rank collectives, device and host (staged) buffers (nccl_np1); with
+#   6. the NCCL data plane: bootstrap + one-rank collectives, device and host (staged) buffers (nccl_np1); the
+#      packet stream to GPU drafters over MPI (stream_staged: page-locked staging, copy-stream uploads); with
 #      more GPUs than one also the multi-rank NCCL checks (ring, timeout abort, the packet stream and its stop
 #      protocol on nccl), each needing as many GPUs as ranks; with one GPU they are listed as SKIP (not a failure)
 # Usage: bash mpi_launch/gpu_check.sh        env: DFLASH_GPU_BUILD_DIR (default ./build-gpu), DFLASH_JOBS (16),
@@ -118,6 +119,10 @@ fi
 # 6. NCCL: one rank always (a skip is a failure: it means NCCL or the GPU is missing); multi-rank ones need GPUs
 mpirun_sh="$root/tests/integration/mpirun.sh"
 step nccl_np1 120 bash "$mpirun_sh" -np 1 "$build/tests/integration/nccl_check"
+# a GPU drafter fed over MPI (the tiny job's path): page-locked staging, uploads on the receiver's copy stream, the
+# stop protocol with staged packets in flight; 4 ranks on this GPU
+step stream_staged 120 bash "$mpirun_sh" -np 4 "$build/tests/integration/stream_check" --dir "$logs/stream_staged" \
+  --tp 2 --dp 2 --packets 8 --stop-after 3 --plane mpi --drafter-memory device
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ "${gpus:-0}" -ge 4 ]]; then
   step nccl_np2 120 bash "$mpirun_sh" -np 2 "$build/tests/integration/nccl_check"

@@ -49,8 +49,32 @@ Buffer::Buffer(MemoryKind kind, size_t bytes) : bytes_(bytes), kind_(kind) {
 #endif
 }
 
+Buffer Buffer::pinned_host(size_t bytes) {
+#if DFLASH_WITH_CUDA
+  Buffer b;
+  if (bytes == 0) return b;
+  const cudaError_t rc = cudaMallocHost(&b.data_, bytes);
+  if (rc != cudaSuccess) {
+    b.data_ = nullptr;
+    DFLASH_USER_FAIL("cannot allocate {:.3f} GiB of page-locked host memory ({}); lower layout.packets_in_flight or "
+                     "data.max_seq_len", double(bytes) / (1 << 30), cudaGetErrorString(rc));
+  }
+  b.bytes_ = bytes;
+  b.pinned_ = true;
+  return b;
+#else
+  return Buffer(MemoryKind::host, bytes);
+#endif
+}
+
 Buffer::~Buffer() {
   if (!data_) return;
+#if DFLASH_WITH_CUDA
+  if (pinned_) {
+    cudaFreeHost(data_);
+    return;
+  }
+#endif
   if (kind_ == MemoryKind::host) {
     std::free(data_);
     return;

@@ -24,6 +24,9 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(MemoryKind kind, size_t bytes);  // throws dflash::Error when the allocation fails, naming the size
+  // Host memory that is page-locked in a build with CUDA (cudaMallocHost), so that copies to and from a GPU run
+  // asynchronously at the bus's speed; ordinary host memory without CUDA. kind() is host either way.
+  static Buffer pinned_host(size_t bytes);
   ~Buffer();
   Buffer(Buffer&& o) noexcept { swap(o); }
   Buffer& operator=(Buffer&& o) noexcept {
@@ -45,10 +48,12 @@ class Buffer {
     std::swap(data_, o.data_);
     std::swap(bytes_, o.bytes_);
     std::swap(kind_, o.kind_);
+    std::swap(pinned_, o.pinned_);
   }
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemoryKind kind_ = MemoryKind::host;
+  bool pinned_ = false;  // host memory from cudaMallocHost
 };
 
 // Bump allocator over one Buffer. alloc() never touches the memory (device memory is not host-addressable);

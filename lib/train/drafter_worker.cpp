@@ -125,10 +125,11 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   };
   std::vector<int> sources;
   for (int t = 0; t < cfg.layout.target_tp; ++t) sources.push_back(layout.target_world_rank(layout.group, t));
-  // packets land in device memory when the drafter computes on a GPU and the data plane is NCCL (packet_memory)
+  // a GPU drafter gets its packets in device memory: received in place over NCCL, uploaded on the receiver's copy
+  // stream from page-locked staging over MPI (overlapping the compute of the packet before)
   PacketReceiver receiver(world, world_data, sources, int(plan.tap_ids.size()) * plan.target.hidden, plan.target.hidden,
                           cfg.layout.packets_in_flight, next_plan,
-                          packet_memory(cfg.run.device == "cuda", comms.world_data()));
+                          cfg.run.device == "cuda" ? MemoryKind::device : MemoryKind::host);
   trainer.set_progress([&] { receiver.poll(); });  // the next packets move while this one is computed on
 
   const bool reporter = layout.dp_rank == 0;

@@ -111,6 +111,7 @@ PacketReceiver::PacketReceiver(comm::Transport& control, comm::Transport& data, 
     : world_(control), data_(data), sources_(std::move(sources)), tap_width_(tap_width), hidden_(hidden),
       depth_(depth < 1 ? 1 : depth), plans_(std::move(plans)), tensors_(tensors) {
   DFLASH_CHECK(!sources_.empty(), "packet receiver: no target ranks to receive from");
+  if (tensors_ == MemoryKind::device && !data_.takes_device_pointers()) copy_ = std::make_unique<CopyStream>();
   top_up();
 }
 
@@ -162,14 +163,28 @@ void PacketReceiver::top_up() {
 void PacketReceiver::post_data(Pending& p) {
   const PacketHeader& h = p.packet.header;  // the plan's shapes (a header that disagrees is refused before)
   const int tp = int(sources_.size());
+  float* taps = p.packet.taps.data();
+  float* final_hidden = p.packet.final_hidden.data();
+  if (staged()) {  // into page-locked host memory: [taps | final hidden]
+    const size_t floats = p.packet.taps.size() + p.packet.final_hidden.size();
+    while (!spare_staging_.empty() && spare_staging_.back().bytes() < floats * sizeof(float)) spare_staging_.pop_back();
+    if (!spare_staging_.empty()) {
+      p.staging = std::move(spare_staging_.back());
+      spare_staging_.pop_back();
+    } else {
+      p.staging = Buffer::pinned_host(floats * sizeof(float));
+    }
+    taps = p.staging.as<float>();
+    final_hidden = taps + p.packet.taps.size();
+  }
   data_.group_start();
   for (int t = 0; t < tp; ++t) {
     const comm::Range rows = comm::shard_range(h.seq_len, 1, tp, t);
     if (rows.size() == 0) continue;
-    p.requests.push_back(data_.irecv(p.packet.taps.data() + rows.begin * tap_width_,
-                                     size_t(rows.size()) * tap_width_, sources_[t], kTagTaps));
-    p.requests.push_back(data_.irecv(p.packet.final_hidden.data() + rows.begin * hidden_,
-                                     size_t(rows.size()) * hidden_, sources_[t], kTagFinal));
+    p.requests.push_back(data_.irecv(taps + rows.begin * tap_width_, size_t(rows.size()) * tap_width_, sources_[t],
+                                     kTagTaps));
+    p.requests.push_back(data_.irecv(final_hidden + rows.begin * hidden_, size_t(rows.size()) * hidden_, sources_[t],
+                                     kTagFinal));
   }
   data_.group_end();
   p.data_posted = true;
@@ -206,7 +221,17 @@ bool PacketReceiver::arrived(Pending& p) {
   bool done = p.header_request.test();
   for (auto& r : p.control) done = r.test() && done;
   for (auto& r : p.requests) done = r.test() && done;
-  return done;
+  if (!done || !staged()) return done;
+  if (!p.upload_queued) queue_upload(p);
+  return p.uploaded.reached();
+}
+
+void PacketReceiver::queue_upload(Pending& p) {
+  const float* taps = p.staging.as<float>();
+  copy_->copy(p.packet.taps.data(), taps, p.packet.taps.size() * sizeof(float));
+  copy_->copy(p.packet.final_hidden.data(), taps + p.packet.taps.size(), p.packet.final_hidden.size() * sizeof(float));
+  p.uploaded = copy_->fence();
+  p.upload_queued = true;
 }
 
 void PacketReceiver::poll() {
@@ -224,6 +249,11 @@ const FeaturePacket& PacketReceiver::next(double* wait_seconds) {
   if (!front.data_posted) post_data(front);
   for (auto& r : front.control) r.wait();
   for (auto& r : front.requests) r.wait();
+  if (staged()) {
+    if (!front.upload_queued) queue_upload(front);
+    front.uploaded.wait();
+    spare_staging_.push_back(std::move(front.staging));
+  }
   // the packet handed out last is done with (the contract of next()): its arrays serve a packet to come
   spare_.push_back(std::move(current_));
   current_ = std::move(front.packet);

@@ -12,17 +12,21 @@
 // receive (a stop would leave it dangling), so there a packet's data receives are posted once its header has
 // arrived (the target has issued the sends); poll() posts them while the drafter computes, so the next packet's
 // transfer overlaps the current packet's compute.
-// Where the tensors live (packet_memory): on the GPU when the rank computes there and the data plane takes device
-// pointers (NCCL: target GPU → drafter GPU, no host copy), else in host memory. Both ends keep a packet's arrays
-// for the next one (a packet of a 27B target is ~0.8 GB: no allocation per packet).
+// Where the tensors live: on a target rank (packet_memory), on its GPU when the data plane takes device pointers
+// (NCCL: target GPU → drafter GPU, no host copy), else in host memory. On a drafter rank, on its GPU whenever it
+// computes there: over NCCL received in place; over MPI received into page-locked host staging and uploaded on a
+// copy stream of the receiver's own as soon as the data are in, so the upload overlaps the current packet's compute.
+// Both ends keep a packet's arrays for the next one (a packet of a 27B target is ~1 GB: no allocation per packet).
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "lib/comm/transport.h"
 #include "lib/core/buffer.h"
+#include "lib/core/copy_stream.h"
 
 namespace dflash::train {
 
@@ -58,8 +62,9 @@ class PacketTensor {
   MemoryKind kind_ = MemoryKind::host;
 };
 
-// Where a rank keeps its packets' taps and final hidden: device memory when its compute runs on a GPU (cuda) and
-// the data plane takes device pointers (NCCL), else host memory.
+// Where a target rank keeps its packets' taps and final hidden: device memory when its compute runs on a GPU (cuda)
+// and the data plane takes device pointers (NCCL), else host memory. (A drafter on a GPU receives into device
+// memory on either plane: PacketReceiver stages the MPI plane.)
 MemoryKind packet_memory(bool cuda, const comm::Transport& data);
 
 // Move-only (its tensors own memory).
@@ -134,7 +139,8 @@ class PacketReceiver {
  public:
   using PlanSource = std::function<std::optional<PacketPlan>()>;  // the next expected packet, or none at the end
   // control: the MPI world; data: the world's data-plane transport (may be the same object); tensors: where the
-  // packets' taps and final hidden are received (packet_memory).
+  // packets' taps and final hidden are handed out: host, or device (the calling thread's current GPU; staged through
+  // page-locked host memory and a copy stream when `data` takes host pointers only, which needs CUDA).
   PacketReceiver(comm::Transport& control, comm::Transport& data, std::vector<int> sources, int tap_width,
                  int hidden, int depth, PlanSource plans, MemoryKind tensors = MemoryKind::host);
   // Unwinding from an error (a stream-order mismatch), waiting for the pending receives could wait forever: the
@@ -158,16 +164,24 @@ class PacketReceiver {
   int finish(int64_t stop_step, int target_rank0);
 
  private:
+  // Members in this order so that destruction waits for the transfers (requests, the upload's fence) before it
+  // frees the memory they use (staging, packet).
   struct Pending {
     PacketPlan plan;
     PacketHeader header;
     FeaturePacket packet;
+    Buffer staging;                        // staged receives (device tensors over a host-only plane): the data land
+                                           // here [taps | final hidden], page-locked, then are uploaded on copy_
     comm::Request header_request;          // control plane
     bool header_checked = false;
     bool data_posted = false;
     std::vector<comm::Request> control;    // tokens and loss mask (control plane)
     std::vector<comm::Request> requests;   // taps and final hidden (data plane)
+    bool upload_queued = false;
+    CopyStream::Fence uploaded;
   };
+  bool staged() const { return copy_ != nullptr; }
+  void queue_upload(Pending& p);  // staged: the arrived data to the packet's device tensors
   void top_up();
   void post_data(Pending& p);
   void post_ready_data();  // data receives of the leading packets whose header has arrived
@@ -184,6 +198,8 @@ class PacketReceiver {
   std::deque<Pending> pending_;
   FeaturePacket current_;              // what next() returned last
   std::vector<FeaturePacket> spare_;   // arrays of consumed packets, reused by the next posted ones
+  std::unique_ptr<CopyStream> copy_;   // staged receives only
+  std::vector<Buffer> spare_staging_;  // page-locked staging of uploaded packets, reused
 };
 
 }  // namespace dflash::train

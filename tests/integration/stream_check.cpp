@@ -14,8 +14,11 @@
 // test), so the receiver must post a packet's data only after its header (the nccl path, checked on any machine).
 // nccl needs a GPU per rank: without NCCL in the build or with fewer GPUs than ranks on the node, every rank
 // exits 77 (ctest: skipped) with the reason.
+// --drafter-memory device: the drafters take their packets in GPU memory, as a GPU drafter does (over mpi: received
+// into page-locked staging and uploaded on the receiver's copy stream; ranks may share a GPU). Without a CUDA device
+// every rank exits 77 with the reason.
 //   mpirun -np 7 stream_check --dir DIR --tp 5 --dp 2 [--packets 6] [--stop-after K] [--wrong-len K]
-//          [--plane mpi|mpi_nocancel|nccl]
+//          [--plane mpi|mpi_nocancel|nccl] [--drafter-memory host|device]
 #include <unistd.h>
 
 #include <cmath>
@@ -108,7 +111,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int failures = 0;
   try {
-    Args args(argc, argv, {"dir", "tp", "dp", "packets", "plane", "stop-after", "wrong-len"});
+    Args args(argc, argv, {"dir", "tp", "dp", "packets", "plane", "stop-after", "wrong-len", "drafter-memory"});
     const std::string dir = args.str("dir", "");
     DFLASH_CHECK(!dir.empty(), "--dir is required");
     const int tp_size = int(args.integer("tp", 5)), dp = int(args.integer("dp", 2));
@@ -135,11 +138,24 @@ int main(int argc, char** argv) {
       DFLASH_CHECK(plane_name == "mpi" || plane_name == "mpi_nocancel", "--plane {}: use mpi, mpi_nocancel or nccl",
                    plane_name);
     }
+    const std::string drafter_memory = args.str("drafter-memory", "host");
+    DFLASH_CHECK(drafter_memory == "host" || drafter_memory == "device", "--drafter-memory {}: use host or device",
+                 drafter_memory);
+    if (drafter_memory == "device" && plane != comm::DataPlane::Nccl) {
+      if (!kernels::cuda_available()) {
+        if (rank == 0) std::printf("skipped: --drafter-memory device needs a CUDA device (this build: %s)\n",
+                                   comm::nccl_built() ? "CUDA" : "no CUDA");
+        MPI_Finalize();
+        return 77;
+      }
+      kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
+    }
     comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, /*timeout_seconds=*/60);
     comm::MpiTransport world(comms.world());
     NoCancelTransport nocancel(comms.world_data());
     // packets where the trainer keeps them: on the GPU with the nccl plane (device to device), else on the host
     const MemoryKind memory = train::packet_memory(plane == comm::DataPlane::Nccl, comms.world_data());
+    const MemoryKind drafter_kind = drafter_memory == "device" ? MemoryKind::device : memory;
     comm::Transport& world_data = plane_name == "mpi_nocancel" ? static_cast<comm::Transport&>(nocancel)
                                                                 : comms.world_data();
     if (rank == 0) {
@@ -202,14 +218,14 @@ int main(int argc, char** argv) {
       };
       std::vector<int> sources;
       for (int t = 0; t < tp_size; ++t) sources.push_back(layout.target_world_rank(0, t));
-      train::PacketReceiver receiver(world, world_data, sources, int(taps.size()) * H, H, 2, plans, memory);
+      train::PacketReceiver receiver(world, world_data, sources, int(taps.size()) * H, H, 2, plans, drafter_kind);
       double worst = 0;
       for (int k = 0; k < stop_after; ++k) {
         if (k == 1) usleep(200000);  // a slow drafter: the target must wait (back-pressure), not drop or reorder
         const train::FeaturePacket& p = receiver.next(nullptr);
-        if (p.taps.memory() != memory) {
+        if (p.taps.memory() != drafter_kind) {
           std::fprintf(stderr, "drafter %d packet %d: taps in %s memory, expected %s\n", d, k,
-                       memory_kind_name(p.taps.memory()), memory_kind_name(memory));
+                       memory_kind_name(p.taps.memory()), memory_kind_name(drafter_kind));
           ++failures;
         }
         receiver.poll();  // must leave the packet in hand alone
