@@ -1,6 +1,6 @@
 // Elementwise and row-copy kernels: gather/scatter rows (also the embedding gather), SwiGLU, residual, accumulate,
-// scale, the attention's sigmoid output gate. Grid-stride loops, arithmetic in float. Simple over fast: no
-// vectorised loads.
+// scale, the attention's sigmoid output gate, the conversions to T from fp32 and back (contiguous, or a row block
+// into strided columns). Grid-stride loops, arithmetic in float. Simple over fast: no vectorised loads.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
