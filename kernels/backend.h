@@ -63,6 +63,13 @@ class Backend {
   // dst[n] (=) src[n] rounded to T (bf16: round to nearest even); both in backend memory. How fp32 master weights
   // become compute weights and fp32 features become activations.
   virtual void convert_from_float(ExecContext& ctx, T* dst, const float* src, size_t n) = 0;
+  // dst[n] (=) src[n] as fp32 (bf16, float: exact; double: rounded to nearest); both in backend memory. How outputs
+  // computed in T (the target's taps and final hidden) reach fp32 consumers.
+  virtual void convert_to_float(ExecContext& ctx, float* dst, const T* src, size_t n) = 0;
+  // The same over a row block: dst[r, 0:cols] (=) src[r, 0:cols] as fp32 for r < rows, row strides ld_dst, ld_src
+  // (elements): writes one tap's [S, H] into its columns of the taps [S, n_taps·H] without a pass through the host.
+  virtual void convert_to_float_strided(ExecContext& ctx, float* dst, int ld_dst, const T* src, int ld_src, int rows,
+                                        int cols) = 0;
   // out[i, :] (=) in[rows[i], :] for i < n; rows in backend memory.
   virtual void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
   // out[rows[i], :] (=) in[i, :] for i < n; rows distinct; other rows of out untouched.

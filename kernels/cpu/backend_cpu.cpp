@@ -55,6 +55,18 @@ class CpuBackend final : public Backend<T> {
       for (size_t i = 0; i < n; ++i) dst[i] = T(src[i]);
     }
   }
+  void convert_to_float(ExecContext&, float* dst, const T* src, size_t n) override {
+    if constexpr (std::is_same_v<T, float>) {
+      copy_bytes(dst, src, n * sizeof(float));
+    } else {
+      for (size_t i = 0; i < n; ++i) dst[i] = float(src[i]);
+    }
+  }
+  void convert_to_float_strided(ExecContext& ctx, float* dst, int ld_dst, const T* src, int ld_src, int rows,
+                                int cols) override {
+    for (int r = 0; r < rows; ++r)
+      convert_to_float(ctx, dst + size_t(r) * ld_dst, src + size_t(r) * ld_src, size_t(cols > 0 ? cols : 0));
+  }
   void gather_rows(ExecContext&, T* out, const T* in, const int32_t* rows, int n, int dim) override {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; ++i) std::memcpy(out + size_t(i) * dim, in + size_t(rows[i]) * dim, sizeof(T) * dim);

@@ -104,6 +104,25 @@ class CudaBackend final : public Backend<T> {
       cuda::launch_convert_from_float(stream_of(ctx), dst, src, n);
     }
   }
+  void convert_to_float(ExecContext& ctx, float* dst, const T* src, size_t n) override {
+    if constexpr (std::is_same_v<T, float>) {
+      if (n && static_cast<const void*>(dst) != static_cast<const void*>(src))
+        DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(ctx)));
+    } else {
+      cuda::launch_convert_to_float(stream_of(ctx), dst, src, n);
+    }
+  }
+  void convert_to_float_strided(ExecContext& ctx, float* dst, int ld_dst, const T* src, int ld_src, int rows,
+                                int cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+      DFLASH_CUDA_CHECK(cudaMemcpy2DAsync(dst, sizeof(float) * size_t(ld_dst), src, sizeof(float) * size_t(ld_src),
+                                          sizeof(float) * size_t(cols), size_t(rows), cudaMemcpyDeviceToDevice,
+                                          stream_of(ctx)));
+    } else {
+      cuda::launch_convert_to_float_strided(stream_of(ctx), dst, ld_dst, src, ld_src, rows, cols);
+    }
+  }
   void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) override {
     cuda::launch_gather_rows(stream_of(ctx), out, in, rows, n, dim);
   }

@@ -1,6 +1,6 @@
 // Elementwise and row-copy kernels: gather/scatter rows (also the embedding gather), SwiGLU, residual, accumulate,
-// scale, the attention's sigmoid output gate. Grid-stride loops, arithmetic in float. Simple over fast: no
-// vectorised loads.
+// scale, the attention's sigmoid output gate, the conversions to T from fp32 and back (contiguous, or a row block
+// into strided columns). Grid-stride loops, arithmetic in float. Simple over fast: no vectorised loads.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
@@ -67,6 +67,19 @@ __global__ void convert_from_float_kernel(T* dst, const float* src, size_t n) {
 }
 
 template <typename T>
+__global__ void convert_to_float_kernel(float* dst, const T* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = to_f(src[i]);
+}
+
+// One block per row.
+template <typename T>
+__global__ void convert_to_float_strided_kernel(float* dst, int ld_dst, const T* src, int ld_src, int cols) {
+  const size_t r = blockIdx.x;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) dst[r * ld_dst + j] = to_f(src[r * ld_src + j]);
+}
+
+template <typename T>
 __global__ void scale_matrix_kernel(T* c, int cols, int ld, float beta) {
   T* row = c + size_t(blockIdx.x) * ld;
   for (int j = threadIdx.x; j < cols; j += blockDim.x) row[j] = beta == 0.0f ? from_f<T>(0.0f) : from_f<T>(to_f(row[j]) * beta);
@@ -129,6 +142,19 @@ void launch_convert_from_float(cudaStream_t st, T* dst, const float* src, size_t
   DFLASH_CUDA_LAUNCHED("convert_from_float_kernel");
 }
 template <typename T>
+void launch_convert_to_float(cudaStream_t st, float* dst, const T* src, size_t n) {
+  if (!n) return;
+  convert_to_float_kernel<T><<<grid_for(n), kThreads, 0, st>>>(dst, src, n);
+  DFLASH_CUDA_LAUNCHED("convert_to_float_kernel");
+}
+template <typename T>
+void launch_convert_to_float_strided(cudaStream_t st, float* dst, int ld_dst, const T* src, int ld_src, int rows,
+                                     int cols) {
+  if (rows <= 0 || cols <= 0) return;
+  convert_to_float_strided_kernel<T><<<rows, kThreads, 0, st>>>(dst, ld_dst, src, ld_src, cols);
+  DFLASH_CUDA_LAUNCHED("convert_to_float_strided_kernel");
+}
+template <typename T>
 void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, float beta) {
   if (rows <= 0 || cols <= 0 || beta == 1.0f) return;
   scale_matrix_kernel<T><<<rows, kThreads, 0, st>>>(c, cols, ld, beta);
@@ -145,7 +171,9 @@ void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, floa
   template void launch_accumulate<T>(cudaStream_t, T*, const T*, size_t);                                  \
   template void launch_scale<T>(cudaStream_t, T*, float, size_t);                                          \
   template void launch_scale_matrix<T>(cudaStream_t, T*, int, int, int, float);                           \
-  template void launch_convert_from_float<T>(cudaStream_t, T*, const float*, size_t);
+  template void launch_convert_from_float<T>(cudaStream_t, T*, const float*, size_t);                    \
+  template void launch_convert_to_float<T>(cudaStream_t, float*, const T*, size_t);                      \
+  template void launch_convert_to_float_strided<T>(cudaStream_t, float*, int, const T*, int, int, int);
 DFLASH_INSTANTIATE(float)
 DFLASH_INSTANTIATE(bf16)
 #undef DFLASH_INSTANTIATE

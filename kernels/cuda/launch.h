@@ -38,6 +38,13 @@ void launch_scale(cudaStream_t st, T* x, float s, size_t n);
 // dst[n] = src[n] rounded to T (bf16: nearest even)
 template <typename T>
 void launch_convert_from_float(cudaStream_t st, T* dst, const float* src, size_t n);
+// dst[n] = src[n] widened to fp32 (exact for bf16)
+template <typename T>
+void launch_convert_to_float(cudaStream_t st, float* dst, const T* src, size_t n);
+// dst[r, 0:cols] = src[r, 0:cols] widened to fp32, row strides ld_dst, ld_src (elements)
+template <typename T>
+void launch_convert_to_float_strided(cudaStream_t st, float* dst, int ld_dst, const T* src, int ld_src, int rows,
+                                     int cols);
 // c[rows, cols] (row stride ld) *= beta (beta = 0: set to 0): a GEMM with K = 0.
 template <typename T>
 void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, float beta);

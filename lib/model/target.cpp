@@ -1,12 +1,17 @@
 #include "lib/model/target.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include <fmt/format.h>
 
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/model/target_layers.h"
+
+#if DFLASH_CUDA_BACKEND
+#include "kernels/cuda/backend_cuda.h"  // the bf16 backend
+#endif
 
 namespace dflash::model {
 
@@ -16,42 +21,13 @@ std::string target_layer_tensor(const QwenConfig& c, int l, const std::string& w
 
 namespace {
 
-// Qwen3.5 RMSNorm computes x̂ · (1 + w): fold the 1 in once at load
+// Qwen3.5 RMSNorm computes x̂ · (1 + w): fold the 1 in once at load (in fp32, then one rounding to T)
 void fold_norm_offset(const QwenConfig& c, std::vector<float>& w) {
   if (!c.hybrid) return;
   for (float& x : w) x += 1.f;
 }
 
-}  // namespace
-
-TargetModel::TargetModel(const std::string& model_dir, comm::Transport& tp, TargetOptions options)
-    : dir_(model_dir),
-      tp_(tp),
-      options_(options),
-      backend_(options.backend ? options.backend : kernels::make_cpu_backend<float>({options.attention_block})),
-      config_(load_qwen_config(model_dir)),
-      shard_(plan_target_shard(config_, tp.size(), tp.rank(), options.mlp_grain)),
-      ckpt_(model_dir) {
-  const int64_t H = config_.hidden;
-  ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
-  std::vector<float> final_norm = ckpt_.read(ckpt_.expect(config_.weight_prefix + "norm.weight", {H}).name);
-  fold_norm_offset(config_, final_norm);
-  final_norm_ = upload(final_norm);
-  layers_.resize(size_t(config_.layers));
-  for (int l = 0; l < config_.layers; ++l) load_layer(l);
-}
-
-TargetWeight TargetModel::upload(const std::vector<float>& host) {
-  TargetWeight w;
-  w.count = host.size();
-  w.buffer = Buffer(backend_->memory(), host.size() * sizeof(float));
-  backend_->upload(backend_->context(), w.buffer.data(), host.data(), host.size() * sizeof(float));
-  backend_->synchronize(backend_->context());  // `host` may be freed as soon as this returns
-  return w;
-}
-
 // Slices of layer l's tensors: rows [b, e) of a tensor (dim 0; any rank) or columns [b, e) of a 2-D tensor.
-namespace {
 struct LayerReader {
   const io::Checkpoint& ckpt;
   const QwenConfig& c;
@@ -81,12 +57,167 @@ struct LayerReader {
     ckpt.read_cols(n, b, e, out.data());
   }
 };
+
+
+// elements of the per-layer cache arrays on this rank
+size_t kv_row_elements(const TargetShard& shard, const QwenConfig& c) { return size_t(shard.kv_count) * c.head_dim; }
+size_t conv_tail_elements(const TargetShard& shard, const QwenConfig& c) {
+  const size_t qkd = size_t(shard.linear.group_count) * c.linear_k_dim, vd = size_t(shard.linear.member_count) * c.linear_v_dim;
+  return size_t(c.conv_kernel - 1) * (2 * qkd + vd);
+}
+size_t delta_state_elements(const TargetShard& shard, const QwenConfig& c) {
+  return size_t(shard.linear.member_count) * c.linear_k_dim * c.linear_v_dim;
+}
+
+template <typename T>
+constexpr const char* precision_name() {
+  if constexpr (std::is_same_v<T, float>) return "fp32";
+  else if constexpr (std::is_same_v<T, double>) return "fp64";
+  else return "bf16";
+}
+
 }  // namespace
 
-void TargetModel::load_layer(int l) {
+// The model in one compute type: what TargetModel's methods delegate to.
+class TargetModel::Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const std::string& dir() const = 0;
+  virtual const QwenConfig& config() const = 0;
+  virtual const TargetShard& shard() const = 0;
+  virtual TargetStats& stats() = 0;
+  virtual const char* backend_name() const = 0;
+  virtual const char* precision() const = 0;
+  virtual MemoryKind memory() const = 0;
+  virtual size_t weight_bytes() const = 0;
+  // positions start at cache ? cache->length : 0 (plus the node's depth in a tree); cache (optional) is read and
+  // extended; tree_parents (optional, with cache): the rows are the nodes of a tree (forward_tree). outputs: where
+  // taps and final_hidden are.
+  virtual void run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
+                   float* final_hidden, MemoryKind outputs, TargetCache* cache, const int* tree_parents) = 0;
+  // the cache holds per-layer buffers (made on a fresh cache) with room for n more positions (grown geometrically)
+  virtual void prepare_cache(TargetCache& cache, int n, const char* what) = 0;
+  virtual TargetCache copy_cache(const TargetCache& cache) = 0;
+  virtual void save_recurrent(const TargetCache& cache, TargetRecurrentState& state) = 0;
+  virtual void restore_recurrent(TargetCache& cache, const TargetRecurrentState& state) = 0;
+  virtual void keep_cache_path(TargetCache& cache, int past, const std::vector<int>& path) = 0;
+  virtual std::vector<float> read_cache(const TargetCache& cache, int layer, TargetCachePart part) = 0;
+};
+
+namespace {
+
+// The target in compute type T on a Backend<T>: weights, activations, keys/values and conv tails in T; RMSNorm
+// statistics, the DeltaNet gates and recurrent state in A.
+template <typename T>
+class EngineT final : public TargetModel::Engine {
+ public:
+  using A = kernels::acc_t<T>;
+  // The type the TP all-reduce sums in: the transports reduce float and double; bf16 partial sums are widened to
+  // fp32 (exact), summed in fp32 and rounded to bf16 once.
+  using R = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+  EngineT(const std::string& model_dir, comm::Transport& tp, const TargetOptions& options,
+          std::shared_ptr<kernels::Backend<T>> backend);
+
+  const std::string& dir() const override { return dir_; }
+  const QwenConfig& config() const override { return config_; }
+  const TargetShard& shard() const override { return shard_; }
+  TargetStats& stats() override { return stats_; }
+  const char* backend_name() const override { return backend_->name(); }
+  const char* precision() const override { return precision_name<T>(); }
+  MemoryKind memory() const override { return backend_->memory(); }
+  size_t weight_bytes() const override;
+  void run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden,
+           MemoryKind outputs, TargetCache* cache, const int* tree_parents) override;
+  void prepare_cache(TargetCache& cache, int n, const char* what) override;
+  TargetCache copy_cache(const TargetCache& cache) override;
+  void save_recurrent(const TargetCache& cache, TargetRecurrentState& state) override;
+  void restore_recurrent(TargetCache& cache, const TargetRecurrentState& state) override;
+  void keep_cache_path(TargetCache& cache, int past, const std::vector<int>& path) override;
+  std::vector<float> read_cache(const TargetCache& cache, int layer, TargetCachePart part) override;
+
+ private:
+  void load_layer(int l);
+  void load_attention(int l, TargetLayer<T>& L);
+  void load_linear_attention(int l, TargetLayer<T>& L);
+  // host floats → a weight in the backend's memory, rounded to T
+  TargetWeight<T> upload(const std::vector<float>& host);
+  // the activation arena holds at least `bytes` (reallocated, empty, when smaller)
+  void reserve_activations(size_t bytes);
+  // all-reduce of part[n] in backend memory over the TP group. f32: an fp32 [n] scratch in backend memory (bf16).
+  void timed_allreduce(T* part, size_t n, float* f32);
+  // dst[S, ld] columns [0, H) (=) src[S, H] as fp32. direct: dst in the backend's memory (a strided conversion
+  // there); else dst on the host of a device backend (through f32, an fp32 [S, H] scratch in backend memory for
+  // T ≠ float, and the host stage).
+  void write_output(float* dst, int ld, const T* src, int S, bool direct, float* f32);
+  // n elements of U (T or float) in backend memory as host floats
+  template <typename U>
+  std::vector<float> host_floats(const U* src, size_t n);
+
+  std::string dir_;
+  comm::Transport& tp_;
+  std::shared_ptr<kernels::Backend<T>> backend_;  // declared before the weights, which live in its memory
+  QwenConfig config_;
+  TargetShard shard_;
+  io::Checkpoint ckpt_;  // kept open: embedding rows are read per forward
+  std::vector<TargetLayer<T>> layers_;
+  TargetWeight<T> final_norm_;  // [H]
+  Arena activations_;           // one forward's activations and scratch (backend memory)
+  Buffer load_stage_;           // fp32 staging of one tensor at load (device backends with T ≠ float)
+  std::vector<float> host_stage_;   // [S, H] host staging: embedding rows, taps (device backends)
+  std::vector<R> reduce_stage_;     // [S, H] host staging of the all-reduce (device backend, host transport)
+  TargetStats stats_;
+};
+
+template <typename T>
+EngineT<T>::EngineT(const std::string& model_dir, comm::Transport& tp, const TargetOptions& options,
+                    std::shared_ptr<kernels::Backend<T>> backend)
+    : dir_(model_dir),
+      tp_(tp),
+      backend_(std::move(backend)),
+      config_(load_qwen_config(model_dir)),
+      shard_(plan_target_shard(config_, tp.size(), tp.rank(), options.mlp_grain)),
+      ckpt_(model_dir) {
+  const int64_t H = config_.hidden;
+  ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
+  std::vector<float> final_norm = ckpt_.read(ckpt_.expect(config_.weight_prefix + "norm.weight", {H}).name);
+  fold_norm_offset(config_, final_norm);
+  final_norm_ = upload(final_norm);
+  layers_.resize(size_t(config_.layers));
+  for (int l = 0; l < config_.layers; ++l) load_layer(l);
+  backend_->synchronize(backend_->context());
+  load_stage_ = Buffer();
+}
+
+template <typename T>
+TargetWeight<T> EngineT<T>::upload(const std::vector<float>& host) {
+  kernels::Backend<T>& be = *backend_;
+  ExecContext& ctx = be.context();
+  TargetWeight<T> w;
+  w.count = host.size();
+  w.buffer = Buffer(be.memory(), host.size() * sizeof(T));
+  if constexpr (std::is_same_v<T, float>) {
+    be.upload(ctx, w.buffer.data(), host.data(), host.size() * sizeof(float));
+  } else {
+    const float* src = host.data();
+    if (be.memory() != MemoryKind::host) {  // through fp32 in device memory (ordered on the stream before reuse)
+      if (load_stage_.bytes() < host.size() * sizeof(float)) {
+        be.synchronize(ctx);
+        load_stage_ = Buffer(be.memory(), host.size() * sizeof(float));
+      }
+      be.upload(ctx, load_stage_.data(), host.data(), host.size() * sizeof(float));
+      src = load_stage_.as<float>();
+    }
+    be.convert_from_float(ctx, w.buffer.template as<T>(), src, host.size());
+  }
+  return w;
+}
+
+template <typename T>
+void EngineT<T>::load_layer(int l) {
   const QwenConfig& c = config_;
   const int64_t H = c.hidden;
-  TargetLayer& L = layers_[size_t(l)];
+  TargetLayer<T>& L = layers_[size_t(l)];
   const LayerReader r{ckpt_, c, l};
   std::vector<float> input_norm, post_norm, wgate, wup, wdown;
   r.rows("input_layernorm", {H}, 0, H, input_norm);
@@ -109,7 +240,8 @@ void TargetModel::load_layer(int l) {
   L.wdown = upload(wdown);
 }
 
-void TargetModel::load_attention(int l, TargetLayer& L) {
+template <typename T>
+void EngineT<T>::load_attention(int l, TargetLayer<T>& L) {
   const QwenConfig& c = config_;
   const int64_t H = c.hidden, hd = c.head_dim;
   const int64_t qd = int64_t(shard_.q_count) * hd, kvd = int64_t(shard_.kv_count) * hd;
@@ -134,7 +266,8 @@ void TargetModel::load_attention(int l, TargetLayer& L) {
   L.wo = upload(w);
 }
 
-void TargetModel::load_linear_attention(int l, TargetLayer& L) {
+template <typename T>
+void EngineT<T>::load_linear_attention(int l, TargetLayer<T>& L) {
   const QwenConfig& c = config_;
   const int64_t H = c.hidden, dk = c.linear_k_dim, dv = c.linear_v_dim, K = c.conv_kernel;
   const int64_t key_dim = c.linear_k_heads * dk, value_dim = c.linear_v_heads * dv, conv_dim = c.linear_conv_dim();
@@ -171,75 +304,82 @@ void TargetModel::load_linear_attention(int l, TargetLayer& L) {
   L.w_out = upload(w);
 }
 
-size_t TargetModel::weight_bytes() const {
+template <typename T>
+size_t EngineT<T>::weight_bytes() const {
   size_t n = final_norm_.size();
-  for (const auto& L : layers_) {
-    n += L.input_norm.size() + L.wq.size() + L.wk.size() + L.wv.size() + L.q_norm.size() + L.k_norm.size() +
-         L.wo.size() + L.post_norm.size() + L.wgate.size() + L.wup.size() + L.wdown.size();
-    n += L.w_qkv.size() + L.conv.size() + L.w_z.size() + L.w_b.size() + L.w_a.size() + L.a_log.size() +
-         L.dt_bias.size() + L.gated_norm.size() + L.w_out.size();
-  }
-  return n * sizeof(float);
+  for (const auto& L : layers_) n += L.elements();
+  return n * sizeof(T);
 }
 
-void TargetModel::timed_allreduce(float* part, size_t n) {
+template <typename T>
+void EngineT<T>::timed_allreduce(T* part, size_t n, float* f32) {
   Timer t;
-  if (backend_->memory() == MemoryKind::host) {
-    tp_.allreduce_sum(part, n);
-  } else {
-    // device backend: staged through the host (download → all-reduce → upload). The NCCL transport could take the
-    // device pointer directly; that path is not wired for the target yet.
-    ExecContext& ctx = backend_->context();
-    host_stage_.resize(n);
-    backend_->download(ctx, host_stage_.data(), part, n * sizeof(float));
-    tp_.allreduce_sum(host_stage_.data(), n);
-    backend_->upload(ctx, part, host_stage_.data(), n * sizeof(float));
+  if (tp_.size() > 1) {  // a group of one has nothing to sum
+    kernels::Backend<T>& be = *backend_;
+    ExecContext& ctx = be.context();
+    R* sum = nullptr;
+    if constexpr (std::is_same_v<T, R>) {
+      sum = part;
+    } else {  // bf16: the partial sums widened to fp32 (exact), one rounding of the total below
+      be.convert_to_float(ctx, f32, part, n);
+      sum = f32;
+    }
+    if (be.memory() == MemoryKind::host) {
+      tp_.allreduce_sum(sum, n);
+    } else if (tp_.takes_device_pointers()) {
+      // NCCL reduces the device array in place on its own stream and returns when it is done: the backend's stream
+      // must have finished writing it first
+      be.synchronize(ctx);
+      tp_.allreduce_sum(sum, n);
+    } else {
+      // a host transport (MPI here is not CUDA-aware): staged through the host
+      reduce_stage_.resize(n);
+      be.download(ctx, reduce_stage_.data(), sum, n * sizeof(R));
+      tp_.allreduce_sum(reduce_stage_.data(), n);
+      be.upload(ctx, sum, reduce_stage_.data(), n * sizeof(R));
+    }
+    if constexpr (!std::is_same_v<T, R>) be.convert_from_float(ctx, part, f32, n);
   }
   stats_.allreduce_seconds += t.seconds();
   ++stats_.allreduces;
 }
 
-void TargetModel::reserve_activations(size_t bytes) {
+template <typename T>
+void EngineT<T>::reserve_activations(size_t bytes) {
   if (activations_.capacity() >= bytes) return;
   // grown by at least half: a decode loop whose blocks vary in size reallocates rarely
   activations_ = Arena(backend_->memory(), std::max(bytes, activations_.capacity() * 3 / 2), "target activations");
 }
 
-void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
-                          float* final_hidden) {
-  run(tokens, S, tap_layer_ids, taps, final_hidden, nullptr);
+template <typename T>
+void EngineT<T>::write_output(float* dst, int ld, const T* src, int S, bool direct, float* f32) {
+  kernels::Backend<T>& be = *backend_;
+  ExecContext& ctx = be.context();
+  const int H = config_.hidden;
+  const size_t sh = size_t(S) * size_t(H);
+  if (direct) {
+    be.convert_to_float_strided(ctx, dst, ld, src, H, S, H);
+    return;
+  }
+  const float* from = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    from = src;
+  } else {
+    be.convert_to_float(ctx, f32, src, sh);
+    from = f32;
+  }
+  if (ld == H) {
+    be.download(ctx, dst, from, sh * sizeof(float));
+    return;
+  }
+  host_stage_.resize(sh);
+  be.download(ctx, host_stage_.data(), from, sh * sizeof(float));
+  for (int i = 0; i < S; ++i) std::copy_n(&host_stage_[size_t(i) * H], H, dst + size_t(i) * size_t(ld));
 }
 
-void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache, float* final_hidden) {
-  forward_cached(tokens, n, cache, {}, nullptr, final_hidden);
-}
-
-void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache,
-                                 const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden) {
-  prepare_cache(cache, n, "forward_cached");
-  run(tokens, n, tap_layer_ids, taps, final_hidden, &cache);
-  cache.length += n;
-}
-
-void TargetModel::forward_tree(const int32_t* tokens, const int* parents, int n, TargetCache& cache,
-                               const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden) {
-  DFLASH_CHECK(backend_->memory() == MemoryKind::host,
-               "target forward_tree: tree verification runs the CPU kernel kernels/cpu/attention_tree on host memory; "
-               "this target runs on the {} backend (load the target with the CPU backend for tree verification)",
-               backend_->name());
-  DFLASH_CHECK(!config_.hybrid, "target forward_tree: {} has Gated DeltaNet layers, whose recurrent state cannot "
-               "branch within one forward; tree verification needs a dense target", dir_);
-  DFLASH_CHECK(n >= 1 && parents[0] == -1, "target forward_tree: node 0 must be the root (parent -1)");
-  for (int i = 1; i < n; ++i)
-    DFLASH_CHECK(parents[i] >= 0 && parents[i] < i, "target forward_tree: node {} has parent {}, outside [0, {})", i,
-                 parents[i], i);
-  prepare_cache(cache, n, "forward_tree");
-  run(tokens, n, tap_layer_ids, taps, final_hidden, &cache, parents);
-  cache.length += n;
-}
-
-void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
-                      float* final_hidden, TargetCache* cache, const int* tree_parents) {
+template <typename T>
+void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
+                     float* final_hidden, MemoryKind outputs, TargetCache* cache, const int* tree_parents) {
   const QwenConfig& c = config_;
   DFLASH_CHECK(S >= 1, "target forward: sequence length {} must be ≥ 1", S);
   for (int id : tap_layer_ids) {
@@ -250,28 +390,37 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
     DFLASH_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab, "target forward: token {} at position {} outside [0, {})",
                  tokens[i], i, c.vocab);
   }
+  kernels::Backend<T>& be = *backend_;
+  DFLASH_CHECK(outputs == MemoryKind::host || outputs == be.memory(), "target forward: outputs in {} memory, but "
+               "this target runs on the {} backend ({} memory); pass MemoryKind::{}", memory_kind_name(outputs),
+               be.name(), memory_kind_name(be.memory()), memory_kind_name(be.memory()));
   Timer timer;
-  kernels::Backend<float>& be = *backend_;
   ExecContext& ctx = be.context();
   const int H = c.hidden, ic = int(shard_.mlp_end - shard_.mlp_begin);
   const int n_taps = int(tap_layer_ids.size());
   const float eps = float(c.rms_norm_eps);
   const int past = cache ? cache->length : 0;
   const size_t s = size_t(S), sh = s * size_t(H);
+  // outputs written in place by the backend (host memory of a CPU backend, or the device outputs of a device one)
+  const bool direct = outputs == be.memory();
+  // an fp32 [S, H] array in backend memory: the embedding rows' upload, the bf16 all-reduce, the host outputs
+  const bool f32_scratch = !std::is_same_v<T, float> && be.memory() != MemoryKind::host;
 
   // one arena for the forward: the arrays below, then the token mixer's scratch (rewound after each layer)
-  const size_t mixer = std::max(attention_scratch_bytes(c, shard_, S),
-                                c.hybrid ? gated_deltanet_scratch_bytes(c, shard_, S) : size_t(0));
-  reserve_activations(3 * Arena::footprint(sh * sizeof(float)) + 2 * Arena::footprint(s * size_t(ic) * sizeof(float)) +
-                      Arena::footprint(s * sizeof(float)) + Arena::footprint(s * sizeof(int32_t)) + mixer);
+  const size_t mixer = std::max(attention_scratch_bytes<T>(c, shard_, S),
+                                c.hybrid ? gated_deltanet_scratch_bytes<T>(c, shard_, S) : size_t(0));
+  reserve_activations(3 * Arena::footprint(sh * sizeof(T)) + 2 * Arena::footprint(s * size_t(ic) * sizeof(T)) +
+                      Arena::footprint(s * sizeof(A)) + Arena::footprint(s * sizeof(int32_t)) +
+                      (f32_scratch ? Arena::footprint(sh * sizeof(float)) : 0) + mixer);
   activations_.reset();
-  float* x = activations_.alloc<float>(sh);     // [S, H] residual stream, identical on every TP rank
-  float* h = activations_.alloc<float>(sh);     // [S, H] normed input of the current sub-block
-  float* part = activations_.alloc<float>(sh);  // [S, H] this rank's row-parallel partial sum, then the full sum
-  float* gate = activations_.alloc<float>(s * size_t(ic));
-  float* up = activations_.alloc<float>(s * size_t(ic));  // up then holds silu(gate)·up
-  float* rstd = activations_.alloc<float>(s);
+  T* x = activations_.alloc<T>(sh);     // [S, H] residual stream (in T, as HF keeps it), identical on every TP rank
+  T* h = activations_.alloc<T>(sh);     // [S, H] normed input of the current sub-block
+  T* part = activations_.alloc<T>(sh);  // [S, H] this rank's row-parallel partial sum, then the full sum
+  T* gate = activations_.alloc<T>(s * size_t(ic));
+  T* up = activations_.alloc<T>(s * size_t(ic));  // up then holds silu(gate)·up
+  A* rstd = activations_.alloc<A>(s);
   int32_t* pos = activations_.alloc<int32_t>(s);
+  float* f32 = f32_scratch ? activations_.alloc<float>(sh) : nullptr;
 
   std::vector<int32_t> host_pos(s);
   for (int i = 0; i < S; ++i) host_pos[size_t(i)] = past + i;
@@ -281,52 +430,57 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
   }
   be.upload(ctx, pos, host_pos.data(), s * sizeof(int32_t));
 
-  // embedding rows from the mmapped checkpoint (host), one [S, H] upload
+  // embedding rows from the mmapped checkpoint (host), one [S, H] upload (rounded to T there)
   const std::string embed = c.weight_prefix + "embed_tokens.weight";
   host_stage_.resize(sh);
   for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &host_stage_[size_t(i) * H]);
-  be.upload(ctx, x, host_stage_.data(), sh * sizeof(float));
+  if constexpr (std::is_same_v<T, float>) {
+    be.upload(ctx, x, host_stage_.data(), sh * sizeof(float));
+  } else if (f32) {
+    be.upload(ctx, f32, host_stage_.data(), sh * sizeof(float));
+    be.convert_from_float(ctx, x, f32, sh);
+  } else {
+    be.convert_from_float(ctx, x, host_stage_.data(), sh);  // a host backend reads the host stage itself
+  }
 
+  const size_t tap_ld = size_t(n_taps) * size_t(H);
   for (int l = 0; l < c.layers; ++l) {
-    const TargetLayer& L = layers_[size_t(l)];
+    const TargetLayer<T>& L = layers_[size_t(l)];
     // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
     be.rmsnorm_forward(ctx, h, rstd, x, L.input_norm.data(), S, H, eps);
     const size_t li = size_t(l);
     Timer part_timer;  // on a device backend: launch time (plus any wait for the stream)
     if (L.linear) {
-      gated_deltanet_forward(be, activations_, part, h, S, L, c, shard_,
-                             cache ? cache->conv_tail[li].as<float>() : nullptr,
-                             cache ? cache->delta_state[li].as<float>() : nullptr);
+      gated_deltanet_forward<T>(be, activations_, part, h, S, L, c, shard_,
+                                cache ? cache->conv_tail[li].as<T>() : nullptr,
+                                cache ? cache->delta_state[li].as<A>() : nullptr);
     } else {
-      attention_forward(be, activations_, part, h, pos, S, L, c, shard_, cache ? cache->keys[li].as<float>() : nullptr,
-                        cache ? cache->values[li].as<float>() : nullptr, past, tree_parents);
+      attention_forward<T>(be, activations_, part, h, pos, S, L, c, shard_, cache ? cache->keys[li].as<T>() : nullptr,
+                           cache ? cache->values[li].as<T>() : nullptr, past, tree_parents);
     }
     (L.linear ? stats_.linear_attention_seconds : stats_.full_attention_seconds) += part_timer.seconds();
-    timed_allreduce(part, sh);
+    timed_allreduce(part, sh, f32);
     be.residual_forward(ctx, x, x, part, sh);
 
     // MLP: column-parallel gate/up over this rank's channels, row-parallel down + all-reduce
     part_timer.reset();
     be.rmsnorm_forward(ctx, h, rstd, x, L.post_norm.data(), S, H, eps);
-    shard_linear(be, gate, h, L.wgate.data(), S, H, ic);
-    shard_linear(be, up, h, L.wup.data(), S, H, ic);
+    shard_linear<T>(be, gate, h, L.wgate.data(), S, H, ic);
+    shard_linear<T>(be, up, h, L.wup.data(), S, H, ic);
     be.swiglu_forward(ctx, up, gate, up, s * size_t(ic));
-    shard_linear(be, part, up, L.wdown.data(), S, ic, H);
+    shard_linear<T>(be, part, up, L.wdown.data(), S, ic, H);
     stats_.mlp_seconds += part_timer.seconds();
-    timed_allreduce(part, sh);
+    timed_allreduce(part, sh, f32);
     be.residual_forward(ctx, x, x, part, sh);
 
     for (int t = 0; t < n_taps; ++t) {
       if (tap_layer_ids[size_t(t)] != l || !taps) continue;
-      be.download(ctx, host_stage_.data(), x, sh * sizeof(float));
-      for (int i = 0; i < S; ++i) {
-        std::copy_n(&host_stage_[size_t(i) * H], H, taps + (size_t(i) * n_taps + t) * H);
-      }
+      write_output(taps + size_t(t) * H, int(tap_ld), x, S, direct, f32);
     }
   }
   if (final_hidden) {
     be.rmsnorm_forward(ctx, h, rstd, x, final_norm_.data(), S, H, eps);
-    be.download(ctx, final_hidden, h, sh * sizeof(float));
+    write_output(final_hidden, H, h, S, direct, f32);
   }
   be.synchronize(ctx);
   ++stats_.forwards;
@@ -334,30 +488,12 @@ void TargetModel::run(const int32_t* tokens, int S, const std::vector<int>& tap_
   stats_.forward_seconds += timer.seconds();
 }
 
-void TargetCache::truncate(int new_length) {
-  DFLASH_CHECK(new_length >= 0 && new_length <= length, "target cache: cannot truncate to {} positions: it holds {}",
-               new_length, length);
-  length = new_length;
-}
-
-namespace {
-
-// floats of the per-layer cache arrays on this rank
-size_t kv_row_floats(const TargetShard& shard, const QwenConfig& c) { return size_t(shard.kv_count) * c.head_dim; }
-size_t conv_tail_floats(const TargetShard& shard, const QwenConfig& c) {
-  const size_t qkd = size_t(shard.linear.group_count) * c.linear_k_dim, vd = size_t(shard.linear.member_count) * c.linear_v_dim;
-  return size_t(c.conv_kernel - 1) * (2 * qkd + vd);
-}
-size_t delta_state_floats(const TargetShard& shard, const QwenConfig& c) {
-  return size_t(shard.linear.member_count) * c.linear_k_dim * c.linear_v_dim;
-}
-
-}  // namespace
-
-void TargetModel::prepare_cache(TargetCache& cache, int n, const char* what) {
-  kernels::Backend<float>& be = *backend_;
+template <typename T>
+void EngineT<T>::prepare_cache(TargetCache& cache, int n, const char* what) {
+  kernels::Backend<T>& be = *backend_;
   ExecContext& ctx = be.context();
-  const size_t L = size_t(config_.layers), row = kv_row_floats(shard_, config_);
+  const size_t L = size_t(config_.layers), row = kv_row_elements(shard_, config_);
+  const size_t tail = conv_tail_elements(shard_, config_), state = delta_state_elements(shard_, config_);
   if (cache.keys.size() != L) {  // a fresh sequence: per-layer buffers, the recurrent part zeros
     DFLASH_CHECK(cache.length == 0 && cache.keys.empty(), "target {}: a cache at length {} without per-layer state for "
                  "this model's {} layers", what, cache.length, L);
@@ -368,11 +504,10 @@ void TargetModel::prepare_cache(TargetCache& cache, int n, const char* what) {
     cache.delta_state.resize(L);
     for (size_t l = 0; l < L; ++l) {
       if (!layers_[l].linear) continue;
-      const size_t tail = conv_tail_floats(shard_, config_), state = delta_state_floats(shard_, config_);
-      cache.conv_tail[l] = Buffer(be.memory(), tail * sizeof(float));
-      cache.delta_state[l] = Buffer(be.memory(), state * sizeof(float));
-      be.zero(ctx, cache.conv_tail[l].data(), tail * sizeof(float));
-      be.zero(ctx, cache.delta_state[l].data(), state * sizeof(float));
+      cache.conv_tail[l] = Buffer(be.memory(), tail * sizeof(T));
+      cache.delta_state[l] = Buffer(be.memory(), state * sizeof(A));
+      be.zero(ctx, cache.conv_tail[l].data(), tail * sizeof(T));
+      be.zero(ctx, cache.delta_state[l].data(), state * sizeof(A));
     }
   }
   for (size_t l = 0; l < L; ++l) {
@@ -381,12 +516,17 @@ void TargetModel::prepare_cache(TargetCache& cache, int n, const char* what) {
                    "target runs on the {} backend (a cache belongs to the target that filled it)", what,
                    memory_kind_name(b->kind()), be.name());
     }
+    // the sizes say which compute type filled it
+    const bool sized = layers_[l].linear ? cache.delta_state[l].bytes() == state * sizeof(A)
+                                         : cache.keys[l].bytes() == size_t(cache.capacity) * row * sizeof(T);
+    DFLASH_CHECK(sized, "target {}: layer {} of the cache does not have this {} target's sizes (a cache belongs to "
+                 "the target that filled it)", what, l, precision_name<T>());
   }
   const int need = cache.length + n;
   if (need <= cache.capacity) return;
   // geometric growth: a decode appends a block at a time, so the copies add up to O(final length)
   const int capacity = std::max(need, cache.capacity * 2);
-  const size_t bytes = size_t(capacity) * row * sizeof(float), kept = size_t(cache.length) * row * sizeof(float);
+  const size_t bytes = size_t(capacity) * row * sizeof(T), kept = size_t(cache.length) * row * sizeof(T);
   for (size_t l = 0; l < L; ++l) {
     if (layers_[l].linear) continue;
     for (Buffer* b : {&cache.keys[l], &cache.values[l]}) {
@@ -398,13 +538,14 @@ void TargetModel::prepare_cache(TargetCache& cache, int n, const char* what) {
   cache.capacity = capacity;
 }
 
-TargetCache TargetModel::copy_cache(const TargetCache& cache) const {
-  kernels::Backend<float>& be = *backend_;
+template <typename T>
+TargetCache EngineT<T>::copy_cache(const TargetCache& cache) {
+  kernels::Backend<T>& be = *backend_;
   ExecContext& ctx = be.context();
   TargetCache out;
   out.length = cache.length;
   out.capacity = cache.keys.empty() ? 0 : cache.length;
-  const size_t kept = size_t(cache.length) * kv_row_floats(shard_, config_) * sizeof(float);
+  const size_t kept = size_t(cache.length) * kv_row_elements(shard_, config_) * sizeof(T);
   auto copy_of = [&](const Buffer& b, size_t bytes) {
     if (b.data() == nullptr) return Buffer();
     Buffer c(be.memory(), bytes);
@@ -422,8 +563,9 @@ TargetCache TargetModel::copy_cache(const TargetCache& cache) const {
   return out;
 }
 
-void TargetModel::save_recurrent(const TargetCache& cache, TargetRecurrentState& state) const {
-  kernels::Backend<float>& be = *backend_;
+template <typename T>
+void EngineT<T>::save_recurrent(const TargetCache& cache, TargetRecurrentState& state) {
+  kernels::Backend<T>& be = *backend_;
   ExecContext& ctx = be.context();
   if (!config_.hybrid || cache.conv_tail.empty()) {
     state = {};
@@ -441,9 +583,10 @@ void TargetModel::save_recurrent(const TargetCache& cache, TargetRecurrentState&
   }
 }
 
-void TargetModel::restore_recurrent(TargetCache& cache, const TargetRecurrentState& state) const {
+template <typename T>
+void EngineT<T>::restore_recurrent(TargetCache& cache, const TargetRecurrentState& state) {
   if (state.conv_tail.empty()) return;
-  kernels::Backend<float>& be = *backend_;
+  kernels::Backend<T>& be = *backend_;
   ExecContext& ctx = be.context();
   DFLASH_CHECK(state.conv_tail.size() == cache.conv_tail.size(), "target restore_recurrent: a snapshot of {} layers "
                "for a cache of {}", state.conv_tail.size(), cache.conv_tail.size());
@@ -458,13 +601,14 @@ void TargetModel::restore_recurrent(TargetCache& cache, const TargetRecurrentSta
   }
 }
 
-void TargetModel::keep_cache_path(TargetCache& cache, int past, const std::vector<int>& path) const {
+template <typename T>
+void EngineT<T>::keep_cache_path(TargetCache& cache, int past, const std::vector<int>& path) {
   const int m = int(path.size());
   DFLASH_CHECK(past >= 0 && past + m <= cache.length, "target keep_cache_path: {} kept nodes after {} positions, "
                "the cache holds {}", m, past, cache.length);
-  kernels::Backend<float>& be = *backend_;
+  kernels::Backend<T>& be = *backend_;
   ExecContext& ctx = be.context();
-  const size_t row = kv_row_floats(shard_, config_) * sizeof(float);
+  const size_t row = kv_row_elements(shard_, config_) * sizeof(T);
   for (size_t l = 0; l < cache.keys.size(); ++l) {
     if (layers_[l].linear) continue;
     // row past + d ← row past + path[d]; path[d] ≥ d, so the rows read were not yet overwritten, and a row never
@@ -482,32 +626,158 @@ void TargetModel::keep_cache_path(TargetCache& cache, int past, const std::vecto
   cache.length = past + m;
 }
 
-std::vector<float> TargetModel::read_cache(const TargetCache& cache, int layer, TargetCachePart part) const {
+template <typename T>
+template <typename U>
+std::vector<float> EngineT<T>::host_floats(const U* src, size_t n) {
+  kernels::Backend<T>& be = *backend_;
+  ExecContext& ctx = be.context();
+  std::vector<float> host(n);
+  if (n == 0) return host;
+  if constexpr (std::is_same_v<U, float>) {
+    be.download(ctx, host.data(), src, n * sizeof(float));
+  } else {
+    static_assert(std::is_same_v<U, T>, "cache arrays are in T or in acc_t<T>, which is float or T");
+    if (be.memory() == MemoryKind::host) {
+      be.convert_to_float(ctx, host.data(), src, n);
+    } else {
+      Buffer f32(be.memory(), n * sizeof(float));
+      be.convert_to_float(ctx, f32.as<float>(), src, n);
+      be.download(ctx, host.data(), f32.data(), n * sizeof(float));
+    }
+  }
+  be.synchronize(ctx);
+  return host;
+}
+
+template <typename T>
+std::vector<float> EngineT<T>::read_cache(const TargetCache& cache, int layer, TargetCachePart part) {
   DFLASH_CHECK(layer >= 0 && layer < config_.layers, "target read_cache: layer {} outside [0, {})", layer,
                config_.layers);
   if (cache.keys.empty()) return {};
   const size_t l = size_t(layer);
-  const Buffer* b = nullptr;
-  size_t floats = 0;
   switch (part) {
     case TargetCachePart::keys:
-    case TargetCachePart::values:
+    case TargetCachePart::values: {
       if (layers_[l].linear) return {};
-      b = part == TargetCachePart::keys ? &cache.keys[l] : &cache.values[l];
-      floats = size_t(cache.length) * kv_row_floats(shard_, config_);
-      break;
+      const Buffer& b = part == TargetCachePart::keys ? cache.keys[l] : cache.values[l];
+      return host_floats(b.as<T>(), size_t(cache.length) * kv_row_elements(shard_, config_));
+    }
     case TargetCachePart::conv_tail:
+      if (!layers_[l].linear) return {};
+      return host_floats(cache.conv_tail[l].as<T>(), cache.conv_tail[l].bytes() / sizeof(T));
     case TargetCachePart::delta_state:
       if (!layers_[l].linear) return {};
-      b = part == TargetCachePart::conv_tail ? &cache.conv_tail[l] : &cache.delta_state[l];
-      floats = b->bytes() / sizeof(float);
-      break;
+      return host_floats(cache.delta_state[l].as<A>(), cache.delta_state[l].bytes() / sizeof(A));
   }
-  std::vector<float> host(floats);
-  kernels::Backend<float>& be = *backend_;
-  if (floats > 0) be.download(be.context(), host.data(), b->data(), floats * sizeof(float));
-  be.synchronize(be.context());
-  return host;
+  return {};
+}
+
+// The engine options ask for (TargetOptions: precision, cuda, an injected fp32 backend).
+std::unique_ptr<TargetModel::Engine> make_engine(const std::string& dir, comm::Transport& tp,
+                                                 const TargetOptions& o) {
+  const std::string& p = o.precision;
+  if (o.backend) {
+    DFLASH_USER_CHECK(p == "fp32", "target {}: precision {} with an injected backend (TargetOptions::backend), which "
+                      "is fp32; drop the backend or ask for fp32", dir, p);
+    return std::make_unique<EngineT<float>>(dir, tp, o, o.backend);
+  }
+  if (p == "fp32") {
+    std::shared_ptr<kernels::Backend<float>> be;
+    if (o.cuda) be = kernels::make_cuda_backend<float>();
+    else be = kernels::make_cpu_backend<float>({o.attention_block});
+    return std::make_unique<EngineT<float>>(dir, tp, o, std::move(be));
+  }
+  if (p == "fp64") {
+    DFLASH_USER_CHECK(!o.cuda, "target {}: precision fp64 runs on the CPU backend only (a reference for tests); "
+                      "ask for fp32 or bf16 on CUDA", dir);
+    return std::make_unique<EngineT<double>>(dir, tp, o, kernels::make_cpu_backend<double>({o.attention_block}));
+  }
+  if (p == "bf16") {
+    DFLASH_USER_CHECK(o.cuda, "target {}: precision bf16 needs the CUDA backend (run.device: cuda); the CPU backend "
+                      "computes in fp32 (or fp64)", dir);
+#if DFLASH_CUDA_BACKEND
+    return std::make_unique<EngineT<__nv_bfloat16>>(dir, tp, o, kernels::make_cuda_backend_bf16());
+#else
+    DFLASH_USER_FAIL("target {}: precision bf16 needs the CUDA backend, which this build does not have; rebuild with "
+                     "the CUDA toolkit or run in fp32 on the CPU", dir);
+#endif
+  }
+  DFLASH_USER_FAIL("target {}: precision '{}' is not one of fp32, bf16 (CUDA), fp64 (CPU)", dir, p);
+}
+
+}  // namespace
+
+TargetModel::TargetModel(const std::string& model_dir, comm::Transport& tp, TargetOptions options)
+    : engine_(make_engine(model_dir, tp, options)) {}
+TargetModel::~TargetModel() = default;
+TargetModel::TargetModel(TargetModel&&) noexcept = default;
+TargetModel& TargetModel::operator=(TargetModel&&) noexcept = default;
+
+const QwenConfig& TargetModel::config() const { return engine_->config(); }
+const TargetShard& TargetModel::shard() const { return engine_->shard(); }
+const TargetStats& TargetModel::stats() const { return engine_->stats(); }
+void TargetModel::reset_stats() { engine_->stats() = {}; }
+const char* TargetModel::backend_name() const { return engine_->backend_name(); }
+const char* TargetModel::precision() const { return engine_->precision(); }
+MemoryKind TargetModel::memory() const { return engine_->memory(); }
+size_t TargetModel::weight_bytes() const { return engine_->weight_bytes(); }
+
+void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
+                          float* final_hidden) {
+  engine_->run(tokens, S, tap_layer_ids, taps, final_hidden, MemoryKind::host, nullptr, nullptr);
+}
+
+void TargetModel::forward(const int32_t* tokens, int S, const std::vector<int>& tap_layer_ids, float* taps,
+                          float* final_hidden, MemoryKind outputs) {
+  engine_->run(tokens, S, tap_layer_ids, taps, final_hidden, outputs, nullptr, nullptr);
+}
+
+void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache, float* final_hidden) {
+  forward_cached(tokens, n, cache, {}, nullptr, final_hidden);
+}
+
+void TargetModel::forward_cached(const int32_t* tokens, int n, TargetCache& cache,
+                                 const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden) {
+  engine_->prepare_cache(cache, n, "forward_cached");
+  engine_->run(tokens, n, tap_layer_ids, taps, final_hidden, MemoryKind::host, &cache, nullptr);
+  cache.length += n;
+}
+
+void TargetModel::forward_tree(const int32_t* tokens, const int* parents, int n, TargetCache& cache,
+                               const std::vector<int>& tap_layer_ids, float* taps, float* final_hidden) {
+  DFLASH_CHECK(memory() == MemoryKind::host,
+               "target forward_tree: tree verification runs the CPU kernel kernels/cpu/attention_tree on host memory; "
+               "this target runs on the {} backend (load the target with the CPU backend for tree verification)",
+               backend_name());
+  DFLASH_CHECK(!config().hybrid, "target forward_tree: {} has Gated DeltaNet layers, whose recurrent state cannot "
+               "branch within one forward; tree verification needs a dense target", engine_->dir());
+  DFLASH_CHECK(n >= 1 && parents[0] == -1, "target forward_tree: node 0 must be the root (parent -1)");
+  for (int i = 1; i < n; ++i)
+    DFLASH_CHECK(parents[i] >= 0 && parents[i] < i, "target forward_tree: node {} has parent {}, outside [0, {})", i,
+                 parents[i], i);
+  engine_->prepare_cache(cache, n, "forward_tree");
+  engine_->run(tokens, n, tap_layer_ids, taps, final_hidden, MemoryKind::host, &cache, parents);
+  cache.length += n;
+}
+
+void TargetCache::truncate(int new_length) {
+  DFLASH_CHECK(new_length >= 0 && new_length <= length, "target cache: cannot truncate to {} positions: it holds {}",
+               new_length, length);
+  length = new_length;
+}
+
+TargetCache TargetModel::copy_cache(const TargetCache& cache) const { return engine_->copy_cache(cache); }
+void TargetModel::save_recurrent(const TargetCache& cache, TargetRecurrentState& state) const {
+  engine_->save_recurrent(cache, state);
+}
+void TargetModel::restore_recurrent(TargetCache& cache, const TargetRecurrentState& state) const {
+  engine_->restore_recurrent(cache, state);
+}
+void TargetModel::keep_cache_path(TargetCache& cache, int past, const std::vector<int>& path) const {
+  engine_->keep_cache_path(cache, past, path);
+}
+std::vector<float> TargetModel::read_cache(const TargetCache& cache, int layer, TargetCachePart part) const {
+  return engine_->read_cache(cache, layer, part);
 }
 
 TargetVocab load_target_vocab(const std::string& model_dir) {

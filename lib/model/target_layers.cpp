@@ -2,16 +2,31 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/attention_tree.h"
 #include "lib/core/error.h"
 
+#if DFLASH_CUDA_BACKEND
+#include <cuda_bf16.h>  // the bf16 instantiation (the CUDA backend's compute type)
+#endif
+
 namespace dflash::model {
 
-void shard_linear(kernels::Backend<float>& be, float* y, const float* x, const float* W, int N, int in, int out) {
+template <typename T>
+size_t TargetLayer<T>::elements() const {
+  size_t n = 0;
+  for (const TargetWeight<T>* w : {&input_norm, &wq, &wk, &wv, &q_norm, &k_norm, &wo, &post_norm, &wgate, &wup, &wdown,
+                                   &w_qkv, &conv, &w_z, &w_b, &w_a, &a_log, &dt_bias, &gated_norm, &w_out})
+    n += w->size();
+  return n;
+}
+
+template <typename T>
+void shard_linear(kernels::Backend<T>& be, T* y, const T* x, const T* W, int N, int in, int out) {
   if (N == 0 || out == 0) return;
   if (in == 0) {
-    be.zero(be.context(), y, sizeof(float) * size_t(N) * out);
+    be.zero(be.context(), y, sizeof(T) * size_t(N) * out);
     return;
   }
   be.linear_forward(be.context(), y, x, W, N, in, out);
@@ -19,26 +34,31 @@ void shard_linear(kernels::Backend<float>& be, float* y, const float* x, const f
 
 namespace {
 
-// arena bytes of float arrays of these sizes (Arena::footprint per array)
-size_t floats_footprint(std::initializer_list<size_t> counts) {
+// arena bytes of arrays of U of these sizes (Arena::footprint per array)
+template <typename U>
+size_t footprint_of(std::initializer_list<size_t> counts) {
   size_t n = 0;
-  for (size_t c : counts) n += Arena::footprint(c * sizeof(float));
+  for (size_t c : counts) n += Arena::footprint(c * sizeof(U));
   return n;
 }
 
 }  // namespace
 
+template <typename T>
 size_t attention_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
+  using A = kernels::acc_t<T>;
   const size_t s = size_t(S), hd = size_t(c.head_dim), qh = size_t(shard.q_count), kvh = size_t(shard.kv_count);
   const size_t qd = qh * hd, kvd = kvh * hd;
-  size_t n = floats_footprint({s * qd, s * kvd, s * kvd, s * qd, s * std::max<size_t>({qh, kvh, 1})});
-  if (c.hybrid) n += floats_footprint({s * 2 * qd, s * qd});
+  size_t n = footprint_of<T>({s * qd, s * kvd, s * kvd, s * qd}) + footprint_of<A>({s * std::max<size_t>({qh, kvh, 1})});
+  if (c.hybrid) n += footprint_of<T>({s * 2 * qd, s * qd});
   return n;
 }
 
-void attention_forward(kernels::Backend<float>& be, Arena& scratch, float* part, const float* h, const int32_t* pos,
-                       int S, const TargetLayer& L, const QwenConfig& c, const TargetShard& shard,
-                       float* keys, float* values, int past, const int* tree_parents) {
+template <typename T>
+void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, const int32_t* pos, int S,
+                       const TargetLayer<T>& L, const QwenConfig& c, const TargetShard& shard, T* keys, T* values,
+                       int past, const int* tree_parents) {
+  using A = kernels::acc_t<T>;
   DFLASH_CHECK(!tree_parents || be.memory() == MemoryKind::host,
                "target forward_tree: tree verification runs the CPU kernel kernels/cpu/attention_tree on host "
                "memory; this target runs on the {} backend (use a CPU target for tree verification)",
@@ -48,16 +68,16 @@ void attention_forward(kernels::Backend<float>& be, Arena& scratch, float* part,
   const int H = c.hidden, hd = c.head_dim, qh = shard.q_count, kvh = shard.kv_count;
   const int qd = qh * hd, kvd = kvh * hd;
   const size_t s = size_t(S);
-  float* q = scratch.alloc<float>(s * qd);
-  float* k = scratch.alloc<float>(s * kvd);
-  float* v = scratch.alloc<float>(s * kvd);
-  float* attn = scratch.alloc<float>(s * qd);
-  float* rstd = scratch.alloc<float>(s * size_t(std::max({qh, kvh, 1})));
-  float* gate = nullptr;  // [S, qd] hybrid output gate
+  T* q = scratch.alloc<T>(s * qd);
+  T* k = scratch.alloc<T>(s * kvd);
+  T* v = scratch.alloc<T>(s * kvd);
+  T* attn = scratch.alloc<T>(s * qd);
+  A* rstd = scratch.alloc<A>(s * size_t(std::max({qh, kvh, 1})));
+  T* gate = nullptr;  // [S, qd] hybrid output gate
   if (c.hybrid) {
     // q_proj rows come per head as [query (hd) | gate (hd)]
-    float* qg = scratch.alloc<float>(s * 2 * qd);
-    gate = scratch.alloc<float>(s * qd);
+    T* qg = scratch.alloc<T>(s * 2 * qd);
+    gate = scratch.alloc<T>(s * qd);
     shard_linear(be, qg, h, L.wq.data(), S, H, 2 * qd);
     be.copy_strided(ctx, q, hd, qg, 2 * hd, S * qh, hd);
     be.copy_strided(ctx, gate, hd, qg + hd, 2 * hd, S * qh, hd);
@@ -80,14 +100,18 @@ void attention_forward(kernels::Backend<float>& be, Arena& scratch, float* part,
   DFLASH_CHECK(keys || past == 0, "target attention: {} earlier positions but no cache", past);
   if (keys) {  // append these S rows to the cache, then attend over all past + S of them
     const size_t at = size_t(past) * size_t(kvd), add = s * size_t(kvd);
-    be.copy(ctx, keys + at, k, add * sizeof(float));
-    be.copy(ctx, values + at, v, add * sizeof(float));
+    be.copy(ctx, keys + at, k, add * sizeof(T));
+    be.copy(ctx, values + at, v, add * sizeof(T));
   }
-  const float* kk = keys ? keys : k;
-  const float* vv = keys ? values : v;
+  const T* kk = keys ? keys : k;
+  const T* vv = keys ? values : v;
   if (tree_parents) {
-    // tree verification has no backend entry: the CPU kernel on host memory (checked above)
-    cpu::attention_tree_forward<float>(attn, q, kk, vv, tree_parents, S, past, qh, kvh, hd);
+    // tree verification has no backend entry: the CPU kernel on host memory (checked above; the CPU types only)
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      cpu::attention_tree_forward<T>(attn, q, kk, vv, tree_parents, S, past, qh, kvh, hd);
+    } else {
+      DFLASH_FAIL("target forward_tree: tree verification has no {} kernel", be.name());
+    }
   } else {
     be.attention_cached_forward(ctx, attn, q, kk, vv, S, past, qh, kvh, hd);
   }
@@ -95,52 +119,76 @@ void attention_forward(kernels::Backend<float>& be, Arena& scratch, float* part,
   shard_linear(be, part, attn, L.wo.data(), S, qd, H);
 }
 
+template <typename T>
 size_t gated_deltanet_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
+  using A = kernels::acc_t<T>;
   const size_t s = size_t(S), dk = size_t(c.linear_k_dim), dv = size_t(c.linear_v_dim);
   const size_t nk = size_t(shard.linear.group_count), nv = size_t(shard.linear.member_count);
   const size_t qkd = nk * dk, vd = nv * dv, C = 2 * qkd + vd;
-  return floats_footprint({s * C, s * C, s * qkd, s * qkd, s * vd, s * vd, s * nv, s * nv, s * vd});
+  return footprint_of<T>({s * C, s * C, s * qkd, s * qkd, s * vd, s * vd, s * nv, s * nv, s * vd}) +
+         footprint_of<A>({s * nv, s * nv});
 }
 
-void gated_deltanet_forward(kernels::Backend<float>& be, Arena& scratch, float* part, const float* h, int S,
-                            const TargetLayer& L, const QwenConfig& c, const TargetShard& shard,
-                            float* conv_tail, float* state) {
+template <typename T>
+void gated_deltanet_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, int S,
+                            const TargetLayer<T>& L, const QwenConfig& c, const TargetShard& shard, T* conv_tail,
+                            kernels::acc_t<T>* state) {
+  using A = kernels::acc_t<T>;
   ExecContext& ctx = be.context();
   ArenaScope scope(scratch);
   const int H = c.hidden, dk = c.linear_k_dim, dv = c.linear_v_dim, K = c.conv_kernel;
   const int nk = shard.linear.group_count, nv = shard.linear.member_count;
   const int qkd = nk * dk, vd = nv * dv, C = 2 * qkd + vd;
   const size_t s = size_t(S);
-  float* mixed = scratch.alloc<float>(s * C);
-  float* conv = scratch.alloc<float>(s * C);
+  T* mixed = scratch.alloc<T>(s * C);
+  T* conv = scratch.alloc<T>(s * C);
   shard_linear(be, mixed, h, L.w_qkv.data(), S, H, C);
   // with a cache the conv continues from the last K−1 inputs (conv_tail, zeros before position 0) and keeps them,
   // and the delta rule continues from the cache's state; both are updated in place
   be.causal_conv1d_silu_forward(ctx, conv, mixed, L.conv.data(), conv_tail, S, C, K);
   // split the conv output's channels q | k | v into per-head rows
-  float* q = scratch.alloc<float>(s * qkd);
-  float* k = scratch.alloc<float>(s * qkd);
-  float* v = scratch.alloc<float>(s * vd);
+  T* q = scratch.alloc<T>(s * qkd);
+  T* k = scratch.alloc<T>(s * qkd);
+  T* v = scratch.alloc<T>(s * vd);
   be.copy_strided(ctx, q, qkd, conv, C, S, qkd);
   be.copy_strided(ctx, k, qkd, conv + qkd, C, S, qkd);
   be.copy_strided(ctx, v, vd, conv + 2 * qkd, C, S, vd);
-  // the constants as float, as the layer computes them (the backend narrows its double arguments to float)
+  // the constants as float, as the layer computes them (the backend narrows its double arguments to its type)
   be.l2norm_forward(ctx, q, S * nk, dk, double(1e-6f), double(1.f / std::sqrt(float(dk))));
   be.l2norm_forward(ctx, k, S * nk, dk, double(1e-6f), 1.0);
 
-  float* z = scratch.alloc<float>(s * vd);
-  float* beta = scratch.alloc<float>(s * nv);
-  float* decay = scratch.alloc<float>(s * nv);
+  T* z = scratch.alloc<T>(s * vd);
+  T* b_proj = scratch.alloc<T>(s * nv);
+  T* a_proj = scratch.alloc<T>(s * nv);
   shard_linear(be, z, h, L.w_z.data(), S, H, vd);
-  shard_linear(be, beta, h, L.w_b.data(), S, H, nv);
-  shard_linear(be, decay, h, L.w_a.data(), S, H, nv);
-  // β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), in place
-  be.deltanet_gates_forward(ctx, decay, beta, decay, beta, L.a_log.data(), L.dt_bias.data(), S, nv);
+  shard_linear(be, b_proj, h, L.w_b.data(), S, H, nv);
+  shard_linear(be, a_proj, h, L.w_a.data(), S, H, nv);
+  // β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), in A: they compound over the sequence
+  A* beta = scratch.alloc<A>(s * nv);
+  A* decay = scratch.alloc<A>(s * nv);
+  be.deltanet_gates_forward(ctx, decay, beta, a_proj, b_proj, L.a_log.data(), L.dt_bias.data(), S, nv);
   // local value head j reads local key head j / (nv / nk): whole groups (nv = nk·r) or one replicated key head
-  float* o = scratch.alloc<float>(s * vd);
+  T* o = scratch.alloc<T>(s * vd);
   if (nv > 0) be.gated_delta_rule_forward(ctx, o, q, k, v, decay, beta, state, S, nk, nv, dk, dv);
   be.gated_rmsnorm_forward(ctx, o, o, z, L.gated_norm.data(), S * nv, dv, c.rms_norm_eps);
   shard_linear(be, part, o, L.w_out.data(), S, vd, H);
 }
+
+#define DFLASH_TARGET_LAYERS_INSTANTIATE(T)                                                                        \
+  template struct TargetLayer<T>;                                                                                  \
+  template void shard_linear<T>(kernels::Backend<T>&, T*, const T*, const T*, int, int, int);                      \
+  template size_t attention_scratch_bytes<T>(const QwenConfig&, const TargetShard&, int);                          \
+  template void attention_forward<T>(kernels::Backend<T>&, Arena&, T*, const T*, const int32_t*, int,              \
+                                     const TargetLayer<T>&, const QwenConfig&, const TargetShard&, T*, T*, int,    \
+                                     const int*);                                                                  \
+  template size_t gated_deltanet_scratch_bytes<T>(const QwenConfig&, const TargetShard&, int);                     \
+  template void gated_deltanet_forward<T>(kernels::Backend<T>&, Arena&, T*, const T*, int, const TargetLayer<T>&,  \
+                                          const QwenConfig&, const TargetShard&, T*, kernels::acc_t<T>*);
+DFLASH_TARGET_LAYERS_INSTANTIATE(float)
+DFLASH_TARGET_LAYERS_INSTANTIATE(double)
+#if DFLASH_CUDA_BACKEND
+DFLASH_TARGET_LAYERS_INSTANTIATE(__nv_bfloat16)
+#endif
+#undef DFLASH_TARGET_LAYERS_INSTANTIATE
 
 }  // namespace dflash::model

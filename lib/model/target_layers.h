@@ -1,19 +1,57 @@
 #pragma once
-// The token mixers of one target decoder layer on one TP rank, from the normed input to the rank's row-parallel
-// partial sum (the caller all-reduces it): full attention (dense Qwen3, or Qwen3.5's gated attention with partial
-// RoPE) and Gated DeltaNet. The math is in docs/target.md; every step is a call on a kernels::Backend<float>
-// (kernels/backend.h). Weights, activations (part, h, pos), the scratch arena and the caches (TargetCache's
-// buffers) are all in the backend's memory; the caches are read and extended in place.
+// One target decoder layer's weights on one TP rank, and its token mixers from the normed input to the rank's
+// row-parallel partial sum (the caller all-reduces it): full attention (dense Qwen3, or Qwen3.5's gated attention
+// with partial RoPE) and Gated DeltaNet. The math is in docs/target.md; every step is a call on a
+// kernels::Backend<T> (kernels/backend.h) in the target's compute type T (float, double on the CPU; float, bf16 on
+// CUDA). Weights, activations (part, h, pos), the scratch arena and the caches (TargetCache's buffers) are all in
+// the backend's memory; the caches are read and extended in place. Statistics and the DeltaNet gates and recurrent
+// state are in A = acc_t<T> (float for bf16) as the kernel contract says.
 #include <cstdint>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "lib/core/buffer.h"
 #include "lib/model/qwen_config.h"
-#include "lib/model/target.h"
 #include "lib/model/target_shard.h"
 
 namespace dflash::model {
+
+// One weight tensor in the backend's memory, in T.
+template <typename T>
+struct TargetWeight {
+  Buffer buffer;
+  size_t count = 0;  // elements
+  const T* data() const { return buffer.as<T>(); }
+  size_t size() const { return count; }
+  bool empty() const { return count == 0; }
+};
+
+// One decoder layer's slices on this rank (shapes with the shard's local sizes: qd = q_count·head_dim,
+// kvd = kv_count·head_dim, ic = mlp_end − mlp_begin; DeltaNet: nk key heads of dk, nv value heads of dv held).
+// Hybrid RMSNorm weights are stored here as 1 + w (Qwen3.5 scales by 1 + w), so one rmsnorm kernel serves both.
+template <typename T>
+struct TargetLayer {
+  bool linear = false;         // Gated DeltaNet layer (else full attention)
+  TargetWeight<T> input_norm;  // [H]
+  TargetWeight<T> wq;          // [qd, H] rows of q_proj; hybrid: [q_count, 2, head_dim] rows = query, gate
+  TargetWeight<T> wk, wv;      // [kvd, H]  rows of k_proj, v_proj
+  TargetWeight<T> q_norm;      // [head_dim]
+  TargetWeight<T> k_norm;      // [head_dim]
+  TargetWeight<T> wo;          // [H, qd]   columns of o_proj
+  TargetWeight<T> post_norm;   // [H]
+  TargetWeight<T> wgate, wup;  // [ic, H]   rows of gate_proj, up_proj
+  TargetWeight<T> wdown;       // [H, ic]   columns of down_proj
+  // Gated DeltaNet (linear_attn.*)
+  TargetWeight<T> w_qkv;           // [2·nk·dk + nv·dv, H] rows of in_proj_qkv: this rank's q | k | v channels
+  TargetWeight<T> conv;            // [2·nk·dk + nv·dv, K] the same channels of conv1d.weight [C, 1, K]
+  TargetWeight<T> w_z;             // [nv·dv, H] rows of in_proj_z (output gate)
+  TargetWeight<T> w_b, w_a;        // [nv, H] rows of in_proj_b (β), in_proj_a (decay)
+  TargetWeight<T> a_log, dt_bias;  // [nv]
+  TargetWeight<T> gated_norm;      // [dv] linear_attn.norm.weight (plain w)
+  TargetWeight<T> w_out;           // [H, nv·dv] columns of out_proj
+
+  size_t elements() const;  // of all the tensors above
+};
 
 // part[S, H] (=) this rank's share of o_proj(attention(h)); h [S, H] normed input at positions pos[S] (int32) =
 // past .. past + S − 1. keys/values (optional, backend memory, room for [past + S, kv_count, head_dim]): the first
@@ -21,25 +59,29 @@ namespace dflash::model {
 // must be 0. tree_parents[S] (optional, host, needs keys/values): the S rows are the nodes of a verification tree
 // (kernels/cpu/attention_tree.h: row i sees the cache and its ancestors), at the positions pos gives (past + depth);
 // without it row i sees the cache and rows ≤ i. The tree runs the CPU kernel on host memory: with a device backend
-// it is a dflash::Error. scratch: backend memory, at least attention_scratch_bytes(...), rewound on return.
-void attention_forward(kernels::Backend<float>& be, Arena& scratch, float* part, const float* h, const int32_t* pos,
-                       int S, const TargetLayer& L, const QwenConfig& c, const TargetShard& shard,
-                       float* keys = nullptr, float* values = nullptr, int past = 0,
-                       const int* tree_parents = nullptr);
-// Scratch attention_forward takes for S rows.
+// it is a dflash::Error. scratch: backend memory, at least attention_scratch_bytes<T>(...), rewound on return.
+template <typename T>
+void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, const int32_t* pos, int S,
+                       const TargetLayer<T>& L, const QwenConfig& c, const TargetShard& shard, T* keys = nullptr,
+                       T* values = nullptr, int past = 0, const int* tree_parents = nullptr);
+// Scratch attention_forward<T> takes for S rows.
+template <typename T>
 size_t attention_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S);
 
-// part[S, H] (=) this rank's share of out_proj(gated_deltanet(h)); h [S, H]. conv_tail [K−1, local channels] and
-// state [local value heads, dk, dv] (optional, backend memory, both or neither; zeros = a fresh sequence) carry the
-// earlier positions and are updated in place to include these S. scratch: at least
-// gated_deltanet_scratch_bytes(...), rewound.
-void gated_deltanet_forward(kernels::Backend<float>& be, Arena& scratch, float* part, const float* h, int S,
-                            const TargetLayer& L, const QwenConfig& c, const TargetShard& shard,
-                            float* conv_tail = nullptr, float* state = nullptr);
+// part[S, H] (=) this rank's share of out_proj(gated_deltanet(h)); h [S, H]. conv_tail [K−1, local channels] (T)
+// and state [local value heads, dk, dv] (A) (optional, backend memory, both or neither; zeros = a fresh sequence)
+// carry the earlier positions and are updated in place to include these S. scratch: at least
+// gated_deltanet_scratch_bytes<T>(...), rewound.
+template <typename T>
+void gated_deltanet_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, int S,
+                            const TargetLayer<T>& L, const QwenConfig& c, const TargetShard& shard,
+                            T* conv_tail = nullptr, kernels::acc_t<T>* state = nullptr);
+template <typename T>
 size_t gated_deltanet_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S);
 
 // y[N, out] (=) x[N, in] · Wᵀ on the backend, tolerating an empty shard (out = 0: nothing) or an empty input
 // (in = 0: zeros)
-void shard_linear(kernels::Backend<float>& be, float* y, const float* x, const float* W, int N, int in, int out);
+template <typename T>
+void shard_linear(kernels::Backend<T>& be, T* y, const T* x, const T* W, int N, int in, int out);
 
 }  // namespace dflash::model

@@ -27,26 +27,31 @@ int64_t target_rank_params(const model::QwenConfig& c, int tp) {
 }
 
 GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
-  const double act = in.bf16 ? 2 : 4;  // bytes of an activation / compute weight
+  const double act = in.bf16 ? 2 : 4;  // bytes of an activation / compute weight (drafter and target alike)
   const double S = in.max_seq_len, H = in.drafter.hidden, V = in.drafter.vocab;
   const model::DrafterConfig& d = in.drafter;
   GpuMemoryPlan p;
 
-  // target rank, as lib/model/target.cpp allocates it: fp32 weights (bf16 target weights are not built), one fp32
-  // arena with the residual stream, normed input and partial sum [S, H], the MLP's gate and up [S, ic] and the token
-  // mixer's scratch (flash attention: nothing S × S). The taps and final hidden go to host packets (downloaded), the
-  // embedding rows come through a host staging array: neither is GPU memory.
+  // target rank, as lib/model/target.cpp allocates it: the weights in the compute precision (run.precision: bf16
+  // on cuda by default, 2 bytes; fp32 4), one arena in that precision with the residual stream, normed input and
+  // partial sum [S, H], the MLP's gate and up [S, ic] and the token mixer's scratch (flash attention: nothing
+  // S × S); bf16 adds one fp32 [S, H] array (the embedding rows' upload, the all-reduce's fp32 sum, the outputs'
+  // conversion). The taps and final hidden are fp32: counted once in device memory (the forward that leaves them on
+  // the GPU for the packets); the embedding rows come through a host staging array.
   const model::QwenConfig& t = in.target;
   const double th = t.hidden, q_local = double(t.heads) / in.target_tp + 1, kv_local = double(t.kv_heads);
   const double mlp_local = double(t.intermediate) / in.target_tp + 128;
+  const char* tp_name = in.bf16 ? "bf16" : "fp32";
   p.target.role = "target TP rank (largest shard)";
   p.target.items = {
-      {"weights (fp32)", double(in.target_rank_params) * 4},
-      {"residual stream, normed input, partial sum (fp32)", S * th * 4 * 3},
-      {"q, k, v, attention output (fp32)", S * t.head_dim * (2 * q_local + 2 * kv_local) * 4},
-      {"MLP gate, up (fp32)", S * mlp_local * 2 * 4},
+      {fmt::format("weights ({})", tp_name), double(in.target_rank_params) * act},
+      {fmt::format("residual stream, normed input, partial sum ({})", tp_name), S * th * act * 3},
+      {fmt::format("q, k, v, attention output ({})", tp_name), S * t.head_dim * (2 * q_local + 2 * kv_local) * act},
+      {fmt::format("MLP gate, up ({})", tp_name), S * mlp_local * 2 * act},
+      {"taps + final hidden on the GPU (fp32)", S * th * (d.n_taps + 1) * 4},
       {"cuBLASLt workspace", 32.0 * (1 << 20)},
   };
+  if (in.bf16) p.target.items.push_back({"fp32 scratch: embedding upload, all-reduce sum, outputs", S * th * 4});
 
   // drafter rank
   const double P = double(model::drafter_param_count(d));

@@ -32,7 +32,8 @@ struct MemoryPlanInputs {
   int anchors_per_seq = 0;         // N: blocks per sequence
   int chunk_size = 0;              // C: vocab-loss rows per chunk
   bool kl = false;                 // the KL term needs the target logits too
-  bool bf16 = true;                // run.precision: bf16 activations (fp32 master weights either way) or fp32
+  bool bf16 = true;                // run.precision: bf16 activations and target weights (fp32 drafter master
+                                   // weights either way) or fp32
   int packets_in_flight = 2;
 };
 

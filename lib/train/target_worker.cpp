@@ -28,15 +28,17 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
                                                                   plane)),
       world_data(comms.world_data(), watchdog, fmt::format("world ({} data plane)", plane));
   Timer load_timer;
-  // run.device cuda: the forward on the GPU the trainer bound at start-up, in fp32 whatever run.precision says
-  // (bf16 target weights are not built); the TP all-reduces stay on the host transport (docs/backend.md)
+  // run.device cuda: the forward on the GPU the trainer bound at start-up, in run.precision's compute type (bf16 by
+  // default); the TP all-reduces take the device pointers on the NCCL data plane, else go through the host
+  // (docs/backend.md). The CPU computes in fp32.
   model::TargetOptions target_options;
-  if (cfg.run.device == "cuda") target_options.backend = kernels::make_cuda_backend<float>();
+  target_options.cuda = cfg.run.device == "cuda";
+  target_options.precision = target_options.cuda ? cfg.run.compute_precision() : "fp32";
   model::TargetModel target(cfg.target.path, tp_data, target_options);
-  log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB (fp32, {} backend) in {:.2f} s; "
+  log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB ({}, {} backend) in {:.2f} s; "
            "taps {}",
            cfg.target.path, plan.target.layers, plan.target.hidden, plan.target.heads, plan.target.kv_heads,
-           target.weight_bytes() / 1048576.0, target.backend().name(), load_timer.seconds(),
+           target.weight_bytes() / 1048576.0, target.precision(), target.backend_name(), load_timer.seconds(),
            fmt::join(plan.tap_ids, ","));
 
   io::SequenceSchedule schedule(plan.num_sequences, cfg.layout.drafter_dp, cfg.optim.micro_batches,

@@ -149,10 +149,10 @@ int run_check(const TrainConfig& cfg) {
     m.anchors_per_seq = cfg.loss.anchors_per_seq;
     m.chunk_size = cfg.loss.chunk_size;
     m.kl = cfg.loss.kl_weight != 0;
-    m.bf16 = true;
+    m.bf16 = cfg.run.compute_precision() == "bf16";
     m.packets_in_flight = cfg.layout.packets_in_flight;
-    std::printf("  per-GPU memory (run.device cuda, bf16 activations, S = %d):\n%s", m.max_seq_len,
-                format_gpu_memory_plan(gpu_memory_plan(m), default_gpus()).c_str());
+    std::printf("  per-GPU memory (run.device cuda, %s activations, S = %d):\n%s", m.bf16 ? "bf16" : "fp32",
+                m.max_seq_len, format_gpu_memory_plan(gpu_memory_plan(m), default_gpus()).c_str());
   }
   const SignalMargin margin = recommend_signal_margin(cfg.run.out_dir);
   if (margin.measured) {

@@ -2,8 +2,10 @@
 // weights in device Buffers, activations in the device arena, the incremental-decoding cache in device Buffers.
 // Dense Qwen3 and a Qwen3.5 hybrid, a plain forward (taps + final hidden), a cached forward in pieces (every cache
 // array read back), and the speculative decoders' cache operations on the device cache: a hybrid rollback
-// (truncate + restore_recurrent + re-run), copy_cache, and keep_cache_path's row compaction. Test-case names start
-// with "cuda twin target_model:" (tests/cuda/CMakeLists.txt).
+// (truncate + restore_recurrent + re-run), copy_cache, and keep_cache_path's row compaction. Then the bf16 target
+// (TargetOptions::precision "bf16": bf16 weights and activations on CUDA) against the CPU fp32 target, and the
+// forward whose outputs stay in device memory against the host-output one. Test-case names start with
+// "cuda twin target_model:" (tests/cuda/CMakeLists.txt).
 //
 // Tolerance: max |gpu − cpu| / max |cpu| ≤ 1e-4 over each output, the bound gpu_check.sh uses for the tiny run's
 // losses. Every kernel on the way is checked against its CPU twin with a per-element bound (test_cuda_twins.cpp);
@@ -13,11 +15,13 @@
 #if DFLASH_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "lib/comm/transport.h"
+#include "lib/core/buffer.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/model/random_target.h"
@@ -41,9 +45,11 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
     comm::SelfTransport self_cpu, self_gpu;
     model::TargetModel cpu(dir.string(), self_cpu);
     model::TargetOptions options;
-    options.backend = kernels::make_cuda_backend<float>();
+    options.cuda = true;  // fp32 on CUDA
     model::TargetModel gpu(dir.string(), self_gpu, options);
-    REQUIRE(std::string(gpu.backend().name()) == "cuda");
+    REQUIRE(std::string(gpu.backend_name()) == "cuda");
+    REQUIRE(std::string(gpu.precision()) == "fp32");
+    REQUIRE(gpu.memory() == MemoryKind::device);
     CHECK(gpu.weight_bytes() == cpu.weight_bytes());
 
     const int S = 140, H = spec.hidden;
@@ -133,6 +139,100 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
       std::vector<float> tree_hidden(size_t(2) * H);
       CHECK_THROWS_WITH_AS(gpu.forward_tree(tokens.data(), parents, 2, tree_cache, {}, nullptr, tree_hidden.data()),
                            doctest::Contains("cuda backend"), Error);
+    }
+  }
+}
+
+// bf16 against the CPU fp32 target. Tolerance, from bf16's relative rounding 2^-9 (round to nearest; the twins'
+// per-kernel bound counts 2^-8 per rounding): on the way from the embedding to an output each decoder layer rounds a
+// value to bf16 at most ~16 times (the weights it reads, the normed input, the projections, q/k norm and RoPE, the
+// attention or delta-rule output, the gate, SwiGLU, the down projection, each residual add); the statistics, the
+// DeltaNet gates and state and every GEMM's accumulation are fp32. RMSNorm re-normalises each sub-block's input, so
+// the relative errors add over the layers instead of compounding, and independent roundings add in quadrature:
+// sqrt(16 · 4 layers) · 2^-9 ≈ 0.016 expected; the bound takes 4× that, 1/16. A wrong layout, a missing rounding
+// back from fp32 or a state kept in bf16 across 140 steps gives errors of order 1.
+TEST_CASE("cuda twin target_model: the bf16 target on CUDA matches the CPU fp32 target (dense and hybrid)") {
+  constexpr double kBf16Bound = 1.0 / 16;
+  for (bool hybrid : {false, true}) {
+    CAPTURE(hybrid);
+    const model::RandomTargetSpec spec = tiny_target(hybrid);
+    const auto dir = test::scratch_dir(hybrid ? "cuda_bf16_target_hybrid" : "cuda_bf16_target_dense");
+    model::write_random_target(dir.string(), spec);
+    comm::SelfTransport self_cpu, self_gpu;
+    model::TargetModel cpu(dir.string(), self_cpu);
+    model::TargetOptions options;
+    options.cuda = true;
+    options.precision = "bf16";
+    model::TargetModel gpu(dir.string(), self_gpu, options);
+    REQUIRE(std::string(gpu.precision()) == "bf16");
+    CHECK(2 * gpu.weight_bytes() == cpu.weight_bytes());
+
+    const int S = 140, H = spec.hidden;
+    const std::vector<int> tap_ids = {0, 2, 3};
+    std::vector<int32_t> tokens(static_cast<size_t>(S));
+    Rng rng(12);
+    for (auto& t : tokens) t = int32_t(rng.below(uint64_t(spec.vocab)));
+    std::vector<float> taps_c(size_t(S) * 3 * H), fh_c(size_t(S) * H), taps_g(taps_c.size()), fh_g(fh_c.size());
+    cpu.forward(tokens.data(), S, tap_ids, taps_c.data(), fh_c.data());
+    gpu.forward(tokens.data(), S, tap_ids, taps_g.data(), fh_g.data());
+    const double taps_err = test::max_rel_diff(taps_g, taps_c), fh_err = test::max_rel_diff(fh_g, fh_c);
+    MESSAGE("bf16 vs fp32: taps ", taps_err, ", final hidden ", fh_err);
+    CHECK(taps_err < kBf16Bound);
+    CHECK(fh_err < kBf16Bound);
+    CHECK(taps_err > 0);  // bf16 really ran: its rounding shows
+
+    model::TargetCache cache_c, cache_g;
+    std::vector<float> pieces_c(fh_c.size()), pieces_g(fh_c.size());
+    int b = 0;
+    for (int n : {1, 2, 70, 1, 66}) {
+      cpu.forward_cached(&tokens[size_t(b)], n, cache_c, &pieces_c[size_t(b) * H]);
+      gpu.forward_cached(&tokens[size_t(b)], n, cache_g, &pieces_g[size_t(b) * H]);
+      b += n;
+    }
+    CHECK(test::max_rel_diff(pieces_g, pieces_c) < kBf16Bound);
+    using Part = model::TargetCachePart;
+    for (int l = 0; l < spec.layers; ++l) {
+      CAPTURE(l);
+      for (Part part : {Part::keys, Part::values, Part::conv_tail, Part::delta_state}) {
+        const std::vector<float> want = cpu.read_cache(cache_c, l, part), got = gpu.read_cache(cache_g, l, part);
+        REQUIRE(got.size() == want.size());
+        if (!want.empty()) CHECK(test::max_rel_diff(got, want) < kBf16Bound);
+      }
+    }
+  }
+}
+
+// The forward whose taps and final hidden stay in device memory (what the packet streaming calls) against the
+// host-output forward on the same GPU target: the same kernels on the same inputs, then either a device conversion
+// into the tap's columns or a download: bit for bit, fp32 and bf16.
+TEST_CASE("cuda twin target_model: outputs in device memory equal the host outputs bit for bit (fp32 and bf16)") {
+  for (bool hybrid : {false, true}) {
+    const model::RandomTargetSpec spec = tiny_target(hybrid);
+    const auto dir = test::scratch_dir(hybrid ? "cuda_outputs_hybrid" : "cuda_outputs_dense");
+    model::write_random_target(dir.string(), spec);
+    for (const char* precision : {"fp32", "bf16"}) {
+      CAPTURE(hybrid);
+      CAPTURE(precision);
+      comm::SelfTransport self;
+      model::TargetOptions options;
+      options.cuda = true;
+      options.precision = precision;
+      model::TargetModel gpu(dir.string(), self, options);
+      const int S = 77, H = spec.hidden;
+      const std::vector<int> tap_ids = {3, 1};
+      std::vector<int32_t> tokens(static_cast<size_t>(S));
+      Rng rng(4);
+      for (auto& t : tokens) t = int32_t(rng.below(uint64_t(spec.vocab)));
+      std::vector<float> taps(size_t(S) * 2 * H), fh(size_t(S) * H);
+      gpu.forward(tokens.data(), S, tap_ids, taps.data(), fh.data());
+      Buffer d_taps(MemoryKind::device, taps.size() * sizeof(float)), d_fh(MemoryKind::device, fh.size() * sizeof(float));
+      gpu.forward(tokens.data(), S, tap_ids, d_taps.as<float>(), d_fh.as<float>(), MemoryKind::device);
+      std::vector<float> got_taps(taps.size()), got_fh(fh.size());
+      auto be = kernels::make_cuda_backend<float>();  // a plain device → host copy
+      be->download(be->context(), got_taps.data(), d_taps.data(), taps.size() * sizeof(float));
+      be->download(be->context(), got_fh.data(), d_fh.data(), fh.size() * sizeof(float));
+      CHECK(std::memcmp(got_taps.data(), taps.data(), taps.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(got_fh.data(), fh.data(), fh.size() * sizeof(float)) == 0);
     }
   }
 }

@@ -548,6 +548,28 @@ TEST_CASE("cuda twin bf16: convert_from_float rounds to nearest even as the host
   REQUIRE(gz.get() == x);
 }
 
+TEST_CASE("cuda twin bf16: convert_to_float widens exactly, contiguous and into strided columns; fp32 copies") {
+  const std::vector<float> x = bf16_round(randn(600, 97, 3.0));  // bf16 values: the widening must give them back
+  Dev<bf16> gx(to_bf16(x));
+  Dev<float> gy(std::vector<float>(x.size(), -7.f));
+  gpu().b16->convert_to_float(gpu().ex(), gy.p(), gx.p(), x.size());
+  REQUIRE(gy.get() == x);
+  // rows 20 of 30 columns, read with stride 30 (all of x) and written into columns [5, 35) of a [20, 40] array
+  const int rows = 20, cols = 30, ld = 40;
+  std::vector<float> want(size_t(rows) * ld, -7.f);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) want[size_t(r) * ld + 5 + size_t(c)] = x[size_t(r) * cols + size_t(c)];
+  Dev<float> gs(std::vector<float>(want.size(), -7.f)), gs32(std::vector<float>(want.size(), -7.f));
+  gpu().b16->convert_to_float_strided(gpu().ex(), gs.p() + 5, ld, gx.p(), cols, rows, cols);
+  REQUIRE(gs.get() == want);
+  Dev<float> gx32(x);
+  gpu().f32->convert_to_float_strided(gpu().ex(), gs32.p() + 5, ld, gx32.p(), cols, rows, cols);
+  REQUIRE(gs32.get() == want);
+  Dev<float> gz(std::vector<float>(x.size()));
+  gpu().f32->convert_to_float(gpu().ex(), gz.p(), gx32.p(), x.size());
+  REQUIRE(gz.get() == x);
+}
+
 TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 activations") {
   auto& be = *gpu().b16;
   {

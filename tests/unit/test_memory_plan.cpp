@@ -1,5 +1,6 @@
 // The per-GPU memory plan of a cuda run: the seed's configuration (a 27B-class target on 5 GPUs, the drafter with
-// 1024 anchors × block 32, H 5120, V 248320, chunk 2048) must fit on 95 GB and 141 GB cards in bf16.
+// 1024 anchors × block 32, H 5120, V 248320, chunk 2048) must fit on 95 GB and 141 GB cards in bf16 (the target's
+// weights and activations in the compute precision too).
 #include <doctest/doctest.h>
 
 #include "lib/model/drafter.h"
@@ -71,4 +72,23 @@ TEST_CASE("memory plan: the activation item is the drafter's arena formula, and 
   CHECK(found);
   CHECK(plan.drafter.total() > 95e9);
   CHECK(format_gpu_memory_plan(plan, default_gpus()).find("DOES NOT FIT on RTX PRO 6000") != std::string::npos);
+}
+
+TEST_CASE("memory plan: the target's weights and activations are counted in the compute precision") {
+  for (bool bf16 : {true, false}) {
+    CAPTURE(bf16);
+    const MemoryPlanInputs in = seed_inputs(bf16);
+    const GpuMemoryPlan plan = gpu_memory_plan(in);
+    double weights = -1, residual = -1;
+    for (const MemoryItem& i : plan.target.items) {
+      if (i.what.rfind("weights", 0) == 0) weights = i.bytes;
+      if (i.what.rfind("residual stream", 0) == 0) residual = i.bytes;
+    }
+    CHECK(weights == double(in.target_rank_params) * (bf16 ? 2 : 4));
+    CHECK(residual == 8192.0 * 5120 * 3 * (bf16 ? 2 : 4));
+  }
+  // bf16 halves the target rank's weights: the seed's largest shard (about a fifth of 32 B parameters) in ~13 GB
+  const GpuMemoryPlan b = gpu_memory_plan(seed_inputs(true)), f = gpu_memory_plan(seed_inputs(false));
+  CHECK(b.target.total() < 0.6 * f.target.total());
+  CHECK(b.target.total() < 20e9);
 }
