@@ -36,8 +36,9 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   // on cuda by default, 2 bytes; fp32 4), one arena in that precision with the residual stream, normed input and
   // partial sum [S, H], the MLP's gate and up [S, ic] and the token mixer's scratch (flash attention: nothing
   // S × S); bf16 adds one fp32 [S, H] array (the embedding rows' upload, the all-reduce's fp32 sum, the outputs'
-  // conversion). The taps and final hidden are fp32: counted once in device memory (the forward that leaves them on
-  // the GPU for the packets); the embedding rows come through a host staging array.
+  // conversion). Packets (taps + final hidden, fp32) stay on the GPU with the NCCL data plane (the multi-GPU
+  // default): packets_in_flight of them in flight plus the one being filled (lib/train/packet.h); the embedding
+  // rows come through a host staging array.
   const model::QwenConfig& t = in.target;
   const double th = t.hidden, q_local = double(t.heads) / in.target_tp + 1, kv_local = double(t.kv_heads);
   const double mlp_local = double(t.intermediate) / in.target_tp + 128;
@@ -48,7 +49,8 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
       {fmt::format("residual stream, normed input, partial sum ({})", tp_name), S * th * act * 3},
       {fmt::format("q, k, v, attention output ({})", tp_name), S * t.head_dim * (2 * q_local + 2 * kv_local) * act},
       {fmt::format("MLP gate, up ({})", tp_name), S * mlp_local * 2 * act},
-      {"taps + final hidden on the GPU (fp32)", S * th * (d.n_taps + 1) * 4},
+      {fmt::format("packets: taps + final hidden (fp32) x {}", in.packets_in_flight + 1),
+       S * th * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
       {"cuBLASLt workspace", 32.0 * (1 << 20)},
   };
   if (in.bf16) p.target.items.push_back({"fp32 scratch: embedding upload, all-reduce sum, outputs", S * th * 4});
@@ -66,7 +68,11 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
        double(model::drafter_arena_bytes(d, in.max_seq_len, in.anchors_per_seq, size_t(act), in.bf16 ? 4 : 4))},
       {"vocab loss: logits scratch (C x V, fp32) x (KL ? 2 : 1)", C * V * 4 * (in.kl ? 2 : 1)},
       {"vocab loss: scored rows X, Y, dX and d_out", T * H * act * (in.kl ? 3 : 2) + N * d.block_size * H * act},
-      {"packet: taps + final hidden", S * H * (d.n_taps + 1) * act},
+      // a GPU drafter holds its packets on the device (NCCL: received there; MPI: uploaded from page-locked host
+      // staging): packets_in_flight posted plus the one computed on; bf16 converts the one computed on
+      {fmt::format("packets: taps + final hidden (fp32) x {}", in.packets_in_flight + 1),
+       S * H * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
+      {"packet in the compute type (bf16 only)", in.bf16 ? S * H * (d.n_taps + 1) * 2 : 0.0},
       {"cuBLASLt workspace", 32.0 * (1 << 20)},
   };
   return p;

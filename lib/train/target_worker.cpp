@@ -48,7 +48,6 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
                       packet_memory(cfg.run.device == "cuda", comms.world_data()));
   const int H = plan.target.hidden, tap_width = int(plan.tap_ids.size()) * H;
   const std::vector<int> drafters = layout.drafters_of_group(layout.group);
-  std::vector<float> host_taps, host_final;  // host outputs of the forward, for device packets
   // one packet: the target forward of `seq` (every TP rank), its slice streamed to drafter rank d
   auto stream = [&](io::Sequence&& seq, PacketHeader h, int d) {
     h.seq_len = int32_t(seq.tokens.size());
@@ -57,17 +56,9 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
     FeaturePacket p = sender.blank(h);
     p.tokens = std::move(seq.tokens);
     p.loss_mask = std::move(seq.loss_mask);
-    if (h.seq_len > 0) {
-      if (p.taps.memory() == MemoryKind::host) {
-        target.forward(p.tokens.data(), h.seq_len, plan.tap_ids, p.taps.data(), p.final_hidden.data());
-      } else {
-        host_taps.resize(p.taps.size());
-        host_final.resize(p.final_hidden.size());
-        target.forward(p.tokens.data(), h.seq_len, plan.tap_ids, host_taps.data(), host_final.data());
-        p.taps.assign(host_taps.data(), host_taps.size());
-        p.final_hidden.assign(host_final.data(), host_final.size());
-      }
-    }
+    // device packets (NCCL): the forward writes its features there, no pass through the host
+    if (h.seq_len > 0)
+      target.forward(p.tokens.data(), h.seq_len, plan.tap_ids, p.taps.data(), p.final_hidden.data(), p.taps.memory());
     return sender.send(std::move(p), layout.drafter_world_rank(d), layout.tp_rank, tp.size());
   };
   const int64_t heldout = eval.data ? heldout_count(cfg, *eval.data) : 0;
