@@ -7,11 +7,13 @@
 #      plain and cached) on CUDA against the CPU target (a skip counts as a failure here)
 #   3. the host-device math tests (cuda_math: the kernels' per-row / per-tile math on the CPU)
 #   4. dflash_bench cuda: vocab loss at the seed's shapes (T 32768, H 5120, V 248320, chunk 2048), a small fp32
-#      loss, and a small drafter forward+backward, each against its cuBLASLt GEMMs alone
+#      loss, and a small drafter forward+backward, each against its cuBLASLt GEMMs alone; dflash_bench target: the
+#      bf16 target forward of one TP-5 shard of a 27B-sized hybrid against its GEMMs alone
 #   5. the tiny training job with run.device=cuda: fp32 against the same job on the CPU (50 steps' losses within
 #      1e-4 relative), and bf16 learning (its loss falls); 8 ranks on one GPU, so the data plane is mpi. With
-#      run.device=cuda both the drafter step and the target TP forward run on the GPU (the target in fp32 in both
-#      precisions), so the loss comparison covers the target's GPU path too
+#      run.device=cuda both the drafter step and the target TP forward run on the GPU (the target in the run's
+#      precision: fp32, then bf16 weights and activations), so the loss comparison covers the target's fp32 GPU
+#      path and the bf16 run the bf16 target; GPU drafters take their packets staged over MPI into device memory
 #   6. the NCCL data plane: bootstrap + one-rank collectives, device and host (staged) buffers (nccl_np1); the
 #      packet stream to GPU drafters over MPI (stream_staged: page-locked staging, copy-stream uploads); with
 #      more GPUs than one also the multi-rank NCCL checks (ring, timeout abort, the packet stream and its stop
@@ -75,6 +77,13 @@ step cuda_math 120 ctest --test-dir "$build" -R "cuda_math" --output-on-failure
 bench="$build/apps/dflash_bench"
 step bench_loss 150 "$bench" cuda loss --precision bf16 --T 32768 --H 5120 --V 248320 --chunk 2048 --reps 1
 step bench_loss32 60 "$bench" cuda loss --precision fp32 --T 4096 --H 1024 --V 32768 --chunk 1024 --reps 2
+# the target forward on the GPU in bf16: one TP-5 rank's shard of a Qwen3.6-27B-sized hybrid (5 Q / 1 KV heads of
+# 256, 3 key / 9 value DeltaNet heads of 128, intermediate 3456 of 17408, H 5120), 4 of its 64 layers (3 DeltaNet,
+# 1 full attention); tokens/s and the time of its GEMMs alone (bound / time)
+step bench_target 180 bash "$root/tests/integration/mpirun.sh" -np 1 "$bench" target --device cuda --precision bf16 \
+  --tp 1 --seq 2048,8192 --reps 2 --arch qwen3_5 --hidden 5120 --layers 4 --heads 5 --kv-heads 1 --head-dim 256 \
+  --intermediate 3456 --vocab 4096 --linear-k-heads 3 --linear-v-heads 9 --linear-k-dim 128 --linear-v-dim 128 \
+  --full-attention-interval 4 --partial-rotary 0.25
 step bench_drafter 90 "$bench" cuda drafter --precision bf16 --seq 4096 --anchors 128 --block 32 --hidden 2048 \
   --layers 2 --heads 16 --kv-heads 4 --head-dim 128 --intermediate 5632 --reps 2
 
@@ -146,5 +155,5 @@ echo
 echo "gpu_check summary ($(( $(date +%s) - t_all )) s in all; logs in $logs)"
 printf '  %s\n' "${summary[@]}"
 echo "  benchmark ratios (bound / time; 1.0 = as fast as the GEMMs alone):"
-grep -hE "^cuda |ratio|attention fwd|scratch" "$logs"/bench_*.log 2>/dev/null | sed 's/^/    /'
+grep -hE "^cuda |ratio|attention fwd|scratch|^\| 1 \|" "$logs"/bench_*.log 2>/dev/null | sed 's/^/    /'
 exit $failed

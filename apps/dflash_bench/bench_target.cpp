@@ -3,6 +3,11 @@
 // MLPs) against the sgemm rate. An MPI program: `mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512,2048]
 // [--arch qwen3_5]` runs each TP size in the list (≤ K) on ranks [0, tp) while the other ranks sleep, and rank 0
 // prints one markdown table.
+// --device cuda [--precision bf16|fp32]: the forward on the GPUs (each rank binds GPU node-local rank mod GPUs;
+// ranks may share one). Every row also reports the GEMM bound: the time of rank 0's shard GEMMs alone (every
+// linear of one forward at its shape, on the same backend and precision: cuBLASLt on CUDA, BLAS on the CPU), and
+// that bound over the forward's time (1.0 = the forward costs only its GEMMs). On CUDA the per-part columns are
+// "async" (the host times kernel launches, not the GPU's work).
 #include "lib/comm/mpi_transport.h"
 
 #include <unistd.h>
@@ -21,8 +26,15 @@
 #include "lib/core/memory.h"
 #include "lib/core/rng.h"
 #include "lib/core/timer.h"
+#include "lib/comm/layout.h"
+#include "lib/core/buffer.h"
 #include "lib/model/random_target.h"
 #include "lib/model/target.h"
+#include "lib/model/target_shard.h"
+#include "kernels/backend.h"
+#if DFLASH_CUDA_BACKEND
+#include "kernels/cuda/backend_cuda.h"
+#endif
 
 namespace dflash::bench {
 
@@ -71,6 +83,78 @@ PartFlops forward_flops(const model::QwenConfig& c, int S) {
   return f;
 }
 
+// The linears of one forward on one TP shard (lib/model/target_layers.cpp, target.cpp): y[S, out] = x[S, in] · Wᵀ.
+struct GemmShape {
+  int in = 0, out = 0, count = 0;  // count: how many such GEMMs one forward runs
+};
+
+std::vector<GemmShape> shard_gemms(const model::QwenConfig& c, const model::TargetShard& s) {
+  std::vector<GemmShape> shapes;
+  auto add = [&](int in, int out) {
+    if (in <= 0 || out <= 0) return;
+    for (GemmShape& g : shapes)
+      if (g.in == in && g.out == out) {
+        ++g.count;
+        return;
+      }
+    shapes.push_back({in, out, 1});
+  };
+  const int H = c.hidden, qd = s.q_count * c.head_dim, kvd = s.kv_count * c.head_dim;
+  const int ic = int(s.mlp_end - s.mlp_begin);
+  const int nk = s.linear.group_count, nv = s.linear.member_count;
+  const int qkd = nk * c.linear_k_dim, vd = nv * c.linear_v_dim;
+  for (int l = 0; l < c.layers; ++l) {
+    if (c.is_linear(l)) {
+      add(H, 2 * qkd + vd);  // in_proj_qkv
+      add(H, vd);            // in_proj_z
+      add(H, nv);            // in_proj_b
+      add(H, nv);            // in_proj_a
+      add(vd, H);            // out_proj
+    } else {
+      add(H, c.hybrid ? 2 * qd : qd);  // q_proj (hybrid: query and gate rows)
+      add(H, kvd);                     // k_proj
+      add(H, kvd);                     // v_proj
+      add(qd, H);                      // o_proj
+    }
+    add(H, ic);  // gate_proj
+    add(H, ic);  // up_proj
+    add(ic, H);  // down_proj
+  }
+  return shapes;
+}
+
+// Seconds of one forward's GEMMs alone on `be`: each shape timed over `reps` after a warm-up, times its count.
+template <typename T>
+double gemm_bound_seconds(kernels::Backend<T>& be, const std::vector<GemmShape>& shapes, int S, int reps) {
+  ExecContext& ctx = be.context();
+  double total = 0;
+  for (const GemmShape& g : shapes) {
+    Buffer x(be.memory(), size_t(S) * g.in * sizeof(T)), w(be.memory(), size_t(g.out) * g.in * sizeof(T)),
+        y(be.memory(), size_t(S) * g.out * sizeof(T));
+    be.zero(ctx, x.data(), x.bytes());  // values do not change a GEMM's time
+    be.zero(ctx, w.data(), w.bytes());
+    be.linear_forward(ctx, y.as<T>(), x.as<T>(), w.as<T>(), S, g.in, g.out);  // warm-up (cuBLASLt heuristics)
+    be.synchronize(ctx);
+    Timer t;
+    for (int r = 0; r < reps; ++r) be.linear_forward(ctx, y.as<T>(), x.as<T>(), w.as<T>(), S, g.in, g.out);
+    be.synchronize(ctx);
+    total += t.seconds() / reps * g.count;
+  }
+  return total;
+}
+
+// The bound on the backend the target runs on: device cpu|cuda, precision fp32|bf16.
+double gemm_bound(const std::string& device, const std::string& precision, const std::vector<GemmShape>& shapes,
+                  int S, int reps) {
+  if (device == "cpu") return gemm_bound_seconds(*kernels::make_cpu_backend<float>(), shapes, S, reps);
+#if DFLASH_CUDA_BACKEND
+  if (precision == "bf16") return gemm_bound_seconds(*kernels::make_cuda_backend_bf16(), shapes, S, reps);
+  return gemm_bound_seconds(*kernels::make_cuda_backend<float>(), shapes, S, reps);
+#else
+  DFLASH_USER_FAIL("--device cuda needs the CUDA backend, which this build does not have ({} requested)", precision);
+#endif
+}
+
 std::vector<int> int_list(const std::string& option, const std::string& text) {
   std::vector<int> out;
   std::stringstream ss(text);
@@ -105,10 +189,11 @@ int bench(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  std::vector<std::string> known = {"model", "tp", "seq", "reps", "tie"};
+  std::vector<std::string> known = {"model", "tp", "seq", "reps", "tie", "device", "precision"};
   for (const std::string& o : model::target_option_names()) known.push_back(o);
   Args a(argc, argv, known, {"tie"},
-         "mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512[,1024,...]] [--reps 3] [--model DIR |\n"
+         "mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512[,1024,...]] [--reps 3]\n"
+         "       [--device cpu|cuda] [--precision fp32|bf16 (cuda: bf16 by default)] [--model DIR |\n"
          "       [--arch qwen3|qwen3_5] --hidden 512 --layers 4 --heads 16 --kv-heads 8 --head-dim 32\n"
          "       --intermediate 1536 --vocab 4096 --dtype bf16 (qwen3_5: --full-attention-interval 4\n"
          "       --linear-k-heads 4 --linear-v-heads 8 --linear-k-dim 64 --linear-v-dim 64 --conv-kernel 4 ...)]\n"
@@ -122,6 +207,13 @@ int bench(int argc, char** argv) {
   const std::vector<int> seqs = int_list("seq", a.str("seq", "512"));
   const int reps = int(a.integer("reps", 3));
   DFLASH_USER_CHECK(reps >= 1, "--reps must be ≥ 1, got {}", reps);
+  const std::string device = a.str("device", "cpu");
+  DFLASH_USER_CHECK(device == "cpu" || device == "cuda", "--device {}: use cpu or cuda", device);
+  const std::string precision = a.str("precision", device == "cuda" ? "bf16" : "fp32");
+  DFLASH_USER_CHECK(precision == "fp32" || (precision == "bf16" && device == "cuda"),
+                    "--precision {} on --device {}: the CPU runs fp32, CUDA fp32 or bf16", precision, device);
+  const bool cuda = device == "cuda";
+  if (cuda) kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
 
   std::string dir = a.str("model", "");
   const bool own_model = dir.empty();
@@ -166,10 +258,13 @@ int bench(int argc, char** argv) {
                   c.linear_k_dim, c.linear_v_dim, c.conv_kernel);
     std::printf("\nsgemm (1 rank, [S,%d]·[%d,%d]ᵀ) GFLOP/s:", c.hidden, c.hidden, c.hidden);
     for (size_t i = 0; i < seqs.size(); ++i) std::printf(" S %d: %.1f", seqs[i], sgemm[i]);
-    std::printf("\nparts: ms / forward on the slowest rank (GFLOP/s per rank, over sgemm)\n\n");
+    std::printf("\n%s %s; parts: ms / forward on the slowest rank (GFLOP/s per rank, over sgemm)%s; GEMM bound: "
+                "rank 0's shard GEMMs alone on the same backend\n\n",
+                device.c_str(), precision.c_str(), cuda ? " (async on cuda: launch times)" : "");
     std::printf("| TP | S | Q heads per rank | tokens/s | ms / forward | all-reduce ms / forward (share) | "
-                "DeltaNet mixers | full attention mixers | MLPs | GFLOP/s per rank | vs sgemm | peak RSS MB (rank 0) |\n"
-                "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                "DeltaNet mixers | full attention mixers | MLPs | GFLOP/s per rank | vs sgemm | GEMM bound ms | "
+                "bound / time | peak RSS MB (rank 0) |\n"
+                "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::fflush(stdout);
   }
   const std::vector<int> tap_ids = {0, c.layers - 1};
@@ -179,7 +274,11 @@ int bench(int argc, char** argv) {
     MPI_Comm_split(MPI_COMM_WORLD, rank < tp ? 0 : MPI_UNDEFINED, rank, &comm);
     if (comm != MPI_COMM_NULL) {
       comm::MpiTransport transport(comm);
-      model::TargetModel target(dir, transport);
+      model::TargetOptions options;
+      options.cuda = cuda;
+      options.precision = precision;
+      model::TargetModel target(dir, transport, options);
+      const model::TargetShard shard0 = model::plan_target_shard(c, tp, 0, options.mlp_grain);
       std::string heads;
       for (int r = 0; r < tp; ++r) {
         if (r) heads += ',';
@@ -196,6 +295,9 @@ int bench(int argc, char** argv) {
         transport.barrier();
         for (int r = 0; r < reps; ++r) target.forward(tokens.data(), S, tap_ids, taps.data(), final_hidden.data());
         const model::TargetStats& st = target.stats();
+        // after the forwards: the bound runs alone on the GPU (ranks of this group may share one)
+        transport.barrier();
+        const double bound = rank == 0 ? gemm_bound(device, precision, shard_gemms(c, shard0), S, reps) : 0.0;
         enum { kForward, kAllreduce, kLinear, kFull, kMlp, kN };
         const double mine[kN] = {st.forward_seconds, st.allreduce_seconds, st.linear_attention_seconds,
                                  st.full_attention_seconds, st.mlp_seconds};
@@ -206,12 +308,14 @@ int bench(int argc, char** argv) {
           const double t = worst[kForward] / reps, ar = sum[kAllreduce] / tp / reps;  // slowest forward; mean wait
           const PartFlops f = forward_flops(c, S);
           const double per_rank = f.total() / t / tp * 1e-9, g = sgemm[si];
-          std::printf("| %d | %d | %s | %.0f | %.1f | %.1f (%.0f%%) | %s | %s | %s | %.1f | %.2f | %.0f |\n", tp, S,
-                      heads.c_str(), S / t, t * 1e3, ar * 1e3, 100 * ar / t,
-                      part_cell(worst[kLinear] / reps, f.linear_attention, tp, g).c_str(),
-                      part_cell(worst[kFull] / reps, f.full_attention, tp, g).c_str(),
-                      part_cell(worst[kMlp] / reps, f.mlp, tp, g).c_str(), per_rank, per_rank / g,
-                      peak_resident_bytes() / 1e6);
+          auto part = [&](double seconds, double flops) {
+            return cuda && flops > 0 ? std::string("async") : part_cell(seconds, flops, tp, g);
+          };
+          std::printf("| %d | %d | %s | %.0f | %.1f | %.1f (%.0f%%) | %s | %s | %s | %.1f | %.2f | %.2f | %.2f | %.0f |\n",
+                      tp, S, heads.c_str(), S / t, t * 1e3, ar * 1e3, 100 * ar / t,
+                      part(worst[kLinear] / reps, f.linear_attention).c_str(),
+                      part(worst[kFull] / reps, f.full_attention).c_str(), part(worst[kMlp] / reps, f.mlp).c_str(),
+                      per_rank, per_rank / g, bound * 1e3, bound / t, peak_resident_bytes() / 1e6);
           std::fflush(stdout);
         }
       }
