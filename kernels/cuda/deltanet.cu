@@ -3,13 +3,13 @@
 //                   the carried tail (rows in increasing order: each reads a row ahead of the ones it writes).
 //   l2norm, gated RMSNorm   one block per row, a fixed-tree Σx² (deterministic), as rmsnorm_forward.
 //   gates           one thread per (token, value head).
-//   delta rule      the per-token recurrence, sequential over S: one warp per (value head, 32 state columns),
-//                   the [dk, 32] slice of the state in shared memory (32 KiB at dk 256), lane d owning column d;
-//                   each token reads k_t and q_t once into shared memory and makes two passes over the column.
-//                   Cost: S steps of ~2·dk dependent shared-memory multiply-adds per lane, on only
-//                   v_heads · ⌈dv/32⌉ warps (48 at 12 value heads of dv 128): latency-bound and far below the
-//                   GPU's throughput. The chunked form of kernels/cpu/gated_deltanet.cpp (GEMMs per chunk of 64
-//                   tokens) is the known next step.
+//   delta rule      the per-token recurrence, sequential over S: a block of kDeltaRowGroups warps per (value head,
+//                   32 state columns); lane d owns column d, warp w rows [w·R, w·R + R) of it, held in registers
+//                   (cm::delta_slice_*). Per token: k_t, q_t staged in shared memory (prefetched into registers
+//                   during the previous token), the prediction's and the output's partials summed over the warps
+//                   through shared memory: three block barriers per token. Still S sequential steps, on
+//                   v_heads · ⌈dv/32⌉ blocks; the chunked form of kernels/cpu/gated_deltanet.cpp (GEMMs per chunk
+//                   of 64 tokens) is the step after, if dflash_bench target --device cuda shows the need.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
@@ -86,32 +86,69 @@ __global__ void deltanet_gates_kernel(float* g, float* beta, const T* a, const T
   }
 }
 
-// grid (v_heads, ⌈dv/32⌉), one warp: value head h, state columns blockIdx.y·32 + lane.
-template <typename T>
-__global__ void delta_rule_kernel(T* out, const T* q, const T* k, const T* v, const float* g, const float* beta,
-                                  float* state, int S, int KH, int VH, int dk, int dv) {
-  __shared__ float m_s[kMaxDeltaKeyDim * kWarp];  // [dk, 32]: column lane at m_s[i·32 + lane]
+// grid (v_heads, ⌈dv/32⌉), kDeltaRowGroups warps: value head h, state column d = blockIdx.y·32 + lane, rows
+// [w·R, w·R + n) of it in warp w (target_math.h). dk ≤ kMaxDeltaKeyDim = 2 · blockDim.x.
+template <typename T, int R>
+__global__ void __launch_bounds__(cm::kDeltaRowGroups * kWarp)
+    delta_rule_kernel(T* out, const T* q, const T* k, const T* v, const float* g, const float* beta, float* state,
+                      int S, int KH, int VH, int dk, int dv) {
+  constexpr int kGroups = cm::kDeltaRowGroups, kThreads = kGroups * kWarp;
   __shared__ float k_s[kMaxDeltaKeyDim], q_s[kMaxDeltaKeyDim];
-  const int h = blockIdx.x, lane = threadIdx.x, d = blockIdx.y * kWarp + lane, kh = h / (VH / KH);
+  __shared__ float pred_s[kGroups][kWarp], out_s[kGroups][kWarp];
+  const int h = blockIdx.x, lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, tid = threadIdx.x;
+  const int d = blockIdx.y * kWarp + lane, kh = h / (VH / KH), r0 = w * R;
+  const int n = max(0, min(R, dk - r0));
   const bool active = d < dv;
-  float* col = m_s + lane;
-  for (int i = 0; i < dk; ++i) col[i * kWarp] = state && active ? state[(size_t(h) * dk + i) * dv + d] : 0.0f;
-  for (int t = 0; t < S; ++t) {
-    __syncwarp();  // every lane is done with the previous token's k_s, q_s
-    const size_t kq = (size_t(t) * KH + kh) * dk;
-    for (int i = lane; i < dk; i += kWarp) {
-      k_s[i] = to_f(k[kq + i]);
-      q_s[i] = to_f(q[kq + i]);
+  float m[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) m[j] = state && active && j < n ? state[(size_t(h) * dk + r0 + j) * dv + d] : 0.0f;
+
+  // token t + 1's inputs load into registers while token t computes (global latency off the sequential path)
+  float k_next[2] = {0, 0}, q_next[2] = {0, 0}, v_next = 0, g_next = 0, b_next = 0;
+  auto prefetch = [&](int t) {
+    const size_t kq = (size_t(t) * KH + kh) * dk, th = size_t(t) * VH + h;
+    for (int e = 0; e < 2; ++e) {
+      const int i = tid + e * kThreads;
+      if (i < dk) {
+        k_next[e] = to_f(k[kq + i]);
+        q_next[e] = to_f(q[kq + i]);
+      }
     }
-    __syncwarp();
-    const size_t th = size_t(t) * VH + h;
-    if (active) {
-      const float o = cm::delta_rule_step(col, kWarp, k_s, q_s, dk, to_f(v[th * dv + d]), g[th], beta[th]);
-      out[th * dv + d] = from_f<T>(o);
+    v_next = active ? to_f(v[th * dv + d]) : 0.0f;
+    g_next = g[th];
+    b_next = beta[th];
+  };
+  if (S > 0) prefetch(0);
+  for (int t = 0; t < S; ++t) {
+    for (int e = 0; e < 2; ++e) {
+      const int i = tid + e * kThreads;
+      if (i < dk) {
+        k_s[i] = k_next[e];
+        q_s[i] = q_next[e];
+      }
+    }
+    const float v_d = v_next, decay = expf(g_next), b = b_next;
+    __syncthreads();  // k_s, q_s hold token t (the last token's readers passed the barrier after its update)
+    if (t + 1 < S) prefetch(t + 1);
+    pred_s[w][lane] = cm::delta_slice_dot(m, k_s + r0, n);
+    __syncthreads();
+    float pred = 0;
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) pred += pred_s[i][lane];
+    const float u = cm::delta_u(pred, decay, v_d, b);
+    out_s[w][lane] = cm::delta_slice_update(m, k_s + r0, q_s + r0, n, decay, u);
+    __syncthreads();  // every slice updated and its output partial written
+    if (w == 0 && active) {
+      float o = 0;
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i) o += out_s[i][lane];
+      out[(size_t(t) * VH + h) * dv + d] = from_f<T>(o);
     }
   }
   if (state && active)
-    for (int i = 0; i < dk; ++i) state[(size_t(h) * dk + i) * dv + d] = col[i * kWarp];
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (j < n) state[(size_t(h) * dk + r0 + j) * dv + d] = m[j];
 }
 
 }  // namespace
@@ -157,7 +194,20 @@ void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, co
                              const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv) {
   if (v_heads <= 0 || dv <= 0) return;
   const dim3 grid(unsigned(v_heads), unsigned((dv + kWarp - 1) / kWarp));
-  delta_rule_kernel<T><<<grid, kWarp, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+  const int threads = cm::kDeltaRowGroups * kWarp;
+  switch (cm::delta_slice_rows(dk)) {
+    case 8:
+      delta_rule_kernel<T, 8><<<grid, threads, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+      break;
+    case 16:
+      delta_rule_kernel<T, 16><<<grid, threads, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+      break;
+    case 32:
+      delta_rule_kernel<T, 32><<<grid, threads, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+      break;
+    default:
+      delta_rule_kernel<T, 64><<<grid, threads, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+  }
   DFLASH_CUDA_LAUNCHED("delta_rule_kernel");
 }
 

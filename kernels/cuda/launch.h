@@ -97,7 +97,7 @@ void launch_gated_rmsnorm(cudaStream_t st, T* y, const T* x, const T* z, const T
 template <typename T>
 void launch_deltanet_gates(cudaStream_t st, float* g, float* beta, const T* a, const T* b, const T* a_log,
                            const T* dt_bias, int rows, int heads);
-constexpr int kMaxDeltaKeyDim = 256;  // the delta-rule kernel keeps a [dk, 32] state slice in shared memory
+constexpr int kMaxDeltaKeyDim = 256;  // the delta-rule kernel stages k_t, q_t in shared memory, 2 per thread
 template <typename T>
 void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, const T* v, const float* g,
                              const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv);

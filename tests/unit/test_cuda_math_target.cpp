@@ -280,36 +280,67 @@ DeltaInputs delta_inputs(const DeltaCase& c, uint64_t seed) {
   return in;
 }
 
-// deltanet.cu's delta_rule_kernel for positions [t0, t0 + n): per value head, tiles of 32 columns held as a
-// [dk, 32] slice (column = lane), k_t and q_t staged per token, cm::delta_rule_step per active lane.
-void delta_walk(std::vector<float>& out, const DeltaInputs& in, const DeltaCase& c, int t0, int n,
-                std::vector<float>& state) {
-  const int lanes = 32, r = c.v_heads / c.k_heads;
+// deltanet.cu's delta_rule_kernel for positions [t0, t0 + n), slices of R rows: per value head and tile of 32
+// columns, warp w's lane l holds rows [w·R, w·R + rows) of column d0 + l; per token the prediction's partials and
+// then the output's, each summed over the warps in order (cm::delta_slice_*).
+template <int R>
+void delta_walk_slices(std::vector<float>& out, const DeltaInputs& in, const DeltaCase& c, int t0, int n,
+                       std::vector<float>& state) {
+  const int lanes = 32, groups = cm::kDeltaRowGroups, r = c.v_heads / c.k_heads;
   for (int h = 0; h < c.v_heads; ++h)
     for (int d0 = 0; d0 < c.dv; d0 += lanes) {
-      std::vector<float> slice(size_t(c.dk) * lanes, 0.f);
-      for (int i = 0; i < c.dk; ++i)
-        for (int l = 0; l < lanes && d0 + l < c.dv; ++l)
-          slice[size_t(i) * lanes + l] = state[(size_t(h) * c.dk + i) * c.dv + d0 + l];
+      const int cols = std::min(lanes, c.dv - d0);
+      struct Slice {
+        float m[R];
+      };
+      std::vector<Slice> m(size_t(groups) * lanes);  // [warp][lane] → the slice's rows (a thread's registers)
+      auto rows_of = [&](int w) { return std::max(0, std::min(R, c.dk - w * R)); };
+      for (int w = 0; w < groups; ++w)
+        for (int l = 0; l < cols; ++l)
+          for (int j = 0; j < R; ++j)
+            m[size_t(w) * lanes + l].m[j] = j < rows_of(w) ? state[(size_t(h) * c.dk + w * R + j) * c.dv + d0 + l] : 0.f;
       for (int t = t0; t < t0 + n; ++t) {
         const size_t kq = (size_t(t) * c.k_heads + h / r) * c.dk, th = size_t(t) * c.v_heads + h;
-        for (int l = 0; l < lanes && d0 + l < c.dv; ++l)
-          out[th * c.dv + d0 + l] = cm::delta_rule_step(&slice[l], lanes, &in.k[kq], &in.q[kq], c.dk,
-                                                        in.v[th * c.dv + d0 + l], in.g[th], in.beta[th]);
+        const float decay = std::exp(in.g[th]);
+        for (int l = 0; l < cols; ++l) {
+          float pred = 0;
+          for (int w = 0; w < groups; ++w)
+            pred += cm::delta_slice_dot(m[size_t(w) * lanes + l].m, &in.k[kq + size_t(w) * R], rows_of(w));
+          const float u = cm::delta_u(pred, decay, in.v[th * c.dv + d0 + l], in.beta[th]);
+          float o = 0;
+          for (int w = 0; w < groups; ++w)
+            o += cm::delta_slice_update(m[size_t(w) * lanes + l].m, &in.k[kq + size_t(w) * R],
+                                        &in.q[kq + size_t(w) * R], rows_of(w), decay, u);
+          out[th * c.dv + d0 + l] = o;
+        }
       }
-      for (int i = 0; i < c.dk; ++i)
-        for (int l = 0; l < lanes && d0 + l < c.dv; ++l)
-          state[(size_t(h) * c.dk + i) * c.dv + d0 + l] = slice[size_t(i) * lanes + l];
+      for (int w = 0; w < groups; ++w)
+        for (int l = 0; l < cols; ++l)
+          for (int j = 0; j < rows_of(w); ++j)
+            state[(size_t(h) * c.dk + w * R + j) * c.dv + d0 + l] = m[size_t(w) * lanes + l].m[j];
     }
+}
+
+void delta_walk(std::vector<float>& out, const DeltaInputs& in, const DeltaCase& c, int t0, int n,
+                std::vector<float>& state) {
+  switch (cm::delta_slice_rows(c.dk)) {
+    case 8: return delta_walk_slices<8>(out, in, c, t0, n, state);
+    case 16: return delta_walk_slices<16>(out, in, c, t0, n, state);
+    case 32: return delta_walk_slices<32>(out, in, c, t0, n, state);
+    default: return delta_walk_slices<64>(out, in, c, t0, n, state);
+  }
 }
 
 }  // namespace
 
-// Against the per-token reference the walk does the same float operations in the same order (up to contraction):
-// 1e-6 of the largest value. Against the chunked kernel (what the CPU backend runs): float vs float through
+// Against the per-token reference the walk does the same float operations in another order (the decay applied to
+// the prediction's sum, four accumulators per slice, slices summed last): 1e-6 of the largest value, float
+// rounding over ≤ 256 terms. Against the chunked kernel (what the CPU backend runs): float vs float through
 // different algebra, within the 1e-5 the CPU's own test allows between the chunked float kernel and the recurrence.
-TEST_CASE("cuda_math: gated delta rule, one state column per lane, state carried across calls, matches the CPU") {
-  for (DeltaCase c : {DeltaCase{70, 2, 4, 8, 40}, DeltaCase{9, 1, 3, 16, 5}, DeltaCase{1, 2, 2, 4, 3}}) {
+TEST_CASE("cuda_math: gated delta rule, state rows split over 4 warps, state carried across calls, matches the CPU") {
+  // dk 8 (slices of 8: warps 1-3 hold nothing), 16, 4, 100 (slices of 32, the last short), 256 (slices of 64)
+  for (DeltaCase c : {DeltaCase{70, 2, 4, 8, 40}, DeltaCase{9, 1, 3, 16, 5}, DeltaCase{1, 2, 2, 4, 3},
+                      DeltaCase{20, 1, 2, 100, 33}, DeltaCase{6, 1, 1, 256, 8}}) {
     CAPTURE(c.S);
     const DeltaInputs in = delta_inputs(c, uint64_t(c.S + c.dv));
     const size_t state_n = size_t(c.v_heads) * c.dk * c.dv;
