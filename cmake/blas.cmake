@@ -1,8 +1,11 @@
 # The CPU BLAS: OpenBLAS built for OpenMP, so that a BLAS call made inside one of our OpenMP parallel regions
 # runs on the calling thread instead of starting a second thread pool that fights ours (Debian's default pthread
 # build was 4x slower here for the attention tiles). Falls back to pkg-config's `openblas` elsewhere.
-set(_blas_arch_dir /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp)
-find_library(DFLASH_BLAS_LIBRARY NAMES openblas PATHS ${_blas_arch_dir} NO_DEFAULT_PATH)
+# DFLASH_BLAS_DIR (the folder of libopenblas.so) and DFLASH_CBLAS_INCLUDE_DIR point elsewhere than /usr (e.g. the
+# packages mpi_launch/device_bundle.sh unpacks).
+set(DFLASH_BLAS_DIR /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp CACHE PATH
+    "folder of the OpenMP build of OpenBLAS (libopenblas.so)")
+find_library(DFLASH_BLAS_LIBRARY NAMES openblas PATHS ${DFLASH_BLAS_DIR} NO_DEFAULT_PATH)
 find_path(DFLASH_CBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp
           NO_DEFAULT_PATH)
 if(DFLASH_BLAS_LIBRARY AND DFLASH_CBLAS_INCLUDE_DIR)

@@ -10,8 +10,13 @@ if(NOT DFLASH_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   find_package(CUDAToolkit QUIET)
-  find_library(DFLASH_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
-  find_path(DFLASH_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  # NCCL: with the toolkit, or where DFLASH_NCCL_ROOT (variable or environment) says: e.g. the nvidia-nccl wheel's
+  # folder (site-packages/nvidia/nccl: include/nccl.h, lib/libnccl.so.2 without the unversioned link)
+  set(_nccl_roots ${DFLASH_NCCL_ROOT} $ENV{DFLASH_NCCL_ROOT})
+  find_library(DFLASH_NCCL_LIBRARY NAMES nccl libnccl.so.2
+               HINTS ${_nccl_roots} ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 PATH_SUFFIXES lib lib64)
+  find_path(DFLASH_NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_roots} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include
+            PATH_SUFFIXES include)
   if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND AND TARGET CUDA::cublasLt
      AND DFLASH_NCCL_LIBRARY AND DFLASH_NCCL_INCLUDE_DIR)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})

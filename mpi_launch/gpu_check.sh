@@ -18,6 +18,8 @@
 #      packet stream to GPU drafters over MPI (stream_staged: page-locked staging, copy-stream uploads); with
 #      more GPUs than one also the multi-rank NCCL checks (ring, timeout abort, the packet stream and its stop
 #      protocol on nccl), each needing as many GPUs as ranks; with one GPU they are listed as SKIP (not a failure)
+# A machine without the Debian packages and without a network (the device tool's): first, where apt works,
+# `bash mpi_launch/device_bundle.sh fetch` (.devbundle, ~32 MB, git-ignored), then carry .devbundle along.
 # Usage: bash mpi_launch/gpu_check.sh        env: DFLASH_GPU_BUILD_DIR (default ./build-gpu), DFLASH_JOBS (16),
 #        DFLASH_CUDA_ARCH (90). Logs: $build/gpu_check/*.log. Exit status 0 only when no step failed.
 set -uo pipefail
@@ -57,10 +59,27 @@ step() {
 
 nvidia-smi -L 2>/dev/null || echo "gpu_check: nvidia-smi not found; continuing (the tests ask CUDA directly)"
 
-# 1. build (dependencies first when the machine lacks them; a machine without network keeps what it has)
-bash "$root/mpi_launch/install_deps.sh" >"$logs/deps.log" 2>&1 || echo "gpu_check: install_deps.sh failed (see $logs/deps.log); trying the build anyway"
+# 1. build. Dependencies: a carried .devbundle (mpi_launch/device_bundle.sh: a machine without the packages and
+#    without a network) is unpacked and used; else install_deps.sh (a machine without network keeps what it has).
+#    NCCL: the toolkit's, else the nvidia-nccl wheel of the machine's python3.
+deps_args=""
+if compgen -G "$root/.devbundle/*.deb" >/dev/null; then
+  # shellcheck source=device_bundle.sh
+  source "$root/mpi_launch/device_bundle.sh" env "$root/.devbundle" /tmp/dflash-deps >"$logs/deps.log" 2>&1 ||
+    { echo "gpu_check: unpacking .devbundle failed:"; cat "$logs/deps.log"; exit 1; }
+  deps_args="$DFLASH_CMAKE_DEPS_ARGS"
+else
+  bash "$root/mpi_launch/install_deps.sh" >"$logs/deps.log" 2>&1 || echo "gpu_check: install_deps.sh failed (see $logs/deps.log); trying the build anyway"
+fi
+if ! compgen -G "/usr/local/cuda/lib*/libnccl.so*" >/dev/null && [[ -z "${DFLASH_NCCL_ROOT:-}" ]]; then
+  nccl_root="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)"
+  if [[ -n "$nccl_root" ]]; then
+    export DFLASH_NCCL_ROOT="$nccl_root" LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "gpu_check: NCCL from $nccl_root"
+  fi
+fi
 if ! step build 420 bash -c "cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES='$arch' && cmake --build '$build' -j'$jobs' --target dflash_tests \
+      -DCMAKE_CUDA_ARCHITECTURES='$arch' $deps_args && cmake --build '$build' -j'$jobs' --target dflash_tests \
       dflash_cuda_tests dflash_mpi dflash_bench dflash_data nccl_check stream_check"; then
   printf '%s\n' "gpu_check summary (build failed: nothing else ran)" "${summary[@]}"
   exit 1
