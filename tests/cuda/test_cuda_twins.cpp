@@ -534,7 +534,7 @@ TEST_CASE("cuda twin bf16: GEMMs (bf16 in, fp32 accumulate, bf16 or fp32 out) ag
   require_within(gdW.get(), dW, gemm_tolerance(true, false, out, in, N, 1, dy, out, x, in, 1, dW0, in), "dW fp32");
 }
 
-TEST_CASE("cuda twin bf16: convert_from_float rounds to nearest even as the host conversion does; fp32 copies") {
+TEST_CASE("cuda twin bf16: convert_from_float rounds to nearest even as the host conversion does, fp32 copies") {
   std::vector<float> x = randn(1000, 95, 3.0);
   x.push_back(0.0f);
   x.push_back(-1.0f + 1.0f / 512);  // halfway between two bf16 values: ties to even
@@ -548,7 +548,7 @@ TEST_CASE("cuda twin bf16: convert_from_float rounds to nearest even as the host
   REQUIRE(gz.get() == x);
 }
 
-TEST_CASE("cuda twin bf16: convert_to_float widens exactly, contiguous and into strided columns; fp32 copies") {
+TEST_CASE("cuda twin bf16: convert_to_float widens exactly, contiguous and into strided columns, fp32 copies") {
   const std::vector<float> x = bf16_round(randn(600, 97, 3.0));  // bf16 values: the widening must give them back
   Dev<bf16> gx(to_bf16(x));
   Dev<float> gy(std::vector<float>(x.size(), -7.f));

@@ -220,7 +220,7 @@ TEST_CASE("checkpoint: a truncated or corrupted file in a DONE-marked directory 
   }
 }
 
-TEST_CASE("checkpoint: the DONE hash is checkpoint_hash of the file bytes; a newer format version is refused") {
+TEST_CASE("checkpoint: the DONE hash is checkpoint_hash of the file bytes, a newer format version is refused") {
   const std::string out = temp_dir("version");
   Run run(3);
   const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);

@@ -37,7 +37,7 @@ std::string error_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("cli: Args parses --key value, --key=value, flags and positionals; the last repeat wins") {
+TEST_CASE("cli: Args parses --key value, --key=value, flags and positionals, the last repeat wins") {
   Argv a({"/usr/bin/tool", "in.h5", "--vocab", "512", "--seq=3", "--tie", "out.h5", "--vocab", "600"});
   Args args(a.argc(), a.argv(), {"vocab", "seq", "rtol"}, {"tie"});
   CHECK(args.integer("vocab", 0) == 600);
@@ -74,7 +74,7 @@ TEST_CASE("cli: --help is answered (HelpShown) with the program's usage and ever
   CHECK(shown);
 }
 
-TEST_CASE("cli: dflash_mpi options: config, repeated --set, --stop-after-steps, --check; errors without location") {
+TEST_CASE("cli: dflash_mpi options: config, repeated --set, --stop-after-steps, --check, errors without location") {
   Argv a({"dflash_mpi", "run.yaml", "--set", "optim.lr=3e-4", "--set=run.steps=5", "--stop-after-steps", "7",
           "--check"});
   const auto o = train::parse_program_options(a.argc(), a.argv());

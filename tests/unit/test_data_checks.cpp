@@ -121,7 +121,7 @@ TEST_CASE("data checks: block_size longer than every sequence is an error") {
             .find("(longest after data.max_seq_len: 5 tokens)") != std::string::npos);
 }
 
-TEST_CASE("data checks: the identity follows the content, not the path; one token or mask bit changes it") {
+TEST_CASE("data checks: the identity follows the content, not the path, one token or mask bit changes it") {
   SmallData d;
   io::Dataset a(d.write("id_a"), 100, false), b(d.write("id_b"), 100, false);
   const std::string id = scan_data_facts(a, 99, 0).identity();
@@ -137,7 +137,7 @@ TEST_CASE("data checks: the identity follows the content, not the path; one toke
   }
 }
 
-TEST_CASE("data checks: a checkpoint records its dataset's identity; a resume on other data is refused") {
+TEST_CASE("data checks: a checkpoint records its dataset's identity, a resume on other data is refused") {
   const std::string out = test::scratch_dir("data_checks_ckpt").string();
   const model::DrafterConfig cfg = test::small_drafter_config();
   model::DrafterParams<float> params(cfg);
@@ -176,7 +176,7 @@ void edit_config(const std::string& dir, const std::function<void(nlohmann::json
 
 }  // namespace
 
-TEST_CASE("target check: every expected tensor is verified from the headers; a bare config.json is refused") {
+TEST_CASE("target check: every expected tensor is verified from the headers, a bare config.json is refused") {
   const std::string dir = test::scratch_dir("target_check_ok").string();
   model::write_random_target(dir, small_target(false));
   const TargetWeightsSummary s = check_target_weights(dir, model::load_qwen_config(dir));

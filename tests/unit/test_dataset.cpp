@@ -202,7 +202,7 @@ TEST_CASE("dataset: every corruption is an error naming the file, the dataset an
   fs::remove_all(dir);
 }
 
-TEST_CASE("dataset: epoch shuffle is a deterministic permutation; ranks get slot j % drafter_dp") {
+TEST_CASE("dataset: epoch shuffle is a deterministic permutation, ranks get slot j % drafter_dp") {
   const int64_t n = 1000;
   auto a = shuffle_order(n, 3, 42);
   CHECK(a == shuffle_order(n, 3, 42));  // deterministic

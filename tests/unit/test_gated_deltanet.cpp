@@ -140,7 +140,7 @@ TEST_CASE("gated_deltanet: causal conv1d + SiLU, L2 norm, gated RMSNorm against 
   for (int i = 0; i < 3; ++i) CHECK(out[size_t(i)] == doctest::Approx(wn[size_t(i)] * a[size_t(i)] * rstd * silu(z[size_t(i)])));
 }
 
-TEST_CASE("rope_partial: full rotary equals rope_forward; partial rotates only the first dims") {
+TEST_CASE("rope_partial: full rotary equals rope_forward, partial rotates only the first dims") {
   Rng rng(4);
   const int rows = 9, heads = 3, hd = 16;
   std::vector<int> pos(rows);

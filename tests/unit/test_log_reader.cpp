@@ -96,7 +96,7 @@ TEST_CASE("log reader: a torn line followed by NUL bytes (a node crash) is repor
   CHECK(train::summarise_logs(logs).find("2 garbled (first at " + path + ":2)") != std::string::npos);
 }
 
-TEST_CASE("log reader: every well-formed level and prefix parses; near misses are garbled, not misread") {
+TEST_CASE("log reader: every well-formed level and prefix parses, near misses are garbled, not misread") {
   const std::string dir = test::scratch_dir("log_reader_forms").string();
   std::filesystem::create_directories(dir + "/logs");
   write_bytes(dir + "/logs/rank_00.log",

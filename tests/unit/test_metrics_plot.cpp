@@ -22,7 +22,7 @@ size_t count(const std::string& s, const std::string& what) {
 }
 }  // namespace
 
-TEST_CASE("metrics plot: records become columns; nulls are gaps; a torn line is skipped and counted") {
+TEST_CASE("metrics plot: records become columns, nulls are gaps, a torn line is skipped and counted") {
   const std::string dir = test::scratch_dir("metrics_plot").string();
   {
     std::ofstream f(dir + "/metrics.jsonl");

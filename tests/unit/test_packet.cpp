@@ -9,7 +9,7 @@
 
 using namespace dflash;
 
-TEST_CASE("packet tensor: reshape keeps the allocation unless it must grow; assign and to_host round-trip") {
+TEST_CASE("packet tensor: reshape keeps the allocation unless it must grow, assign and to_host round-trip") {
   train::PacketTensor t;
   CHECK(t.size() == 0);
   CHECK(t.data() == nullptr);

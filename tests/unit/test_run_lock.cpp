@@ -43,7 +43,7 @@ long dead_pid() {
 
 }  // namespace
 
-TEST_CASE("run lock: a second job on the same out_dir is refused, naming the holder; release lets the next in") {
+TEST_CASE("run lock: a second job on the same out_dir is refused, naming the holder, release lets the next in") {
   const std::string dir = (test::scratch_dir("run_lock") / "run").string();
   const JobIdentity me = current_job_identity();
   {

@@ -10,7 +10,7 @@
 using namespace dflash;
 using namespace dflash::train;
 
-TEST_CASE("signal margin: 2 x (measured step + longest save) + 60 s, rounded up to minutes; 600 s unmeasured") {
+TEST_CASE("signal margin: 2 x (measured step + longest save) + 60 s, rounded up to minutes, 600 s unmeasured") {
   const std::string dir = test::scratch_dir("signal_margin").string();
   SignalMargin none = recommend_signal_margin(dir);
   CHECK(!none.measured);

@@ -40,7 +40,7 @@ Outputs run(model::TargetModel& t, const std::vector<int32_t>& tokens, int S) {
 
 }  // namespace
 
-TEST_CASE("target backend: an explicit CPU backend equals the default; the arena grows and shrinking reuses it") {
+TEST_CASE("target backend: an explicit CPU backend equals the default, the arena grows and shrinking reuses it") {
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
     model::RandomTargetSpec spec = test::small_random_target(hybrid, 3, 9);

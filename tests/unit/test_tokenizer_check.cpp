@@ -53,7 +53,7 @@ TEST_CASE("tokenizer check: too many tokens, a non-special eos, data beyond the 
   CHECK(r.notes[0].find("drafter.mask_token_id 2 is a token") != std::string::npos);
 }
 
-TEST_CASE("tokenizer check: no tokenizer.json is not checked; a file that is not a tokenizer is an error") {
+TEST_CASE("tokenizer check: no tokenizer.json is not checked, a file that is not a tokenizer is an error") {
   const auto none = test::scratch_dir("tok_none");
   const TokenizerFacts t = read_tokenizer_facts(none.string());
   CHECK(t.path.empty());

@@ -230,7 +230,7 @@ TEST_CASE("vocab_loss: dX matches central finite differences of the loss (double
   }
 }
 
-TEST_CASE("vocab_loss: recompute and fused give the same float dX; chunk sizes give the same results") {
+TEST_CASE("vocab_loss: recompute and fused give the same float dX, chunk sizes give the same results") {
   const Problem p = make_problem(7, 9, 24, 120, 45);
   Cast<float> c(p, true);
   auto s = full_settings(p.B, 1.0);
