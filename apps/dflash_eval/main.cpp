@@ -1,5 +1,6 @@
 // dflash_eval --target DIR --drafter DIR --prompts P.h5 [--max-new-tokens 128] [--limit K] [--eos ID]
 //             [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced] [--tree-budget N [--tree-topk K]]
+//             [--device cpu|cuda [--precision bf16|fp32]]
 // The real acceptance length: greedy speculative decoding of every prompt with the target and the drafter
 // (lib/model/spec_decode.h, docs/eval.md). Single process = TP 1; `mpirun -np K dflash_eval ...` runs the target
 // as one TP group of K ranks with the drafter on rank 0 (the drafter's block costs far less than the target's
@@ -19,6 +20,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/backend.h"
+#include "lib/comm/layout.h"
 #include "lib/core/args.h"
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
@@ -37,7 +40,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: dflash_eval --target DIR --drafter DIR --prompts P.h5 [--max-new-tokens 128] [--limit K] [--eos ID]\n"
     "                   [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced]\n"
-    "                   [--tree-budget N [--tree-topk K]]\n"
+    "                   [--tree-budget N [--tree-topk K]] [--device cpu|cuda [--precision bf16|fp32]]\n"
     "  --target DIR          the target model (Hugging Face directory)\n"
     "  --drafter DIR         a training run folder (its newest complete checkpoint), a ckpt/step_* folder, or an\n"
     "                        exported drafter folder (config.json + model.safetensors)\n"
@@ -54,6 +57,9 @@ constexpr const char* kUsage =
     "  --tree-budget N       also decode with tree verification: up to N candidate nodes from the drafter's top-k\n"
     "                        per block position, verified in one target forward (dense targets); reports tau_tree\n"
     "  --tree-topk K         candidates per block position for the tree (default 4)\n"
+    "  --device cuda         the target's forward on the GPU (rank r of mpirun: GPU node-local r), in --precision\n"
+    "                        bf16 (default there: as it is served) or fp32; the drafter and the head stay on the CPU.\n"
+    "                        Chain decoding only (--tree-budget needs the CPU)\n"
     "  single process = TP 1; `mpirun -np K dflash_eval ...` runs one target TP group of K ranks\n";
 
 bool launched_by_mpi() {
@@ -83,7 +89,20 @@ int evaluate(const Args& a, comm::Transport& tp) {
                     "with config.json and *.safetensors)", target_dir);
   const train::DrafterSource src = train::load_drafter_source(a.str("drafter", ""));
   const model::DrafterConfig& dc = src.drafter.config;
-  model::TargetModel target(target_dir, tp);
+  // the target's forward on the GPU (the drafter and the greedy head stay on the CPU: a block of drafts and one
+  // argmax row per verify cost far less than the target's forward)
+  const std::string device = a.str("device", "cpu");
+  DFLASH_USER_CHECK(device == "cpu" || device == "cuda", "--device {}: use cpu or cuda", device);
+  model::TargetOptions target_options;
+  target_options.cuda = device == "cuda";
+  target_options.precision = a.str("precision", target_options.cuda ? "bf16" : "fp32");
+  DFLASH_USER_CHECK(target_options.precision == "fp32" || (target_options.cuda && target_options.precision == "bf16"),
+                    "--precision {} with --device {}: the CPU runs fp32, CUDA fp32 or bf16", target_options.precision,
+                    device);
+  DFLASH_USER_CHECK(!(target_options.cuda && a.has("tree-budget")), "--tree-budget needs --device cpu: tree "
+                    "verification's attention is a CPU kernel (docs/eval.md)");
+  if (target_options.cuda) kernels::bind_cuda_device(tp.size() > 1 ? comm::node_local_rank(MPI_COMM_WORLD) : 0);
+  model::TargetModel target(target_dir, tp, target_options);
   model::GreedyHead head(target_dir, tp);
   const model::QwenConfig& c = target.config();
   DFLASH_USER_CHECK(dc.vocab == c.vocab && dc.hidden == c.hidden,
@@ -243,7 +262,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
 int main(int argc, char** argv) {
   try {
     Args a(argc, argv, {"target", "drafter", "prompts", "max-new-tokens", "limit", "eos", "vocab-limit", "out",
-                        "check-greedy", "teacher-forced", "tree-budget", "tree-topk"},
+                        "check-greedy", "teacher-forced", "tree-budget", "tree-topk", "device", "precision"},
            {"check-greedy", "teacher-forced"}, kUsage);
     DFLASH_USER_CHECK(a.has("target") && a.has("drafter") && a.has("prompts"),
                       "--target DIR, --drafter DIR and --prompts P.h5 are required\n{}", kUsage);

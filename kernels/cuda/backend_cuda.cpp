@@ -300,8 +300,9 @@ class CudaBackend final : public Backend<T> {
 
 void require_device() {
   DFLASH_USER_CHECK(cuda_available(),
-                    "run.device: cuda, but no CUDA device is visible (cudaGetDeviceCount found none); check "
-                    "nvidia-smi and CUDA_VISIBLE_DEVICES, or set run.device: cpu");
+                    "the CUDA device was asked for (run.device: cuda, --device cuda), but no CUDA device is visible "
+                    "(cudaGetDeviceCount found none); check "
+                    "nvidia-smi and CUDA_VISIBLE_DEVICES, or run on the CPU (run.device: cpu, --device cpu)");
 }
 
 }  // namespace

@@ -61,8 +61,9 @@ bool cuda_available() { return cuda::cuda_device_count() > 0; }
 
 int bind_cuda_device(int node_local_rank) {
   const int n = cuda::cuda_device_count();
-  DFLASH_USER_CHECK(n > 0, "run.device: cuda, but no CUDA device is visible (cudaGetDeviceCount found none); check "
-                           "nvidia-smi and CUDA_VISIBLE_DEVICES, or set run.device: cpu");
+  DFLASH_USER_CHECK(n > 0, "the CUDA device was asked for (run.device: cuda, --device cuda), but no CUDA device is visible "
+                    "(cudaGetDeviceCount found none); check "
+                           "nvidia-smi and CUDA_VISIBLE_DEVICES, or run on the CPU (run.device: cpu, --device cpu)");
   const int device = node_local_rank % n;
   DFLASH_CUDA_CHECK(cudaSetDevice(device));
   return device;

@@ -139,9 +139,9 @@ case "$case" in
     if "$build/tests/cuda/dflash_cuda_tests" --list-test-cases >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
       echo "skipped: a CUDA device is present (gpu_check.sh runs the tiny job on it)"; exit 77
     fi
-    expect_error "run.device: cuda, but" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
+    expect_error "(run.device: cuda, --device cuda), but no CUDA device" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
       --set run.device=cuda
-    grep -q "set run.device: cpu" "$out/log" || fail "the error does not name the fix"
+    grep -qF "run on the CPU (run.device: cpu" "$out/log" || fail "the error does not name the fix"
     ;;
   world_mismatch)
     expect_error "the world has 7 ranks" "$mpirun_sh" -np 7 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}"
