@@ -14,6 +14,8 @@
 #      run.device=cuda both the drafter step and the target TP forward run on the GPU (the target in the run's
 #      precision: fp32, then bf16 weights and activations), so the loss comparison covers the target's fp32 GPU
 #      path and the bf16 run the bf16 target; GPU drafters take their packets staged over MPI into device memory
+#   5b. dflash_eval with the target on the GPU (fp32) on the drafter that job trained: lossless, and the same tau as
+#      with the target on the CPU
 #   6. the NCCL data plane: bootstrap + one-rank collectives, device and host (staged) buffers (nccl_np1); the
 #      packet stream to GPU drafters over MPI (stream_staged: page-locked staging, copy-stream uploads); with
 #      more GPUs than one also the multi-rank NCCL checks (ring, timeout abort, the packet stream and its stop
@@ -119,7 +121,7 @@ echo "== tiny_job"
   for run in cpu:fp32 cuda:fp32 cuda:bf16; do
     DFLASH_BIN="$build/apps/dflash_mpi" timeout 120 bash mpi_launch/run_local.sh -np 8 mpi_launch/configs/tiny.yaml \
       --set run.device=${run%:*} --set run.precision=${run#*:} --set run.steps=50 --set log.every=1 \
-      --set ckpt.every=0 --set run.out_dir=runs/tiny_gpu_check_${run%:*}_${run#*:}
+      --set ckpt.every=50 --set run.out_dir=runs/tiny_gpu_check_${run%:*}_${run#*:}
   done
   # bf16 learns: the mean loss of steps 41-50 is below that of steps 1-10
   grep -o '"loss":[^,]*' runs/tiny_gpu_check_cuda_bf16/metrics.jsonl | cut -d: -f2 |
@@ -143,6 +145,14 @@ else
   failed=1
   tail -n 30 "$logs/tiny_job.log"
 fi
+
+# 5b. dflash_eval with the target on the GPU (fp32): the drafter the GPU job trained, chain decoding lossless
+#     (--check-greedy) and the same tau as with the target on the CPU
+step eval_cuda 120 bash -c "cd '$root' && for d in cpu cuda; do '$build/apps/dflash_eval' --target runs/tiny_data/target \
+    --drafter runs/tiny_gpu_check_cuda --prompts runs/tiny_data/prompts.h5 --limit 8 --max-new-tokens 32 \
+    --check-greedy --device \$d --precision fp32 --out runs/tiny_gpu_check_eval_\$d.json || exit 1; done && \
+  python3 -c 'import json; a, b = (json.load(open(f\"runs/tiny_gpu_check_eval_{d}.json\")) for d in (\"cpu\", \"cuda\")); \
+print(\"eval_cuda: tau cpu\", a[\"tau\"], \"cuda\", b[\"tau\"]); assert abs(a[\"tau\"] - b[\"tau\"]) < 1e-9'"
 
 # 6. NCCL: one rank always (a skip is a failure: it means NCCL or the GPU is missing); multi-rank ones need GPUs
 mpirun_sh="$root/tests/integration/mpirun.sh"
