@@ -31,6 +31,10 @@ jobs="${DFLASH_JOBS:-16}"
 arch="${DFLASH_CUDA_ARCH:-90}"
 logs="$build/gpu_check"
 mkdir -p "$logs"
+# the device tool brings back what a command leaves under $OUT: the logs go there too, also when a step times out
+if [[ -n "${OUT:-}" ]]; then
+  trap 'mkdir -p "$OUT/gpu_check" && cp "$logs"/*.log "$OUT/gpu_check/" 2>/dev/null' EXIT
+fi
 summary=()
 failed=0
 t_all=$(date +%s)
