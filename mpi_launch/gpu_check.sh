@@ -31,10 +31,9 @@ jobs="${DFLASH_JOBS:-16}"
 arch="${DFLASH_CUDA_ARCH:-90}"
 logs="$build/gpu_check"
 mkdir -p "$logs"
-# the device tool brings back what a command leaves under $OUT: the logs go there too, also when a step times out
-if [[ -n "${OUT:-}" ]]; then
-  trap 'mkdir -p "$OUT/gpu_check" && cp "$logs"/*.log "$OUT/gpu_check/" 2>/dev/null' EXIT
-fi
+# the device tool brings back what a command leaves under $OUT: each step's log is copied there as it ends, so a
+# run cut short by the tool's time limit still returns the finished steps' logs
+keep_log() { [[ -z "${OUT:-}" ]] || { mkdir -p "$OUT/gpu_check" && cp "$logs/$1.log" "$OUT/gpu_check/" 2>/dev/null; }; }
 summary=()
 failed=0
 t_all=$(date +%s)
@@ -49,6 +48,8 @@ step() {
   timeout "$limit" "$@" >"$logs/$name.log" 2>&1
   rc=$?
   local dt=$(( $(date +%s) - t0 ))
+  echo "   rc $rc, ${dt}s"
+  keep_log "$name"
   if [[ $rc -eq 0 ]] && grep -q "^skipped:" "$logs/$name.log"; then
     summary+=("$(printf '%-14s SKIP  %4ds  (%s) = a failure of this GPU check' "$name" "$dt" "$(grep -m1 '^skipped:' "$logs/$name.log")")")
     failed=1
@@ -142,6 +143,8 @@ echo "== tiny_job"
 ) >"$logs/tiny_job.log" 2>&1
 rc=$?
 dt=$(( $(date +%s) - t0 ))
+echo "   rc $rc, ${dt}s"
+keep_log tiny_job
 if [[ $rc -eq 0 ]]; then
   summary+=("$(printf '%-14s PASS  %4ds  (%s; %s)' tiny_job "$dt" "$(grep -o 'max relative loss difference.*' "$logs/tiny_job.log")" "$(grep -o 'bf16 mean loss.*' "$logs/tiny_job.log")")")
 else
