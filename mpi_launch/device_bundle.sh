@@ -9,8 +9,8 @@
 #       dependencies and of every shared library they need, except the C/C++ runtime, the toolchain and the -dev
 #       packages of things we do not compile against (about 35 MB). DIR is git-ignored here (.git/info/exclude).
 #   source mpi_launch/device_bundle.sh env [DIR] [PREFIX]
-#       On the GPU machine: unpacks every .deb of DIR into PREFIX (default /tmp/dflash-deps) with dpkg -x (nothing
-#       outside PREFIX is touched, no maintainer script runs), adds the links Debian's alternatives would have made
+#       On the GPU machine: unpacks every .deb of DIR into PREFIX (default /tmp/dflash-deps) with dpkg -x, or python3
+#       where there is no dpkg (nothing outside PREFIX is touched, no maintainer script runs), adds the links Debian's alternatives would have made
 #       (mpicc, mpirun, ...), and exports what CMake, the compilers, the programs and mpirun need to use PREFIX:
 #       PATH, LD_LIBRARY_PATH, CMAKE_PREFIX_PATH, OPAL_PREFIX (Open MPI relocated), PMIx's plugin path, and
 #       DFLASH_CMAKE_DEPS_ARGS (the -D options that point FindMPI / FindHDF5 / the BLAS lookup into PREFIX).
@@ -67,10 +67,28 @@ bundle_fetch() {
 bundle_env() {
   local dir="${1:-.devbundle}" prefix="${2:-/tmp/dflash-deps}"
   compgen -G "$dir/*.deb" >/dev/null || { echo "device_bundle env: no .deb in $dir (run fetch first)" >&2; return 1; }
-  command -v dpkg-deb >/dev/null || { echo "device_bundle env: needs dpkg-deb to unpack" >&2; return 1; }
   mkdir -p "$prefix" || return 1
   local f
-  for f in "$dir"/*.deb; do dpkg-deb -x "$f" "$prefix" || return 1; done
+  if command -v dpkg-deb >/dev/null && [[ -z "${DFLASH_BUNDLE_NO_DPKG:-}" ]]; then
+    for f in "$dir"/*.deb; do dpkg-deb -x "$f" "$prefix" || return 1; done
+  else  # not a Debian-like machine: a .deb is an ar archive holding data.tar.*; python3's tarfile reads xz and gz
+    python3 - "$prefix" "$dir"/*.deb <<'PY' || return 1
+import io, sys, tarfile
+prefix = sys.argv[1]
+for deb in sys.argv[2:]:
+    blob = open(deb, "rb").read()
+    assert blob[:8] == b"!<arch>\n", f"{deb}: not an ar archive"
+    at = 8
+    while at < len(blob):
+        name, size = blob[at:at + 16].decode().strip().rstrip("/"), int(blob[at + 48:at + 58])
+        if name.startswith("data.tar"):
+            with tarfile.open(fileobj=io.BytesIO(blob[at + 60:at + 60 + size])) as t:
+                # packages hold absolute symlinks (into /usr): keep them as dpkg does
+                kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+                t.extractall(prefix, **kw)
+        at += 60 + size + (size & 1)
+PY
+  fi
   local usr="$prefix/usr" arch=x86_64-linux-gnu
   local lib="$usr/lib/$arch"
   # Debian's alternatives (made by maintainer scripts, which dpkg -x does not run)
@@ -83,9 +101,12 @@ bundle_env() {
   export OPAL_PREFIX="$usr"                                   # Open MPI finds its components and help files here
   export PMIX_MCA_mca_base_component_path="$lib/pmix2/lib/pmix"  # PMIx's plugins
   export OMPI_MCA_plm_rsh_agent=                               # no ssh client needed for a single node
+  # each package's CMake config named outright: a compiler that is not Debian's does not search lib/<arch>/cmake
   export DFLASH_CMAKE_DEPS_ARGS="-DMPI_C_COMPILER=$usr/bin/mpicc -DMPI_CXX_COMPILER=$usr/bin/mpicxx \
 -DHDF5_C_INCLUDE_DIR=$usr/include/hdf5/serial -DHDF5_C_LIBRARY_hdf5=$lib/hdf5/serial/libhdf5.so \
--DDFLASH_BLAS_DIR=$lib/openblas-openmp -DDFLASH_CBLAS_INCLUDE_DIR=$usr/include/$arch/openblas-openmp"
+-DDFLASH_BLAS_DIR=$lib/openblas-openmp -DDFLASH_CBLAS_INCLUDE_DIR=$usr/include/$arch/openblas-openmp \
+-Dfmt_DIR=$lib/cmake/fmt -Dyaml-cpp_DIR=$lib/cmake/yaml-cpp -Ddoctest_DIR=$usr/lib/cmake/doctest \
+-Dnlohmann_json_DIR=$usr/share/cmake/nlohmann_json -DCLI11_DIR=$usr/share/cmake/CLI11"
   echo "device_bundle: unpacked $(ls "$dir"/*.deb | wc -l) packages into $prefix"
 }
 
