@@ -87,7 +87,7 @@ if ! compgen -G "/usr/local/cuda/lib*/libnccl.so*" >/dev/null && [[ -z "${DFLASH
 fi
 if ! step build 420 bash -c "cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES='$arch' $deps_args && cmake --build '$build' -j'$jobs' --target dflash_tests \
-      dflash_cuda_tests dflash_mpi dflash_bench dflash_data nccl_check stream_check"; then
+      dflash_cuda_tests dflash_mpi dflash_bench dflash_data dflash_eval nccl_check stream_check"; then
   printf '%s\n' "gpu_check summary (build failed: nothing else ran)" "${summary[@]}"
   exit 1
 fi
