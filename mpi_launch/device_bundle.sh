@@ -55,11 +55,15 @@ bundle_fetch() {
       awk '/^ *\|?(Pre)?Depends:/ { if (!alt && $NF !~ /^</) print $NF; alt = ($1 ~ /^\|/) }')
   done
   (cd "$dir" && apt-get download "${list[@]}") >/dev/null || { echo "device_bundle fetch: apt-get download failed" >&2; return 1; }
-  local repo
-  repo="$(git -C "$(dirname "$dir")" rev-parse --show-toplevel 2>/dev/null)"
-  if [[ -n "$repo" && -d "$repo/.git" ]]; then
-    local rel="${dir#"$repo"/}"
-    grep -qxF "/$rel/" "$repo/.git/info/exclude" 2>/dev/null || echo "/$rel/" >>"$repo/.git/info/exclude"
+  # kept out of git: DIR relative to its repository in that repository's info/exclude (a worktree's too)
+  local repo exclude
+  dir="$(cd "$dir" && pwd)"
+  repo="$(git -C "$dir" rev-parse --show-toplevel 2>/dev/null)"
+  if [[ -n "$repo" && "$dir" == "$repo"/* ]]; then
+    exclude="$(git -C "$repo" rev-parse --git-path info/exclude)"
+    [[ "$exclude" == /* ]] || exclude="$repo/$exclude"
+    mkdir -p "$(dirname "$exclude")"
+    grep -qxF "/${dir#"$repo"/}/" "$exclude" 2>/dev/null || echo "/${dir#"$repo"/}/" >>"$exclude"
   fi
   echo "device_bundle: ${#list[@]} packages, $(du -sh "$dir" | cut -f1) in $dir"
 }
