@@ -77,8 +77,8 @@ std::vector<ConfigKey> build_schema() {
       key("run.seed", T::kInt, FIELD(run.seed), kNonNeg, "seed of every random stream (init, data shuffle, anchors)"),
       choice("run.device", FIELD(run.device), {"cpu", "cuda"}, "cpu: BLAS + OpenMP; cuda: cuBLASLt + CUDA kernels"),
       choice("run.precision", FIELD(run.precision), {"auto", "fp32", "bf16"},
-             "drafter activations and compute weights (fp32 master weights and AdamW state either way); auto: fp32 "
-             "on cpu, bf16 on cuda"),
+             "drafter activations and compute weights, and on cuda the target's weights and activations (fp32 "
+             "master weights and AdamW state either way); auto: fp32 on cpu, bf16 on cuda"),
       key("run.steps", T::kInt, FIELD(run.steps), kNonNeg, "optimizer steps; 0 = as many as data.epochs allows"),
       unhashed(key("run.watchdog_seconds", T::kFloat, FIELD(run.watchdog_seconds), kNonNeg,
                    "a rank blocked this long in one wait (message, collective) logs what it waits on and aborts the "
