@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -34,19 +35,37 @@ namespace {
 
 model::RandomTargetSpec tiny_target(bool hybrid) { return test::small_random_target(hybrid, 4, 4); }
 
+// A tiny random target written to the scratch folder `name`, opened twice: on the CPU (fp32) and on CUDA in
+// `precision`. Not movable: the models keep references to their transports.
+struct TargetPair {
+  model::RandomTargetSpec spec;
+  std::string dir;
+  comm::SelfTransport self_cpu, self_gpu;
+  model::TargetModel cpu, gpu;
+
+  TargetPair(bool hybrid, const std::string& name, const std::string& precision)
+      : spec(tiny_target(hybrid)), dir(written(spec, name)), cpu(dir, self_cpu), gpu(dir, self_gpu, on_cuda(precision)) {}
+  static std::string written(const model::RandomTargetSpec& spec, const std::string& name) {
+    const std::string dir = test::scratch_dir(name).string();
+    model::write_random_target(dir, spec);
+    return dir;
+  }
+  static model::TargetOptions on_cuda(const std::string& precision) {
+    model::TargetOptions options;
+    options.cuda = true;
+    options.precision = precision;
+    return options;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the CPU target (dense and hybrid)") {
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
-    const model::RandomTargetSpec spec = tiny_target(hybrid);
-    const auto dir = test::scratch_dir(hybrid ? "cuda_target_hybrid" : "cuda_target_dense");
-    model::write_random_target(dir.string(), spec);
-    comm::SelfTransport self_cpu, self_gpu;
-    model::TargetModel cpu(dir.string(), self_cpu);
-    model::TargetOptions options;
-    options.cuda = true;  // fp32 on CUDA
-    model::TargetModel gpu(dir.string(), self_gpu, options);
+    TargetPair pair(hybrid, hybrid ? "cuda_target_hybrid" : "cuda_target_dense", "fp32");
+    const model::RandomTargetSpec& spec = pair.spec;
+    model::TargetModel &cpu = pair.cpu, &gpu = pair.gpu;
     REQUIRE(std::string(gpu.backend_name()) == "cuda");
     REQUIRE(std::string(gpu.precision()) == "fp32");
     REQUIRE(gpu.memory() == MemoryKind::device);
@@ -155,15 +174,9 @@ TEST_CASE("cuda twin target_model: the bf16 target on CUDA matches the CPU fp32 
   constexpr double kBf16Bound = 1.0 / 16;
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
-    const model::RandomTargetSpec spec = tiny_target(hybrid);
-    const auto dir = test::scratch_dir(hybrid ? "cuda_bf16_target_hybrid" : "cuda_bf16_target_dense");
-    model::write_random_target(dir.string(), spec);
-    comm::SelfTransport self_cpu, self_gpu;
-    model::TargetModel cpu(dir.string(), self_cpu);
-    model::TargetOptions options;
-    options.cuda = true;
-    options.precision = "bf16";
-    model::TargetModel gpu(dir.string(), self_gpu, options);
+    TargetPair pair(hybrid, hybrid ? "cuda_bf16_target_hybrid" : "cuda_bf16_target_dense", "bf16");
+    const model::RandomTargetSpec& spec = pair.spec;
+    model::TargetModel &cpu = pair.cpu, &gpu = pair.gpu;
     REQUIRE(std::string(gpu.precision()) == "bf16");
     CHECK(2 * gpu.weight_bytes() == cpu.weight_bytes());
 
