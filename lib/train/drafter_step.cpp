@@ -362,26 +362,8 @@ StepResult EngineT<T>::run(int64_t step, const std::function<const FeaturePacket
     dp_.allreduce_sum(grads_.flat.data(), P);
     g_dev_.upload(be, exec_);
   }
-  const int B = plan_.drafter.block_size;
-  std::vector<double> stats = {r.sums.loss, r.sums.ce, r.sums.kl, r.sums.cap, r.sums.weight, double(r.tokens),
-                               double(r.positions), double(r.metrics.topk_hits), double(r.metrics.accepted_sum),
-                               double(r.metrics.blocks)};
-  for (int k = 0; k < B; ++k) stats.push_back(double(r.metrics.correct[k]));
-  for (int k = 0; k < B; ++k) stats.push_back(double(r.metrics.scored[k]));
-  stats.push_back(stop_signal ? 1.0 : 0.0);
-  dp_.allreduce_sum(stats.data(), stats.size());
-  r.stop_requested = stats.back() > 0;
+  r.stop_requested = allreduce_step_sums(dp_, r, plan_.drafter.block_size, {stop_signal ? 1.0 : 0.0})[0] > 0;
   r.reduce_seconds = t.seconds();
-  r.sums = {stats[0], stats[1], stats[2], stats[3], stats[4]};
-  r.tokens = int64_t(stats[5]);
-  r.positions = int64_t(stats[6]);
-  r.metrics.topk_hits = int64_t(stats[7]);
-  r.metrics.accepted_sum = int64_t(stats[8]);
-  r.metrics.blocks = int64_t(stats[9]);
-  for (int k = 0; k < B; ++k) {
-    r.metrics.correct[k] = int64_t(stats[10 + k]);
-    r.metrics.scored[k] = int64_t(stats[10 + B + k]);
-  }
 
   r.lr = model::lr_at(step, plan_.total_steps, cfg_.optim.lr, cfg_.optim.warmup_ratio, cfg_.optim.min_lr_ratio);
   auto capture_grads = [&] {
@@ -432,6 +414,27 @@ std::unique_ptr<DrafterStep::Engine> make_engine(const TrainConfig& cfg, const R
 }
 
 }  // namespace
+
+std::vector<double> allreduce_step_sums(comm::Transport& dp, StepResult& r, int B, std::vector<double> extra) {
+  std::vector<double> stats = {r.sums.loss, r.sums.ce, r.sums.kl, r.sums.cap, r.sums.weight, double(r.tokens),
+                               double(r.positions), double(r.metrics.topk_hits), double(r.metrics.accepted_sum),
+                               double(r.metrics.blocks)};
+  for (int k = 0; k < B; ++k) stats.push_back(double(r.metrics.correct[k]));
+  for (int k = 0; k < B; ++k) stats.push_back(double(r.metrics.scored[k]));
+  stats.insert(stats.end(), extra.begin(), extra.end());
+  dp.allreduce_sum(stats.data(), stats.size());
+  r.sums = {stats[0], stats[1], stats[2], stats[3], stats[4]};
+  r.tokens = int64_t(stats[5]);
+  r.positions = int64_t(stats[6]);
+  r.metrics.topk_hits = int64_t(stats[7]);
+  r.metrics.accepted_sum = int64_t(stats[8]);
+  r.metrics.blocks = int64_t(stats[9]);
+  for (int k = 0; k < B; ++k) {
+    r.metrics.correct[k] = int64_t(stats[10 + k]);
+    r.metrics.scored[k] = int64_t(stats[10 + B + k]);
+  }
+  return std::vector<double>(stats.end() - std::ptrdiff_t(extra.size()), stats.end());
+}
 
 DrafterStep::DrafterStep(const TrainConfig& cfg, const RunPlan& plan, const float* embed, const float* lm_head,
                          int dp_rank, comm::Transport& dp)

@@ -34,6 +34,12 @@ struct StepResult {
   double reduce_seconds = 0;   // this rank: gradient all-reduce
 };
 
+// Sums r's loss sums and counts (tokens, positions, top-k hits, accepted, blocks, correct[B], scored[B]) over the
+// drafter DP group `dp`, in place, in one all-reduce of doubles; the `extra` values ride along, summed, and are
+// returned. The one reduction of a training step and of a held-out eval, so that the two agree field by field.
+std::vector<double> allreduce_step_sums(comm::Transport& dp, StepResult& r, int block_size,
+                                        std::vector<double> extra = {});
+
 // One micro-batch's inputs as the drafter saw them (for --dump-step).
 struct MicroBatchInputs {
   int64_t seq_index = -1;

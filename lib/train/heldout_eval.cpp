@@ -77,24 +77,8 @@ HeldoutResult run_heldout_eval(DrafterStep& drafter, comm::Transport& dp, const 
     s.positions += r.positions;
     s.compute_seconds += r.compute_seconds;
   }
-  // the same sums in the same order as a training step's reduction (drafter_step.cpp)
-  std::vector<double> stats = {s.sums.loss, s.sums.ce, s.sums.kl, s.sums.cap, s.sums.weight, double(s.tokens),
-                               double(s.positions), double(s.metrics.topk_hits), double(s.metrics.accepted_sum),
-                               double(s.metrics.blocks), double(sequences)};
-  for (int k = 0; k < B; ++k) stats.push_back(double(s.metrics.correct[k]));
-  for (int k = 0; k < B; ++k) stats.push_back(double(s.metrics.scored[k]));
-  dp.allreduce_sum(stats.data(), stats.size());
-  s.sums = {stats[0], stats[1], stats[2], stats[3], stats[4]};
-  s.tokens = int64_t(stats[5]);
-  s.positions = int64_t(stats[6]);
-  s.metrics.topk_hits = int64_t(stats[7]);
-  s.metrics.accepted_sum = int64_t(stats[8]);
-  s.metrics.blocks = int64_t(stats[9]);
-  out.sequences = int64_t(stats[10]);
-  for (int k = 0; k < B; ++k) {
-    s.metrics.correct[k] = int64_t(stats[11 + k]);
-    s.metrics.scored[k] = int64_t(stats[11 + B + k]);
-  }
+  // the training step's reduction (drafter_step.h), the sequence count alongside
+  out.sequences = int64_t(allreduce_step_sums(dp, s, B, {double(sequences)})[0]);
   out.seconds = timer.seconds();
   return out;
 }
