@@ -58,19 +58,8 @@ TEST_CASE("target cache: forward_cached in pieces equals forward over the whole 
 TEST_CASE("target cache: growth, copy_cache, truncate and the recurrent rollback equal a straight run") {
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
-    model::RandomTargetSpec spec;
-    spec.hidden = 32;
-    spec.layers = 4;
-    spec.heads = 4;
-    spec.kv_heads = 2;
-    spec.head_dim = 8;
-    spec.intermediate = 48;
-    spec.vocab = 64;
-    spec.seed = 6;
-    spec.hybrid = hybrid;
+    model::RandomTargetSpec spec = test::small_random_target(hybrid, 4, 6);
     spec.full_attention_interval = 2;  // layers 1 and 3 attention, 0 and 2 Gated DeltaNet
-    spec.linear_k_dim = 8;
-    spec.linear_v_dim = 6;
     const auto dir = test::scratch_dir(hybrid ? "cache_ops_hybrid" : "cache_ops_dense");
     model::write_random_target(dir.string(), spec);
     comm::SelfTransport self;
