@@ -3,7 +3,26 @@
 # Architectures: sm_90 (H100/H200), sm_100 (B200), sm_120 (RTX PRO 6000 Blackwell) by default; override with
 # -DCMAKE_CUDA_ARCHITECTURES=90 (or the CUDAARCHS environment variable), e.g. to build faster for one GPU.
 set(DFLASH_WITH_CUDA OFF)
-if(NOT DFLASH_CUDA STREQUAL "OFF")
+set(DFLASH_CUDA_EMULATED OFF)
+if(DFLASH_CUDA STREQUAL "EMULATE")
+  # The emulated GPU (kernels/cuda/emu/README.md): the toolkit's headers only; nvcc, libcudart, libcublasLt and
+  # libnccl are not used. The .cu files compile as C++ with kernels/cuda/emu/device.h force-included.
+  find_path(DFLASH_CUDA_INCLUDE_DIR cuda_runtime.h HINTS ${CUDAToolkit_ROOT} $ENV{CUDA_HOME} /usr/local/cuda
+            PATH_SUFFIXES include)
+  find_path(DFLASH_NCCL_INCLUDE_DIR nccl.h HINTS ${DFLASH_NCCL_ROOT} $ENV{DFLASH_NCCL_ROOT} /usr/local/cuda
+            PATH_SUFFIXES include)
+  find_path(DFLASH_CUBLASLT_INCLUDE_DIR cublasLt.h HINTS ${DFLASH_CUDA_INCLUDE_DIR} /usr/local/cuda PATH_SUFFIXES include)
+  find_package(Boost 1.74 CONFIG COMPONENTS context)
+  if(NOT DFLASH_CUDA_INCLUDE_DIR OR NOT DFLASH_NCCL_INCLUDE_DIR OR NOT DFLASH_CUBLASLT_INCLUDE_DIR OR NOT Boost_FOUND)
+    message(FATAL_ERROR "DFLASH_CUDA=EMULATE needs the CUDA toolkit's headers (cuda_runtime.h: "
+                        "'${DFLASH_CUDA_INCLUDE_DIR}', cublasLt.h: '${DFLASH_CUBLASLT_INCLUDE_DIR}', nccl.h: "
+                        "'${DFLASH_NCCL_INCLUDE_DIR}') and Boost.Context (found: ${Boost_FOUND}; Debian: "
+                        "libboost-context-dev, installed by mpi_launch/install_deps.sh)")
+  endif()
+  set(DFLASH_WITH_CUDA ON)
+  set(DFLASH_CUDA_EMULATED ON)
+  message(STATUS "dflash: CUDA backend EMULATED on the CPU (headers ${DFLASH_CUDA_INCLUDE_DIR}, no GPU used)")
+elseif(NOT DFLASH_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)

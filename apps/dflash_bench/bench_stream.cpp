@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/comm/mpi_init.h"
 #include "apps/dflash_bench/bench.h"
 #include "kernels/backend.h"
 #include "lib/comm/data_plane.h"
@@ -43,7 +44,7 @@ struct StreamResult {
 }  // namespace
 
 int run_stream(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  dflash::comm::init_mpi(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

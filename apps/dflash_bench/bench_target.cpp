@@ -8,6 +8,7 @@
 // linear of one forward at its shape, on the same backend and precision: cuBLASLt on CUDA, BLAS on the CPU), and
 // that bound over the forward's time (1.0 = the forward costs only its GEMMs). On CUDA the per-part columns are
 // "async" (the host times kernel launches, not the GPU's work).
+#include "lib/comm/mpi_init.h"
 #include "lib/comm/mpi_transport.h"
 
 #include <unistd.h>
@@ -332,7 +333,7 @@ int bench(int argc, char** argv) {
 int run_target(int argc, char** argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) MPI_Init(nullptr, nullptr);
+  if (!initialized) dflash::comm::init_mpi(nullptr, nullptr);
   int rc = 1;
   try {
     rc = bench(argc, argv);

@@ -7,6 +7,7 @@
 // Single process: TP = 1 (no MPI at all). Under mpirun (or srun): every rank of MPI_COMM_WORLD is one rank of a
 // single TP group (`mpirun -np 5 dflash_data regenerate ...`), all ranks read IN.h5, rank 0 writes OUT.h5.
 // OUT.h5 is written as OUT.h5.partial and renamed at the end: a failed run leaves no dataset behind.
+#include "lib/comm/mpi_init.h"
 #include "lib/comm/mpi_transport.h"
 
 #include <chrono>
@@ -133,7 +134,7 @@ int run_regenerate(int argc, char** argv) {
     comm::SelfTransport self;
     return regenerate(a, self);  // errors go to main, which prints them
   }
-  MPI_Init(nullptr, nullptr);
+  dflash::comm::init_mpi(nullptr, nullptr);
   int rc = 1;
   try {
     comm::MpiTransport world(MPI_COMM_WORLD);

@@ -5,6 +5,7 @@
 // (lib/model/spec_decode.h, docs/eval.md). Single process = TP 1; `mpirun -np K dflash_eval ...` runs the target
 // as one TP group of K ranks with the drafter on rank 0 (the drafter's block costs far less than the target's
 // verify forward, and the ranks must wait for the drafts anyway). Rank 0 prints and writes the JSON.
+#include "lib/comm/mpi_init.h"
 #include "lib/comm/mpi_transport.h"
 
 #include <chrono>
@@ -270,7 +271,7 @@ int main(int argc, char** argv) {
       comm::SelfTransport self;
       return evaluate(a, self);
     }
-    MPI_Init(nullptr, nullptr);
+    dflash::comm::init_mpi(nullptr, nullptr);
     int rc = 1;
     try {
       comm::MpiTransport world(MPI_COMM_WORLD);

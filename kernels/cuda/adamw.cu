@@ -46,21 +46,17 @@ __global__ void sum_squares_final_kernel(const double* partials, double* result)
 void launch_adamw(cudaStream_t st, float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
                   size_t n, const AdamWCoeffs& k) {
   if (!n) return;
-  adamw_kernel<<<grid_for(n), kThreads, 0, st>>>(params, grads, m, v, decay_mask, n, k);
-  DFLASH_CUDA_LAUNCHED("adamw_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, adamw_kernel)(params, grads, m, v, decay_mask, n, k);
 }
 
 void launch_scale_f32(cudaStream_t st, float* x, float s, size_t n) {
   if (!n) return;
-  scale_f32_kernel<<<grid_for(n), kThreads, 0, st>>>(x, s, n);
-  DFLASH_CUDA_LAUNCHED("scale_f32_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, scale_f32_kernel)(x, s, n);
 }
 
 void launch_sum_squares(cudaStream_t st, const float* x, size_t n, double* partials, double* result) {
-  sum_squares_partial_kernel<<<kSumSquaresBlocks, kThreads, 0, st>>>(x, n, partials);
-  DFLASH_CUDA_LAUNCHED("sum_squares_partial_kernel");
-  sum_squares_final_kernel<<<1, kThreads, 0, st>>>(partials, result);
-  DFLASH_CUDA_LAUNCHED("sum_squares_final_kernel");
+  DFLASH_LAUNCH(kSumSquaresBlocks, kThreads, 0, st, sum_squares_partial_kernel)(x, n, partials);
+  DFLASH_LAUNCH(1, kThreads, 0, st, sum_squares_final_kernel)(partials, result);
 }
 
 }  // namespace dflash::kernels::cuda

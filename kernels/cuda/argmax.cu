@@ -26,8 +26,7 @@ __global__ void argmax_rows_kernel(int32_t* index, float* value, const T* x, int
 template <typename T>
 void launch_argmax_rows(cudaStream_t st, int32_t* index, float* value, const T* x, int rows, int cols) {
   if (rows <= 0) return;
-  argmax_rows_kernel<T><<<rows, kThreads, 0, st>>>(index, value, x, cols);
-  DFLASH_CUDA_LAUNCHED("argmax_rows_kernel");
+  DFLASH_LAUNCH(rows, kThreads, 0, st, argmax_rows_kernel<T>)(index, value, x, cols);
 }
 
 template void launch_argmax_rows<float>(cudaStream_t, int32_t*, float*, const float*, int, int);

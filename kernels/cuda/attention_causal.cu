@@ -27,7 +27,7 @@ size_t causal_smem_bytes(int D) {
 template <typename T>
 __global__ void __launch_bounds__(kAttnWarps * kWarp)
     attention_causal_kernel(T* out, const T* q, const T* k, const T* v, int n, int past, int NH, int KVH, int D) {
-  extern __shared__ float smem[];
+  DFLASH_DYNAMIC_SHARED(float, smem);
   const int ldk = D + 1;
   float* k_s = smem;                  // [kKeyTile, D + 1]
   float* v_s = k_s + kKeyTile * ldk;  // [kKeyTile, D]
@@ -106,12 +106,11 @@ void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const 
                                      int q_heads, int kv_heads, int head_dim) {
   if (n <= 0 || q_heads <= 0) return;
   const size_t smem = causal_smem_bytes(head_dim);  // 82 KiB at head_dim 256: above the 48 KiB default
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(attention_causal_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(smem)));
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&attention_causal_kernel<T>),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((n + kCausalRows - 1) / kCausalRows), unsigned(q_heads));
-  attention_causal_kernel<T><<<grid, kAttnWarps * kWarp, smem, st>>>(out, q, k, v, n, past, q_heads, kv_heads,
-                                                                      head_dim);
-  DFLASH_CUDA_LAUNCHED("attention_causal_kernel");
+  DFLASH_LAUNCH(grid, kAttnWarps * kWarp, smem, st, attention_causal_kernel<T>)(out, q, k, v, n, past, q_heads,
+                                                                                kv_heads, head_dim);
 }
 
 template <typename T>

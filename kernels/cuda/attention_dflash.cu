@@ -48,7 +48,7 @@ struct KeyRows {  // visible key t of one query → its k and v rows
 template <typename T>
 __global__ void dflash_forward_kernel(T* out, float* lse, const T* q, const T* k_ctx, const T* v_ctx, const T* k_blk,
                                       const T* v_blk, const int32_t* anchors, DFlashAttentionShape s) {
-  __shared__ float q_sh[kAttnWarps][kMaxHeadDim];
+  DFLASH_SHARED(float, q_sh, [kAttnWarps][kMaxHeadDim]);
   QueryRef qr;
   if (!query_of_warp(s, qr)) return;  // whole warps exit together; no block barriers below
   const int D = s.head_dim, lane = threadIdx.x % kWarp;
@@ -73,8 +73,8 @@ template <typename T>
 __global__ void dflash_backward_dq_kernel(T* dq, float* delta_out, const T* dout, const T* out, const float* lse,
                                           const T* q, const T* k_ctx, const T* v_ctx, const T* k_blk, const T* v_blk,
                                           const int32_t* anchors, DFlashAttentionShape s) {
-  __shared__ float q_sh[kAttnWarps][kMaxHeadDim];
-  __shared__ float do_sh[kAttnWarps][kMaxHeadDim];
+  DFLASH_SHARED(float, q_sh, [kAttnWarps][kMaxHeadDim]);
+  DFLASH_SHARED(float, do_sh, [kAttnWarps][kMaxHeadDim]);
   QueryRef qr;
   if (!query_of_warp(s, qr)) return;
   const int D = s.head_dim, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -125,8 +125,8 @@ __global__ void dflash_backward_dkv_kernel(T* dk_ctx, T* dv_ctx, T* dk_blk, T* d
                                            const float* lse, const float* delta, const T* q, const T* k_ctx,
                                            const T* v_ctx, const T* k_blk, const T* v_blk, const int32_t* anchors,
                                            DFlashAttentionShape s) {
-  __shared__ float k_sh[kAttnWarps][kMaxHeadDim];
-  __shared__ float v_sh[kAttnWarps][kMaxHeadDim];
+  DFLASH_SHARED(float, k_sh, [kAttnWarps][kMaxHeadDim]);
+  DFLASH_SHARED(float, v_sh, [kAttnWarps][kMaxHeadDim]);
   const long long w = (long long)blockIdx.x * kAttnWarps + threadIdx.x / kWarp;
   const long long n_ctx_warps = (long long)s.ctx_len * s.kv_heads;
   const long long n_warps = n_ctx_warps + (long long)s.n_blocks * s.block * s.kv_heads;
@@ -205,9 +205,8 @@ void launch_dflash_attention_forward(cudaStream_t st, T* out, float* lse, const 
                                      const DFlashAttentionShape& s) {
   const long long queries = (long long)s.n_blocks * s.block * s.heads;
   if (queries <= 0) return;
-  dflash_forward_kernel<T><<<blocks_for_warps(queries), kAttnWarps * kWarp, 0, st>>>(out, lse, q, k_ctx, v_ctx, k_blk,
+  DFLASH_LAUNCH(blocks_for_warps(queries), kAttnWarps * kWarp, 0, st, dflash_forward_kernel<T>)(out, lse, q, k_ctx, v_ctx, k_blk,
                                                                                       v_blk, anchors, s);
-  DFLASH_CUDA_LAUNCHED("dflash_forward_kernel");
 }
 
 template <typename T>
@@ -217,13 +216,11 @@ void launch_dflash_attention_backward(cudaStream_t st, T* dq, T* dk_ctx, T* dv_c
                                       const DFlashAttentionShape& s, float* delta) {
   const long long queries = (long long)s.n_blocks * s.block * s.heads;
   if (queries <= 0) return;
-  dflash_backward_dq_kernel<T><<<blocks_for_warps(queries), kAttnWarps * kWarp, 0, st>>>(
+  DFLASH_LAUNCH(blocks_for_warps(queries), kAttnWarps * kWarp, 0, st, dflash_backward_dq_kernel<T>)(
       dq, delta, dout, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, s);
-  DFLASH_CUDA_LAUNCHED("dflash_backward_dq_kernel");
   const long long key_warps = ((long long)s.ctx_len + (long long)s.n_blocks * s.block) * s.kv_heads;
-  dflash_backward_dkv_kernel<T><<<blocks_for_warps(key_warps), kAttnWarps * kWarp, 0, st>>>(
+  DFLASH_LAUNCH(blocks_for_warps(key_warps), kAttnWarps * kWarp, 0, st, dflash_backward_dkv_kernel<T>)(
       dk_ctx, dv_ctx, dk_blk, dv_blk, dout, lse, delta, q, k_ctx, v_ctx, k_blk, v_blk, anchors, s);
-  DFLASH_CUDA_LAUNCHED("dflash_backward_dkv_kernel");
 }
 
 #define DFLASH_INSTANTIATE(T)                                                                                      \

@@ -1,8 +1,8 @@
 #pragma once
 // Error checks of the CUDA backend. A failed CUDA or cuBLASLt call, or a failed kernel launch, becomes a
 // dflash::Error thrown from host code with the file:line of the call and the library's own error string.
-// Device code never throws: kernels validate nothing (callers do) and report launch failures through
-// cudaGetLastError(), which DFLASH_CUDA_LAUNCHED checks right after each launch.
+// Device code never throws: kernels validate nothing (callers do); a launch's configuration is checked by
+// DFLASH_LAUNCH (kernel_launch.cuh) right after it, through cudaGetLastError().
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -25,13 +25,4 @@ namespace dflash::kernels::cuda {
     const cublasStatus_t dflash_st_ = (expr);                                                       \
     if (dflash_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
       ::dflash::kernels::cuda::cuda_fail(#expr, __FILE__, __LINE__, cublasLtGetStatusString(dflash_st_)); \
-  } while (0)
-
-// After a <<<...>>> launch: a bad configuration (grid, shared memory) or an earlier asynchronous fault.
-#define DFLASH_CUDA_LAUNCHED(kernel_name)                                                      \
-  do {                                                                                         \
-    const cudaError_t dflash_rc_ = cudaGetLastError();                                         \
-    if (dflash_rc_ != cudaSuccess)                                                             \
-      ::dflash::kernels::cuda::cuda_fail("launch of " kernel_name, __FILE__, __LINE__,         \
-                                         cudaGetErrorString(dflash_rc_));                      \
   } while (0)

@@ -93,8 +93,10 @@ __global__ void __launch_bounds__(cm::kDeltaRowGroups * kWarp)
     delta_rule_kernel(T* out, const T* q, const T* k, const T* v, const float* g, const float* beta, float* state,
                       int S, int KH, int VH, int dk, int dv) {
   constexpr int kGroups = cm::kDeltaRowGroups, kThreads = kGroups * kWarp;
-  __shared__ float k_s[kMaxDeltaKeyDim], q_s[kMaxDeltaKeyDim];
-  __shared__ float pred_s[kGroups][kWarp], out_s[kGroups][kWarp];
+  DFLASH_SHARED(float, k_s, [kMaxDeltaKeyDim]);
+  DFLASH_SHARED(float, q_s, [kMaxDeltaKeyDim]);
+  DFLASH_SHARED(float, pred_s, [kGroups][kWarp]);
+  DFLASH_SHARED(float, out_s, [kGroups][kWarp]);
   const int h = blockIdx.x, lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, tid = threadIdx.x;
   const int d = blockIdx.y * kWarp + lane, kh = h / (VH / KH), r0 = w * R;
   const int n = max(0, min(R, dk - r0));
@@ -157,27 +159,23 @@ template <typename T>
 void launch_causal_conv1d_silu(cudaStream_t st, T* y, const T* x, const T* w, T* tail, int S, int C, int K) {
   const size_t n = size_t(S) * C;
   if (n) {
-    conv1d_silu_kernel<T><<<grid_for(n), kThreads, 0, st>>>(y, x, w, tail, S, C, K);
-    DFLASH_CUDA_LAUNCHED("conv1d_silu_kernel");
+    DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, conv1d_silu_kernel<T>)(y, x, w, tail, S, C, K);
   }
   if (tail && C > 0 && K > 1) {  // after the conv, which reads the old tail (same stream: ordered)
-    conv_tail_kernel<T><<<unsigned((C + kThreads - 1) / kThreads), kThreads, 0, st>>>(tail, x, S, C, K);
-    DFLASH_CUDA_LAUNCHED("conv_tail_kernel");
+    DFLASH_LAUNCH(unsigned((C + kThreads - 1) / kThreads), kThreads, 0, st, conv_tail_kernel<T>)(tail, x, S, C, K);
   }
 }
 
 template <typename T>
 void launch_l2norm(cudaStream_t st, T* x, int rows, int dim, float eps, float scale) {
   if (rows <= 0 || dim <= 0) return;
-  l2norm_kernel<T><<<rows, kThreads, 0, st>>>(x, dim, eps, scale);
-  DFLASH_CUDA_LAUNCHED("l2norm_kernel");
+  DFLASH_LAUNCH(rows, kThreads, 0, st, l2norm_kernel<T>)(x, dim, eps, scale);
 }
 
 template <typename T>
 void launch_gated_rmsnorm(cudaStream_t st, T* y, const T* x, const T* z, const T* w, int rows, int dim, float eps) {
   if (rows <= 0 || dim <= 0) return;
-  gated_rmsnorm_kernel<T><<<rows, kThreads, 0, st>>>(y, x, z, w, dim, eps);
-  DFLASH_CUDA_LAUNCHED("gated_rmsnorm_kernel");
+  DFLASH_LAUNCH(rows, kThreads, 0, st, gated_rmsnorm_kernel<T>)(y, x, z, w, dim, eps);
 }
 
 template <typename T>
@@ -185,8 +183,7 @@ void launch_deltanet_gates(cudaStream_t st, float* g, float* beta, const T* a, c
                            const T* dt_bias, int rows, int heads) {
   const size_t n = size_t(rows) * heads;
   if (!n) return;
-  deltanet_gates_kernel<T><<<grid_for(n), kThreads, 0, st>>>(g, beta, a, b, a_log, dt_bias, rows, heads);
-  DFLASH_CUDA_LAUNCHED("deltanet_gates_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, deltanet_gates_kernel<T>)(g, beta, a, b, a_log, dt_bias, rows, heads);
 }
 
 template <typename T>
@@ -197,18 +194,17 @@ void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, co
   const int threads = cm::kDeltaRowGroups * kWarp;
   switch (cm::delta_slice_rows(dk)) {
     case 8:
-      delta_rule_kernel<T, 8><<<grid, threads, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+      DFLASH_LAUNCH(grid, threads, 0, st, delta_rule_kernel<T, 8>)(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
       break;
     case 16:
-      delta_rule_kernel<T, 16><<<grid, threads, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+      DFLASH_LAUNCH(grid, threads, 0, st, delta_rule_kernel<T, 16>)(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
       break;
     case 32:
-      delta_rule_kernel<T, 32><<<grid, threads, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+      DFLASH_LAUNCH(grid, threads, 0, st, delta_rule_kernel<T, 32>)(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
       break;
     default:
-      delta_rule_kernel<T, 64><<<grid, threads, 0, st>>>(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+      DFLASH_LAUNCH(grid, threads, 0, st, delta_rule_kernel<T, 64>)(out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
   }
-  DFLASH_CUDA_LAUNCHED("delta_rule_kernel");
 }
 
 #define DFLASH_INSTANTIATE(T)                                                                                        \

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 
+#include "kernels/cuda/kernel_launch.cuh"
+
 namespace dflash::kernels::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -44,7 +46,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // Shared scratch of kThreads values of S (raw bytes: __shared__ variables cannot have constructors).
 template <typename S>
 __device__ S* merge_buffer() {
-  __shared__ alignas(alignof(S)) unsigned char raw[sizeof(S) * kThreads];
+  DFLASH_SHARED_ALIGNED(alignof(S), unsigned char, raw, [sizeof(S) * kThreads]);
   return reinterpret_cast<S*>(raw);
 }
 

@@ -90,75 +90,63 @@ __global__ void scale_matrix_kernel(T* c, int cols, int ld, float beta) {
 template <typename T>
 void launch_gather_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim) {
   if (n <= 0 || dim <= 0) return;
-  copy_rows_kernel<T, false><<<n, kThreads, 0, st>>>(out, in, rows, dim);
-  DFLASH_CUDA_LAUNCHED("copy_rows_kernel (gather)");
+  DFLASH_LAUNCH(n, kThreads, 0, st, copy_rows_kernel<T, false>)(out, in, rows, dim);
 }
 template <typename T>
 void launch_scatter_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim) {
   if (n <= 0 || dim <= 0) return;
-  copy_rows_kernel<T, true><<<n, kThreads, 0, st>>>(out, in, rows, dim);
-  DFLASH_CUDA_LAUNCHED("copy_rows_kernel (scatter)");
+  DFLASH_LAUNCH(n, kThreads, 0, st, copy_rows_kernel<T, true>)(out, in, rows, dim);
 }
 template <typename T>
 void launch_swiglu_forward(cudaStream_t st, T* h, const T* gate, const T* up, size_t n) {
   if (!n) return;
-  swiglu_forward_kernel<T><<<grid_for(n), kThreads, 0, st>>>(h, gate, up, n);
-  DFLASH_CUDA_LAUNCHED("swiglu_forward_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, swiglu_forward_kernel<T>)(h, gate, up, n);
 }
 template <typename T>
 void launch_swiglu_backward(cudaStream_t st, T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n) {
   if (!n) return;
-  swiglu_backward_kernel<T><<<grid_for(n), kThreads, 0, st>>>(dgate, dup, dh, gate, up, n);
-  DFLASH_CUDA_LAUNCHED("swiglu_backward_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, swiglu_backward_kernel<T>)(dgate, dup, dh, gate, up, n);
 }
 template <typename T>
 void launch_sigmoid_gate(cudaStream_t st, T* x, const T* gate, size_t n) {
   if (!n) return;
-  sigmoid_gate_kernel<T><<<grid_for(n), kThreads, 0, st>>>(x, gate, n);
-  DFLASH_CUDA_LAUNCHED("sigmoid_gate_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, sigmoid_gate_kernel<T>)(x, gate, n);
 }
 template <typename T>
 void launch_residual(cudaStream_t st, T* out, const T* a, const T* b, size_t n) {
   if (!n) return;
-  residual_kernel<T><<<grid_for(n), kThreads, 0, st>>>(out, a, b, n);
-  DFLASH_CUDA_LAUNCHED("residual_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, residual_kernel<T>)(out, a, b, n);
 }
 template <typename T>
 void launch_accumulate(cudaStream_t st, T* y, const T* x, size_t n) {
   if (!n) return;
-  accumulate_kernel<T><<<grid_for(n), kThreads, 0, st>>>(y, x, n);
-  DFLASH_CUDA_LAUNCHED("accumulate_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, accumulate_kernel<T>)(y, x, n);
 }
 template <typename T>
 void launch_scale(cudaStream_t st, T* x, float s, size_t n) {
   if (!n) return;
-  scale_kernel<T><<<grid_for(n), kThreads, 0, st>>>(x, s, n);
-  DFLASH_CUDA_LAUNCHED("scale_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, scale_kernel<T>)(x, s, n);
 }
 template <typename T>
 void launch_convert_from_float(cudaStream_t st, T* dst, const float* src, size_t n) {
   if (!n) return;
-  convert_from_float_kernel<T><<<grid_for(n), kThreads, 0, st>>>(dst, src, n);
-  DFLASH_CUDA_LAUNCHED("convert_from_float_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, convert_from_float_kernel<T>)(dst, src, n);
 }
 template <typename T>
 void launch_convert_to_float(cudaStream_t st, float* dst, const T* src, size_t n) {
   if (!n) return;
-  convert_to_float_kernel<T><<<grid_for(n), kThreads, 0, st>>>(dst, src, n);
-  DFLASH_CUDA_LAUNCHED("convert_to_float_kernel");
+  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, convert_to_float_kernel<T>)(dst, src, n);
 }
 template <typename T>
 void launch_convert_to_float_strided(cudaStream_t st, float* dst, int ld_dst, const T* src, int ld_src, int rows,
                                      int cols) {
   if (rows <= 0 || cols <= 0) return;
-  convert_to_float_strided_kernel<T><<<rows, kThreads, 0, st>>>(dst, ld_dst, src, ld_src, cols);
-  DFLASH_CUDA_LAUNCHED("convert_to_float_strided_kernel");
+  DFLASH_LAUNCH(rows, kThreads, 0, st, convert_to_float_strided_kernel<T>)(dst, ld_dst, src, ld_src, cols);
 }
 template <typename T>
 void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, float beta) {
   if (rows <= 0 || cols <= 0 || beta == 1.0f) return;
-  scale_matrix_kernel<T><<<rows, kThreads, 0, st>>>(c, cols, ld, beta);
-  DFLASH_CUDA_LAUNCHED("scale_matrix_kernel");
+  DFLASH_LAUNCH(rows, kThreads, 0, st, scale_matrix_kernel<T>)(c, cols, ld, beta);
 }
 
 #define DFLASH_INSTANTIATE(T)                                                                             \

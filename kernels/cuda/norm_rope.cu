@@ -103,8 +103,7 @@ __global__ void copy_unrotated_kernel(T* y, const T* x, size_t head_rows, int he
 template <typename T>
 void launch_rmsnorm_forward(cudaStream_t st, T* y, float* rstd, const T* x, const T* w, int rows, int dim, float eps) {
   if (rows <= 0) return;
-  rmsnorm_forward_kernel<T><<<rows, kThreads, 0, st>>>(y, rstd, x, w, dim, eps);
-  DFLASH_CUDA_LAUNCHED("rmsnorm_forward_kernel");
+  DFLASH_LAUNCH(rows, kThreads, 0, st, rmsnorm_forward_kernel<T>)(y, rstd, x, w, dim, eps);
 }
 
 int rmsnorm_dw_chunks(int rows) { return rows < 64 ? (rows > 0 ? rows : 1) : 64; }
@@ -113,15 +112,12 @@ template <typename T>
 void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
                              const float* rstd, int rows, int dim, float* partials) {
   if (rows <= 0 || dim <= 0) return;
-  rmsnorm_dx_kernel<T><<<rows, kThreads, 0, st>>>(dx, dy, x, w, rstd, dim);
-  DFLASH_CUDA_LAUNCHED("rmsnorm_dx_kernel");
+  DFLASH_LAUNCH(rows, kThreads, 0, st, rmsnorm_dx_kernel<T>)(dx, dy, x, w, rstd, dim);
   if (!dw) return;
   const int chunks = rmsnorm_dw_chunks(rows), chunk_rows = (rows + chunks - 1) / chunks;
   const unsigned col_tiles = unsigned((dim + kThreads - 1) / kThreads);
-  rmsnorm_dw_partial_kernel<T><<<dim3(col_tiles, chunks), kThreads, 0, st>>>(partials, dy, x, rstd, rows, dim, chunk_rows);
-  DFLASH_CUDA_LAUNCHED("rmsnorm_dw_partial_kernel");
-  rmsnorm_dw_final_kernel<<<col_tiles, kThreads, 0, st>>>(dw, partials, chunks, dim);
-  DFLASH_CUDA_LAUNCHED("rmsnorm_dw_final_kernel");
+  DFLASH_LAUNCH(dim3(col_tiles, chunks), kThreads, 0, st, rmsnorm_dw_partial_kernel<T>)(partials, dy, x, rstd, rows, dim, chunk_rows);
+  DFLASH_LAUNCH(col_tiles, kThreads, 0, st, rmsnorm_dw_final_kernel)(dw, partials, chunks, dim);
 }
 
 template <typename T>
@@ -129,9 +125,8 @@ void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows
                  double theta, bool backward) {
   const size_t n = size_t(rows) * (head_dim / 2);
   if (!n) return;
-  rope_kernel<T><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, x, pos, rows, heads, head_dim,
+  DFLASH_LAUNCH(unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st, rope_kernel<T>)(y, x, pos, rows, heads, head_dim,
                                                                                head_dim, theta, backward);
-  DFLASH_CUDA_LAUNCHED("rope_kernel");
 }
 
 template <typename T>
@@ -139,15 +134,13 @@ void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, 
                          int rot_dim, double theta) {
   const size_t n = size_t(rows) * (rot_dim / 2);
   if (n) {
-    rope_kernel<T><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st>>>(y, x, pos, rows, heads, head_dim,
+    DFLASH_LAUNCH(unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st, rope_kernel<T>)(y, x, pos, rows, heads, head_dim,
                                                                                  rot_dim, theta, false);
-    DFLASH_CUDA_LAUNCHED("rope_kernel (partial)");
   }
   const size_t head_rows = size_t(rows) * heads;
   if (y == x || rot_dim >= head_dim || head_rows == 0) return;
-  copy_unrotated_kernel<T><<<grid_for(head_rows * (head_dim - rot_dim)), kThreads, 0, st>>>(y, x, head_rows,
+  DFLASH_LAUNCH(grid_for(head_rows * (head_dim - rot_dim)), kThreads, 0, st, copy_unrotated_kernel<T>)(y, x, head_rows,
                                                                                           head_dim, rot_dim);
-  DFLASH_CUDA_LAUNCHED("copy_unrotated_kernel");
 }
 
 #define DFLASH_INSTANTIATE(T)                                                                                  \

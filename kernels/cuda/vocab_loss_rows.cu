@@ -66,7 +66,7 @@ template <typename T>
 __global__ void row_grad_kernel(T* z, const T* u, int V, const int32_t* labels, const float* weights,
                                 const VocabLossRow* rows, double grad_scale, VocabLossCoeffs k) {
   // raw bytes: a __shared__ variable cannot have GradRow's member initialisers; thread 0 writes it whole
-  __shared__ alignas(cuda_math::GradRow) unsigned char g_raw[sizeof(cuda_math::GradRow)];
+  DFLASH_SHARED_ALIGNED(alignof(cuda_math::GradRow), unsigned char, g_raw, [sizeof(cuda_math::GradRow)]);
   cuda_math::GradRow& g_sh = *reinterpret_cast<cuda_math::GradRow*>(g_raw);
   const int row = blockIdx.x, tid = threadIdx.x;
   T* zr = z + size_t(row) * V;
@@ -102,8 +102,7 @@ void launch_vocab_loss_row_stats(cudaStream_t st, const T* z, const T* u, int n,
                                  const float* weights, double tau, int top_k, VocabLossRow* rows,
                                  VocabLossRowValues* values) {
   if (n <= 0) return;
-  row_stats_kernel<T><<<n, kThreads, 0, st>>>(z, u, V, labels, weights, tau, top_k, rows, values);
-  DFLASH_CUDA_LAUNCHED("row_stats_kernel");
+  DFLASH_LAUNCH(n, kThreads, 0, st, row_stats_kernel<T>)(z, u, V, labels, weights, tau, top_k, rows, values);
 }
 
 template <typename T>
@@ -111,8 +110,7 @@ void launch_vocab_loss_row_grad(cudaStream_t st, T* z, const T* u, int n, int V,
                                 const float* weights, const VocabLossRow* rows, double grad_scale,
                                 const VocabLossCoeffs& coeffs) {
   if (n <= 0) return;
-  row_grad_kernel<T><<<n, kThreads, 0, st>>>(z, u, V, labels, weights, rows, grad_scale, coeffs);
-  DFLASH_CUDA_LAUNCHED("row_grad_kernel");
+  DFLASH_LAUNCH(n, kThreads, 0, st, row_grad_kernel<T>)(z, u, V, labels, weights, rows, grad_scale, coeffs);
 }
 
 #define DFLASH_INSTANTIATE(T)                                                                                    \

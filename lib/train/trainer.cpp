@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "kernels/backend.h"
+#include "lib/comm/mpi_init.h"
 #include "lib/comm/layout.h"
 #include "lib/comm/data_plane.h"
 #include "lib/comm/mpi_transport.h"
@@ -255,7 +256,7 @@ int dflash_mpi_main(int argc, char** argv) {
   if (options->check)
     return run_without_mpi("--check", [&] { return run_check(load_config(options->config, options->sets)); });
 
-  MPI_Init(&argc, &argv);
+  dflash::comm::init_mpi(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

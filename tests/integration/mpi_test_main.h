@@ -3,13 +3,15 @@
 // with the rank and aborts the whole job, so a failing rank never leaves the others waiting.
 #include <mpi.h>
 
+#include "lib/comm/mpi_init.h"
+
 #include <cstdio>
 #include <exception>
 
 namespace dflash::test {
 
 inline int mpi_test_main(const char* name, int argc, char** argv, int (*run)(int, char**)) {
-  MPI_Init(&argc, &argv);
+  dflash::comm::init_mpi(&argc, &argv);
   int rc = 1;
   try {
     rc = run(argc, argv);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/comm/mpi_init.h"
 #include "kernels/backend.h"
 #include "lib/comm/data_plane.h"
 #include "lib/comm/layout.h"
@@ -104,7 +105,7 @@ void check_ring(comm::Transport& t, bool on_device, int rank, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  dflash::comm::init_mpi(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

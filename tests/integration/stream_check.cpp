@@ -27,6 +27,7 @@
 #include <optional>
 #include <vector>
 
+#include "lib/comm/mpi_init.h"
 #include "kernels/backend.h"
 #include "lib/comm/data_plane.h"
 #include "lib/comm/layout.h"
@@ -105,7 +106,7 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  dflash::comm::init_mpi(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
