@@ -20,7 +20,12 @@ void copy_bytes(void* dst, MemoryKind dst_kind, const void* src, MemoryKind src_
     return;
   }
 #if DFLASH_WITH_CUDA
-  const cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing: the kinds are implied
+  cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing: the kinds are implied
+  // From pageable host memory cudaMemcpy returns once the source is staged, before the copy lands, and the legacy
+  // stream it runs on is not ordered with the compute streams (cudaStreamNonBlocking): wait for it, so that the
+  // copy is complete when this returns, as promised (the emulated GPU's reverse order caught a kernel reading a
+  // packet before its upload).
+  if (rc == cudaSuccess && dst_kind == MemoryKind::device) rc = cudaStreamSynchronize(cudaStreamLegacy);
   DFLASH_CHECK(rc == cudaSuccess, "cudaMemcpy of {} bytes ({} to {} memory): {}", bytes, memory_kind_name(src_kind),
                memory_kind_name(dst_kind), cudaGetErrorString(rc));
 #else

@@ -168,12 +168,16 @@ TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the 
 // attention or delta-rule output, the gate, SwiGLU, the down projection, each residual add); the statistics, the
 // DeltaNet gates and state and every GEMM's accumulation are fp32. RMSNorm re-normalises each sub-block's input, so
 // the relative errors add over the layers instead of compounding, and independent roundings add in quadrature:
-// sqrt(16 · 4 layers) · 2^-9 ≈ 0.016 expected; the bound takes 4× that, 1/16. A wrong layout, a missing rounding
-// back from fp32 or a state kept in bf16 across 140 steps gives errors of order 1.
+// sqrt(16 · 4 layers) · 2^-9 ≈ 0.016 expected for the dense target, which the bound 1/16 covers 4×. The hybrid's
+// Gated DeltaNet layers integrate every position's rounded k, v, q into their state (decayed by exp(g) per step), so
+// their error grows with the position before the decay caps it: measured on the emulated GPU (the same bf16
+// conversions and fp32 accumulation as a GPU), 0.005–0.012 for sequences of 1–4 tokens, saturating at 0.065–0.072
+// from 16 tokens on (layer 0 alone: 0.059 at 64 tokens); the hybrid's bound is 1/8. A wrong layout, a missing
+// rounding back from fp32 or a state kept in bf16 across 140 steps gives errors of order 1.
 TEST_CASE("cuda twin target_model: the bf16 target on CUDA matches the CPU fp32 target (dense and hybrid)") {
-  constexpr double kBf16Bound = 1.0 / 16;
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
+    const double kBf16Bound = hybrid ? 1.0 / 8 : 1.0 / 16;
     TargetPair pair(hybrid, hybrid ? "cuda_bf16_target_hybrid" : "cuda_bf16_target_dense", "bf16");
     const model::RandomTargetSpec& spec = pair.spec;
     model::TargetModel &cpu = pair.cpu, &gpu = pair.gpu;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lib/comm/mpi_init.h"
+#include "lib/core/buffer.h"
 #include "kernels/backend.h"
 #include "lib/comm/data_plane.h"
 #include "lib/comm/layout.h"
@@ -48,12 +49,13 @@ struct DeviceVec {
   size_t n = 0;
   explicit DeviceVec(const std::vector<T>& h) : n(h.size()) {
     DFLASH_CHECK(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess, "cudaMalloc");
-    DFLASH_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess, "cudaMemcpy");
+    // complete on return (a bare cudaMemcpy from pageable memory is not ordered before NCCL's stream)
+    copy_bytes(p, MemoryKind::device, h.data(), MemoryKind::host, n * sizeof(T));
   }
   ~DeviceVec() { cudaFree(p); }
   std::vector<T> host() const {
     std::vector<T> h(n);
-    DFLASH_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy");
+    copy_bytes(h.data(), MemoryKind::host, p, MemoryKind::device, n * sizeof(T));
     return h;
   }
 };
