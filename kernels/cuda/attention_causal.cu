@@ -32,6 +32,8 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp)
   float* k_s = smem;                  // [kKeyTile, D + 1]
   float* v_s = k_s + kKeyTile * ldk;  // [kKeyTile, D]
   float* q_s = v_s + kKeyTile * D;    // [kCausalRows, D]
+  DFLASH_SHARED(float, p_sh, [kAttnWarps][kWarp]);
+  WarpRow p_row{p_sh[threadIdx.x / kWarp]};
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, tid = threadIdx.x;
   const int h = blockIdx.y, g = h / (NH / KVH), i0 = blockIdx.x * kCausalRows;
   const int rows = min(kCausalRows, n - i0);
@@ -76,14 +78,16 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp)
       sm[rr].add(warp_sum(p));
 #pragma unroll
       for (int c = 0; c < kDimPerLane; ++c) o[rr][c] *= alpha;
+      p_row.publish(p);
       for (int kk = 0; kk < nk; ++kk) {
-        const float pk = __shfl_sync(0xffffffffu, p, kk);
+        const float pk = p_row[kk];
 #pragma unroll
         for (int c = 0; c < kDimPerLane; ++c) {
           const int d = lane + kWarp * c;
           if (d < D) o[rr][c] += pk * v_s[kk * D + d];
         }
       }
+      p_row.release();
     }
   }
 #pragma unroll

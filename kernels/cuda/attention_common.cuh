@@ -13,6 +13,18 @@ namespace dflash::kernels::cuda {
 constexpr int kAttnWarps = 4;                        // warps (queries) per thread block
 constexpr int kDimPerLane = kMaxHeadDim / kWarp;     // output dimensions one lane keeps
 
+// One score (or score gradient) per lane, read back by every lane of the warp key by key: through a per-warp row of
+// shared memory rather than 32 shuffles per tile (one __syncwarp publishes the row; one more before it is rewritten).
+struct WarpRow {
+  float* v;  // this warp's kWarp slots
+  __device__ void publish(float x) {
+    v[threadIdx.x % kWarp] = x;
+    __syncwarp();
+  }
+  __device__ float operator[](int k) const { return v[k]; }
+  __device__ void release() const { __syncwarp(); }  // every lane has read the row
+};
+
 template <typename T>
 __device__ __forceinline__ float dot_shared(const float* a_s, const T* b, int D) {
   float acc = 0;
@@ -26,6 +38,8 @@ template <typename T, typename KeyFn>
 __device__ void attend_query(const float* q_s, int D, float scale, int n_keys, KeyFn key, float (&o)[kDimPerLane],
                              cuda_math::OnlineSoftmax& sm) {
   const int lane = threadIdx.x % kWarp;
+  DFLASH_SHARED(float, p_sh, [kAttnWarps][kWarp]);
+  WarpRow p_row{p_sh[threadIdx.x / kWarp]};
   for (int i = 0; i < kDimPerLane; ++i) o[i] = 0;
   for (int t0 = 0; t0 < n_keys; t0 += kWarp) {
     const int t = t0 + lane;
@@ -41,8 +55,9 @@ __device__ void attend_query(const float* q_s, int D, float scale, int n_keys, K
     sm.add(warp_sum(p));
     for (int i = 0; i < kDimPerLane; ++i) o[i] *= alpha;
     const int nt = n_keys - t0 < kWarp ? n_keys - t0 : kWarp;
+    p_row.publish(p);
     for (int kk = 0; kk < nt; ++kk) {
-      const float pk = __shfl_sync(0xffffffffu, p, kk);
+      const float pk = p_row[kk];
       const T *k, *v;
       key(t0 + kk, k, v);
       for (int i = 0; i < kDimPerLane; ++i) {
@@ -50,6 +65,7 @@ __device__ void attend_query(const float* q_s, int D, float scale, int n_keys, K
         if (d < D) o[i] += pk * to_f(v[d]);
       }
     }
+    p_row.release();
   }
 }
 

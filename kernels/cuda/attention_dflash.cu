@@ -93,6 +93,8 @@ __global__ void dflash_backward_dq_kernel(T* dq, float* delta_out, const T* dout
                        qr.b, s.block, qr.g, s.kv_heads, D};
   const int n_keys = key.keys.count();
   float acc[kDimPerLane] = {};
+  DFLASH_SHARED(float, ds_sh, [kAttnWarps][kWarp]);
+  WarpRow ds_row{ds_sh[warp]};
   for (int t0 = 0; t0 < n_keys; t0 += kWarp) {
     const int t = t0 + lane;
     float ds = 0;
@@ -103,8 +105,9 @@ __global__ void dflash_backward_dq_kernel(T* dq, float* delta_out, const T* dout
       ds = cuda_math::attention_dscore(p, dot_shared(do_s, vp, D), delta) * scale;
     }
     const int nt = n_keys - t0 < kWarp ? n_keys - t0 : kWarp;
+    ds_row.publish(ds);
     for (int kk = 0; kk < nt; ++kk) {
-      const float dsk = __shfl_sync(0xffffffffu, ds, kk);
+      const float dsk = ds_row[kk];
       const T *kp, *vp;
       key(t0 + kk, kp, vp);
       for (int c = 0; c < kDimPerLane; ++c) {
@@ -112,6 +115,7 @@ __global__ void dflash_backward_dq_kernel(T* dq, float* delta_out, const T* dout
         if (d < D) acc[c] += dsk * to_f(kp[d]);
       }
     }
+    ds_row.release();
   }
   for (int c = 0; c < kDimPerLane; ++c) {
     const int d = lane + kWarp * c;
@@ -143,6 +147,9 @@ __global__ void dflash_backward_dkv_kernel(T* dk_ctx, T* dv_ctx, T* dk_blk, T* d
   load_shared(v_s, (is_ctx ? v_ctx : v_blk) + koff, D);
   const float scale = 1.0f / sqrtf(float(D));
   float dk[kDimPerLane] = {}, dv[kDimPerLane] = {};
+  DFLASH_SHARED(float, p_sh, [kAttnWarps][kWarp]);
+  DFLASH_SHARED(float, ds_sh, [kAttnWarps][kWarp]);
+  WarpRow p_row{p_sh[warp]}, ds_row{ds_sh[warp]};
   // Blocks whose queries may see this key: every block for a context key, its own block for a block key.
   const int b_first = is_ctx ? 0 : key_row / s.block;
   const int b_last = is_ctx ? s.n_blocks : b_first + 1;
@@ -168,9 +175,11 @@ __global__ void dflash_backward_dkv_kernel(T* dk_ctx, T* dv_ctx, T* dk_blk, T* d
         ds = cuda_math::attention_dscore(p, dov, delta[size_t(r) * NH + h]) * scale;
       }
       const int nt = n_q - t0 < kWarp ? n_q - t0 : kWarp;
+      p_row.v[lane] = p;
+      ds_row.publish(ds);  // one __syncwarp publishes both rows
       for (int kk = 0; kk < nt; ++kk) {
-        const float pk = __shfl_sync(0xffffffffu, p, kk);
-        const float dsk = __shfl_sync(0xffffffffu, ds, kk);
+        const float pk = p_row[kk];
+        const float dsk = ds_row[kk];
         const int tk = t0 + kk;
         const int r = b * s.block + j_lo + tk / G, h = g * G + tk % G;
         const size_t qoff = (size_t(r) * NH + h) * D;
@@ -182,6 +191,7 @@ __global__ void dflash_backward_dkv_kernel(T* dk_ctx, T* dv_ctx, T* dk_blk, T* d
           }
         }
       }
+      ds_row.release();
     }
   }
   T* dk_out = (is_ctx ? dk_ctx : dk_blk) + koff;

@@ -1,7 +1,9 @@
 // RMSNorm forward/backward, RoPE forward/backward (rotate-half) and partial RoPE forward, math in cuda_math
 // (norm_math.h).
-// RMSNorm: one block per row (a fixed-tree Σ x²); dw without atomics: per-chunk column partials, then a fixed
-// sum over chunks (deterministic). RoPE: one thread per (row, pair), angles in double as on the CPU.
+// RMSNorm: one block per row (a fixed-tree Σ x²) for wide rows; for rows of at most kWarpRowDim (the per-head q/k
+// norms, small hidden sizes) one warp per row, 8 rows a block, the Σ in a fixed xor-shuffle tree: a 256-thread block
+// on a 128-wide row leaves half its threads idle at every barrier. dw without atomics: per-chunk column partials,
+// then a fixed sum over chunks (deterministic). RoPE: one thread per (row, pair), angles in double as on the CPU.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
@@ -23,6 +25,41 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
   if (threadIdx.x == 0) rstd[blockIdx.x] = s;
   // y may alias x: every element is read above (the merge's barriers) and then read and written by one thread.
   for (int i = threadIdx.x; i < dim; i += kThreads) y[base + i] = from_f<T>(cuda_math::rmsnorm_y(to_f(x[base + i]), s, to_f(w[i])));
+}
+
+constexpr int kWarpRowDim = 512;                    // rows up to this width: one warp each
+constexpr int kRowsPerBlock = kThreads / kWarp;     // 8 warps, 8 rows
+
+// One warp per row: lane-strided Σ x², then a fixed xor tree (every lane gets the same sum).
+template <typename T>
+__global__ void rmsnorm_forward_warp_kernel(T* y, float* rstd, const T* x, const T* w, int rows, int dim, float eps) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (row >= rows) return;  // whole warps: no block barriers below
+  const size_t base = size_t(row) * dim;
+  float ss = 0;
+  for (int i = lane; i < dim; i += kWarp) {
+    const float xi = to_f(x[base + i]);
+    ss += xi * xi;
+  }
+  const float s = cuda_math::rmsnorm_rstd(warp_sum(ss), dim, eps);
+  if (lane == 0) rstd[row] = s;
+  // y may alias x: each element is read and written by one lane, after the row's Σ
+  for (int i = lane; i < dim; i += kWarp) y[base + i] = from_f<T>(cuda_math::rmsnorm_y(to_f(x[base + i]), s, to_f(w[i])));
+}
+
+template <typename T>
+__global__ void rmsnorm_dx_warp_kernel(T* dx, const T* dy, const T* x, const T* w, const float* rstd, int rows,
+                                       int dim) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const size_t base = size_t(row) * dim;
+  const float s = rstd[row];
+  float dot = 0;
+  for (int i = lane; i < dim; i += kWarp) dot += cuda_math::rmsnorm_gn(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s);
+  const float mean_gn = warp_sum(dot) / float(dim);
+  for (int i = lane; i < dim; i += kWarp)
+    dx[base + i] = from_f<T>(to_f(dx[base + i]) +
+                             cuda_math::rmsnorm_dx(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s, mean_gn));
 }
 
 template <typename T>
@@ -103,6 +140,11 @@ __global__ void copy_unrotated_kernel(T* y, const T* x, size_t head_rows, int he
 template <typename T>
 void launch_rmsnorm_forward(cudaStream_t st, T* y, float* rstd, const T* x, const T* w, int rows, int dim, float eps) {
   if (rows <= 0) return;
+  if (dim <= kWarpRowDim) {
+    DFLASH_LAUNCH((rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, st, rmsnorm_forward_warp_kernel<T>)(
+        y, rstd, x, w, rows, dim, eps);
+    return;
+  }
   DFLASH_LAUNCH(rows, kThreads, 0, st, rmsnorm_forward_kernel<T>)(y, rstd, x, w, dim, eps);
 }
 
@@ -112,7 +154,11 @@ template <typename T>
 void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
                              const float* rstd, int rows, int dim, float* partials) {
   if (rows <= 0 || dim <= 0) return;
-  DFLASH_LAUNCH(rows, kThreads, 0, st, rmsnorm_dx_kernel<T>)(dx, dy, x, w, rstd, dim);
+  if (dim <= kWarpRowDim)
+    DFLASH_LAUNCH((rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, st, rmsnorm_dx_warp_kernel<T>)(
+        dx, dy, x, w, rstd, rows, dim);
+  else
+    DFLASH_LAUNCH(rows, kThreads, 0, st, rmsnorm_dx_kernel<T>)(dx, dy, x, w, rstd, dim);
   if (!dw) return;
   const int chunks = rmsnorm_dw_chunks(rows), chunk_rows = (rows + chunks - 1) / chunks;
   const unsigned col_tiles = unsigned((dim + kThreads - 1) / kThreads);

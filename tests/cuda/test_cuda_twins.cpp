@@ -241,7 +241,9 @@ TEST_CASE("cuda twin elementwise: gather, scatter, embedding, SwiGLU, residual, 
 // ============================== RMSNorm, RoPE ==============================
 
 TEST_CASE("cuda twin norm_rope: RMSNorm forward/backward (dx +=, dw += deterministic) and RoPE") {
-  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{7, 33}, std::pair{300, 1000}, std::pair{4100, 64}}) {
+  // dims on both sides of the warp-per-row kernels' limit (512) and the block-per-row ones above it
+  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{7, 33}, std::pair{9, 512}, std::pair{5, 513}, std::pair{300, 1000},
+                           std::pair{4100, 64}}) {
     const auto x = randn(size_t(rows) * dim, 20), w = randn(dim, 21), dy = randn(x.size(), 22);
     const auto dx0 = randn(x.size(), 23), dw0 = randn(dim, 24);
     std::vector<float> y(x.size()), rstd(rows), dx = dx0, dw = dw0;

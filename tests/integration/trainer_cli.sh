@@ -139,6 +139,7 @@ case "$case" in
     if "$build/tests/cuda/dflash_cuda_tests" --list-test-cases >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
       echo "skipped: a CUDA device is present (gpu_check.sh runs the tiny job on it)"; exit 77
     fi
+    export DFLASH_EMU_DEVICES=0  # on the emulated GPU: a machine without one (cuda_job.sh runs the job with one)
     expect_error "(run.device: cuda, --device cuda), but no CUDA device" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
       --set run.device=cuda
     grep -qF "run on the CPU (run.device: cpu" "$out/log" || fail "the error does not name the fix"

@@ -24,6 +24,7 @@
 namespace dflash::emu {
 
 int max_dynamic_smem(const void* func);  // runtime.cpp
+size_t cp_async_thread_exit(ThreadState& t);  // warp_mma.cpp: frees a thread's cp.async state
 int arch_max_smem();                     // runtime.cpp
 
 thread_local ThreadState* tls_thread = nullptr;
@@ -125,9 +126,18 @@ struct Block {
   Thread* current = nullptr;
   std::string error;    // set by a fiber that found a misuse; the block stops
   SharedArena* shared = nullptr;
+  std::vector<int> woken;  // threads a completed warp collective made runnable, for the next round
+  int n_done = 0, n_barrier = 0;
+  const char* barrier_file = nullptr;  // the site of the first thread at the current barrier
+  int barrier_line = 0;
+  bool barrier_mismatch = false;       // a thread waits at a barrier of another site
+  bool launch_over = false;            // the parked fibers return
 };
 thread_local Block* t_block = nullptr;
 thread_local SharedArena t_shared;
+
+// Two collectives of one kind (the same literal may sit at two addresses when inline code of two files meets).
+bool same_what(const char* a, const char* b) { return a == b || std::strcmp(a, b) == 0; }
 
 std::string idx3(uint3 v) { return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")"; }
 std::string dim3s(dim3 v) { return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")"; }
@@ -164,11 +174,15 @@ void yield() {
   tls_thread = &b.current->ts;
 }
 
-std::vector<int> ordered(std::vector<int> ids, std::mt19937_64& rng) {
+// The order of one round of runnable threads: by thread index, reversed, or shuffled.
+void order_round(std::vector<int>& ids, std::mt19937_64& rng) {
   const OrderPolicy& p = order_policy();
+  if (p.order == Order::shuffle) {
+    std::shuffle(ids.begin(), ids.end(), rng);
+    return;
+  }
+  std::sort(ids.begin(), ids.end());
   if (p.order == Order::reverse) std::reverse(ids.begin(), ids.end());
-  else if (p.order == Order::shuffle) std::shuffle(ids.begin(), ids.end(), rng);
-  return ids;
 }
 
 // Why nothing can run: the message of a barrier or warp collective that some thread never reaches.
@@ -186,7 +200,7 @@ std::string deadlock(const Block& b) {
         return where(b) + ": " + t.what + " at " + t.file + ":" + std::to_string(t.line) + " in warp " +
                std::to_string(t.ts.warp) + " names lane " + std::to_string(l) + ", which the block does not have";
       const Thread& o = b.threads[base + l];
-      if (o.state != State::warp || o.what != t.what || o.mask != t.mask)
+      if (o.state != State::warp || !same_what(o.what, t.what) || o.mask != t.mask)
         return where(b) + ": " + t.what + " at " + t.file + ":" + std::to_string(t.line) + " by thread " +
                idx3(t.ts.thread_idx) + " (warp " + std::to_string(t.ts.warp) + ", lane " + std::to_string(t.ts.lane) +
                ") names lane " + std::to_string(l) + " in its mask, which does not arrive: thread " +
@@ -203,11 +217,13 @@ std::string deadlock(const Block& b) {
   return where(b) + ": the block's threads wait for each other and none can go on" + msg;
 }
 
-// Runs one block to completion; returns false (after reporting) when it found a misuse.
+// Runs one block to completion; returns false (after reporting) when it found a misuse. The fibers are made for
+// the launch's first block and reused by the next ones: a fiber that finished its thread parks, and the scheduler
+// resumes it with the next block's indices.
 bool run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng) {
   const int n = int(b.block.x * b.block.y * b.block.z);
-  b.threads.clear();
-  b.threads.resize(size_t(n));
+  const bool first = b.threads.empty();
+  if (first) b.threads.resize(size_t(n));
   b.error.clear();
   SharedArena& sh = *b.shared;
   sh.offsets.clear();
@@ -223,46 +239,54 @@ bool run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng
     t.ts.linear_tid = i;
     t.ts.lane = i % kWarpSize;
     t.ts.warp = i / kWarpSize;
+    t.state = State::runnable;
+    if (!first) continue;
     Thread* self = &t;
     t.fiber = ctx::fiber(std::allocator_arg, PoolAllocator{}, [self, &body](ctx::fiber&& sched) {
-      Block& blk = *t_block;
-      blk.sched = std::move(sched);
-      tls_thread = &self->ts;
-      body();
-      self->state = State::done;
-      return std::move(blk.sched);
+      t_block->sched = std::move(sched);
+      for (;;) {
+        tls_thread = &self->ts;
+        body();
+        cp_async_thread_exit(self->ts);
+        Block& blk = *t_block;
+        self->state = State::done;
+        ++blk.n_done;
+        blk.sched = std::move(blk.sched).resume();  // parked until the next block
+        if (t_block->launch_over) break;
+      }
+      return std::move(t_block->sched);
     });
   }
-  std::vector<int> all(static_cast<size_t>(n));
-  std::iota(all.begin(), all.end(), 0);
+  b.woken.clear();
+  b.n_done = b.n_barrier = 0;
+  b.barrier_file = nullptr;
+  b.barrier_mismatch = false;
+  std::vector<int> round(static_cast<size_t>(n));
+  std::iota(round.begin(), round.end(), 0);
   for (;;) {
-    bool progressed = false;
-    for (int i : ordered(all, rng)) {
+    order_round(round, rng);
+    for (int i : round) {
       Thread& t = b.threads[size_t(i)];
       if (t.state != State::runnable) continue;
       b.current = &t;
       tls_thread = &t.ts;
       t.fiber = std::move(t.fiber).resume();
-      progressed = true;
       if (!b.error.empty()) break;
     }
     if (!b.error.empty()) break;
-    if (progressed) continue;
+    round.swap(b.woken);
+    b.woken.clear();
+    if (!round.empty()) continue;
     // nothing runnable: every thread done, or all waiting
-    int done = 0, at_barrier = 0;
-    for (const Thread& t : b.threads) {
-      done += t.state == State::done;
-      at_barrier += t.state == State::barrier;
-    }
-    if (done == n) break;
-    if (at_barrier == n) {
-      const Thread& first = b.threads[0];
-      bool same_site = true;
-      for (const Thread& t : b.threads) same_site &= t.line == first.line && std::strcmp(t.file, first.file) == 0;
-      if (same_site) {
-        for (Thread& t : b.threads) t.state = State::runnable;
-        continue;
+    if (b.n_done == n) break;
+    if (b.n_barrier == n && !b.barrier_mismatch) {  // every thread at the same barrier: release it
+      for (int i = 0; i < n; ++i) {
+        b.threads[size_t(i)].state = State::runnable;
+        round.push_back(i);
       }
+      b.n_barrier = 0;
+      b.barrier_file = nullptr;
+      continue;
     }
     b.error = deadlock(b);
     break;
@@ -278,7 +302,15 @@ bool run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng
 }  // namespace
 
 void syncthreads(const char* file, int line) {
-  Thread& t = *t_block->current;
+  Block& b = *t_block;
+  Thread& t = *b.current;
+  if (!b.barrier_file) {
+    b.barrier_file = file;
+    b.barrier_line = line;
+  } else if (line != b.barrier_line || (file != b.barrier_file && std::strcmp(file, b.barrier_file) != 0)) {
+    b.barrier_mismatch = true;
+  }
+  ++b.n_barrier;
   t.state = State::barrier;
   t.file = file;
   t.line = line;
@@ -314,7 +346,7 @@ void warp_collective(unsigned mask, const char* what, const char* file, int line
       break;
     }
     const Thread& o = b.threads[size_t(base + l)];
-    if (o.state == State::warp && (o.what != what || o.mask != mask))
+    if (o.state == State::warp && (!same_what(o.what, what) || o.mask != mask))
       fiber_error(where(b) + ": warp " + std::to_string(me.ts.warp) + " diverges: thread " + idx3(me.ts.thread_idx) +
                   " is at " + what + " at " + file + ":" + std::to_string(line) + " while lane " + std::to_string(l) +
                   " of its mask " + state_of(o));
@@ -329,8 +361,11 @@ void warp_collective(unsigned mask, const char* what, const char* file, int line
         outs[l] = b.threads[size_t(base + l)].out;
       }
     combine(ins, outs, mask, cctx);
-    for (int l = 0; l < kWarpSize; ++l)
-      if (mask >> l & 1u) b.threads[size_t(base + l)].state = State::runnable;
+    for (int l = 0; l < kWarpSize; ++l) {
+      if (!(mask >> l & 1u)) continue;
+      b.threads[size_t(base + l)].state = State::runnable;
+      if (base + l != me.ts.linear_tid) b.woken.push_back(base + l);  // the caller goes on at once
+    }
     return;
   }
   yield();
@@ -417,6 +452,8 @@ void* block_shared(const void* key, size_t bytes, size_t align) {
 
 void* dynamic_shared() { return t_block->shared->dynamic_base(); }
 
+std::string running_kernel() { return t_block ? where(*t_block) : std::string(); }
+
 // For runtime.cpp's fault handler (async-signal context: no allocation beyond snprintf): a fault in the guard
 // page after the worker's shared arena is a shared-memory access past the launch's dynamic shared memory.
 bool describe_shared_fault(const void* addr, char* msg, size_t n) {
@@ -474,10 +511,16 @@ cudaError_t launch(const char* kernel, const char* file, int line, const void* f
     else if (order_policy().order == Order::shuffle) std::shuffle(order.begin(), order.end(), rng);
     Block* saved = t_block;
     t_block = &b;
+    bool ok = true;
     for (unsigned long long id : order) {
       b.index = uint3{unsigned(id % grid.x), unsigned(id / grid.x % grid.y), unsigned(id / (1ull * grid.x * grid.y))};
-      if (!run_block(b, body, rng)) break;
+      if (!(ok = run_block(b, body, rng))) break;
     }
+    if (ok) {  // every fiber is parked after its last thread: let it return
+      b.launch_over = true;
+      for (Thread& t : b.threads) t.fiber = std::move(t.fiber).resume();
+    }
+    b.threads.clear();
     t_block = saved;
   };
   return enqueue(stream, std::move(w));

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 
 #undef __global__
 #undef __device__
@@ -71,6 +72,10 @@ void* block_shared(const void* key, size_t bytes, size_t align);
 // end faults with a message naming the kernel, block and thread), 0xFF-filled at block start.
 void* dynamic_shared();
 size_t dynamic_shared_bytes();
+
+// "kernel K (launched at file:line, grid …, block …), block (x,y,z)" of the block being run, for messages of
+// extensions (warp_mma.cpp); "" outside a kernel.
+std::string running_kernel();
 
 // Queues a kernel launch (kernel_launch.cuh's DFLASH_LAUNCH): checks the configuration (the limits of the emulated
 // architecture, DFLASH_EMU_ARCH = sm_90 | sm_120) and returns the launch error, as <<<>>> does through

@@ -66,7 +66,9 @@ struct Memory {
   std::map<const char*, Allocation> allocations;  // by base
   bool device_open = false;                         // the worker is running work: device memory is RW
   size_t device_bytes = 0;
-} g_mem;
+};
+// Never destroyed (as g_dev): the detached worker may still walk it while static destructors run at exit.
+Memory& g_mem = *new Memory;
 
 size_t page_size() {
   static const size_t p = size_t(sysconf(_SC_PAGESIZE));
@@ -97,8 +99,17 @@ const Allocation* find_mapping_locked(const void* p) {
   return nullptr;
 }
 
+// DFLASH_EMU_PROTECT=0 leaves device memory accessible to host code (faster; host dereferences go unnoticed).
+bool protection_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("DFLASH_EMU_PROTECT");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 void protect_device(bool open) {  // g_mem.mu held
-  if (g_mem.device_open == open) return;
+  if (g_mem.device_open == open || !protection_on()) return;
   for (auto& [base, a] : g_mem.allocations)
     if (a.device_memory)
       mprotect(a.mapping, a.mapping_bytes - page_size(), open ? PROT_READ | PROT_WRITE : PROT_NONE);
@@ -176,12 +187,40 @@ int g_lag_ms = 2;
 OrderPolicy g_order;
 thread_local int t_device = 0;
 
+// DFLASH_EMU_PROFILE=1: the worker's time per kind of work (a kernel, cublasLtMatmul, a copy), printed at exit,
+// to see what an emulated run spends its time on (CPU time of the emulation, not a GPU figure).
+struct Profile {
+  std::mutex mu;
+  std::map<std::string, std::pair<double, long>> by_kind;  // seconds, items
+};
+Profile* g_profile = nullptr;
+void print_profile() {
+  std::vector<std::pair<std::string, std::pair<double, long>>> rows(g_profile->by_kind.begin(),
+                                                                    g_profile->by_kind.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  double total = 0;
+  for (auto& r : rows) total += r.second.first;
+  std::fprintf(stderr, "%semulated GPU profile (CPU seconds of the emulation, not GPU figures): %.3f s in all\n",
+               rank_prefix().c_str(), total);
+  for (auto& r : rows)
+    std::fprintf(stderr, "  %8.3f s %5.1f%% %8ld  %s\n", r.second.first, 100 * r.second.first / (total > 0 ? total : 1),
+                 r.second.second, r.first.c_str());
+}
+void profile(const std::string& what, double seconds) {
+  if (!g_profile) return;
+  const size_t cut = std::min(what.find(" ("), what.find('('));
+  std::lock_guard<std::mutex> lk(g_profile->mu);
+  auto& e = g_profile->by_kind[what.substr(0, cut)];
+  e.first += seconds;
+  e.second += 1;
+}
+
 void worker_loop();
 void install_fault_handler();
 
 void init() {
   std::call_once(g_init_once, [] {
-    g_device_count = std::max(1, env_int("DFLASH_EMU_DEVICES", 1));
+    g_device_count = std::max(0, env_int("DFLASH_EMU_DEVICES", 1));  // 0: a machine without a GPU
     g_lag_ms = std::max(0, env_int("DFLASH_EMU_LAG_MS", 2));
     if (const char* o = std::getenv("DFLASH_EMU_ORDER"); o && *o) {
       const std::string s(o);
@@ -205,13 +244,18 @@ void init() {
       g_dev->legacy.push_back(std::move(s));
     }
     install_fault_handler();
+    if (const char* p = std::getenv("DFLASH_EMU_PROFILE"); p && *p && std::string(p) != "0") {
+      g_profile = new Profile;
+      std::atexit(print_profile);
+    }
     g_dev->worker = std::thread(worker_loop);
     g_dev->worker.detach();
   });
 }
 
 Stream* resolve(cudaStream_t s) {  // g_dev->mu held
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return g_dev->legacy[t_device].get();
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread)
+    return t_device < int(g_dev->legacy.size()) ? g_dev->legacy[size_t(t_device)].get() : nullptr;
   Stream* st = reinterpret_cast<Stream*>(s);
   return g_dev->streams.count(st) ? st : nullptr;
 }
@@ -276,6 +320,7 @@ void drop_all() {
 
 std::thread::id g_worker_id;  // set by the worker itself (the std::thread is detached)
 
+
 void worker_loop() {
   g_worker_id = std::this_thread::get_id();
   std::unique_lock<std::mutex> lk(g_dev->mu);
@@ -321,7 +366,9 @@ void worker_loop() {
       pick->started = true;
       g_dev->running = pick->w.what;
       lk.unlock();
+      const auto t0 = Clock::now();
       if (pick->w.run && sticky() == cudaSuccess) pick->w.run();
+      profile(pick->w.what, std::chrono::duration<double>(Clock::now() - t0).count());
       const bool polls = bool(pick->w.poll) && sticky() == cudaSuccess;
       lk.lock();
       g_dev->running.clear();
@@ -648,7 +695,7 @@ cudaError_t malloc_impl(void** p, size_t bytes, bool device, bool pinned) {
   g_mem.allocations[a.base] = a;
   if (device) {
     g_mem.device_bytes += bytes;
-    if (!g_mem.device_open) mprotect(a.mapping, a.mapping_bytes - page_size(), PROT_NONE);
+    if (!g_mem.device_open && protection_on()) mprotect(a.mapping, a.mapping_bytes - page_size(), PROT_NONE);
   }
   *p = m;
   return cudaSuccess;
@@ -677,7 +724,8 @@ cudaError_t free_impl(void* p, bool device, const char* api) {
 struct FuncAttrs {
   std::mutex mu;
   std::map<const void*, int> max_dynamic_smem;
-} g_funcs;
+};
+FuncAttrs& g_funcs = *new FuncAttrs;
 
 }  // namespace
 
@@ -760,7 +808,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaGetDeviceCount(int* n) {
   if (!n) return fail(cudaErrorInvalidValue);
   *n = device_count();
-  return cudaSuccess;
+  return *n > 0 ? cudaSuccess : fail(cudaErrorNoDevice);
 }
 cudaError_t cudaSetDevice(int d) {
   init();

@@ -58,7 +58,7 @@ inline bool is_device_range(const void* p, size_t bytes) {
 void device_fault(cudaError_t err, const std::string& msg);
 
 // The calling thread's current device (cudaSetDevice), and the number of emulated devices (DFLASH_EMU_DEVICES,
-// default 1).
+// default 1; 0 emulates a machine without a GPU).
 int current_device();
 int device_count();
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The tiny training job with run.device: cuda, on a GPU or on the emulated GPU (-DDFLASH_CUDA=EMULATE), one case
+# per ctest test (label cuda). Without either it reports itself skipped (exit 77), never passed.
+#   cuda_job.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE
+# Cases:
+#   fp32   the job on the CPU and with run.device cuda, fp32 (8 ranks on one GPU: the data plane is MPI): the 50
+#          steps' losses agree to 1e-4 relative; the cuda run keeps its checkpoint for `eval`
+#   bf16   run.precision bf16 learns: the mean loss of steps 41-50 is below that of steps 1-10
+#   nccl   fp32 again with one GPU per rank (DFLASH_EMU_DEVICES=8 on the emulator): layout.transport nccl, the
+#          packets, the TP all-reduce and the gradient all-reduce over NCCL; losses within 1e-4 of the CPU's
+#   eval   dflash_eval --device cuda on the cuda run's drafter: lossless (--check-greedy), the CPU's τ
+set -euo pipefail
+build="$1" src="$2" work="$3" case="$4"
+bin="$build/apps/dflash_mpi"
+tiny="$build/tests/integration/tiny_data"
+mpirun_sh="$src/tests/integration/mpirun.sh"
+out="$work/$case"
+fail() { echo "FAIL (cuda_job $case): $*" >&2; exit 1; }
+
+emulated=0
+grep -q '^DFLASH_CUDA:STRING=EMULATE$' "$build/CMakeCache.txt" 2>/dev/null && emulated=1
+if ((!emulated)) && ! nvidia-smi >/dev/null 2>&1; then
+  echo "skipped: no CUDA device and not an emulated build (-DDFLASH_CUDA=EMULATE runs this on the CPU)"; exit 77
+fi
+
+# Per-step losses of a run (log.every 1)
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1/metrics.jsonl"; }
+# The tiny job: run NAME [--set ...]; 50 steps, a checkpoint at the end
+run() {
+  local name="$1"; shift
+  rm -rf "$work/$name"
+  timeout 900 "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" --set "target.path=$tiny/target" \
+    --set "data.path=$tiny/train.h5" --set "run.out_dir=$work/$name" --set run.steps=50 --set log.every=1 \
+    --set ckpt.every=50 "$@" >"$work/$name.log" 2>&1 || { tail -n 40 "$work/$name.log"; fail "run $name failed"; }
+  [[ $(losses "$work/$name" | wc -l) -eq 50 ]] || fail "run $name logged $(losses "$work/$name" | wc -l) of 50 steps"
+}
+# Largest relative difference between two runs' per-step losses; fails above $3
+compare() {
+  paste <(losses "$work/$1") <(losses "$work/$2") |
+    awk -v lim="$3" -v what="$2 vs $1" '{ d = ($1 - $2) / ($1 == 0 ? 1 : $1); if (d < 0) d = -d; if (d > m) m = d; n++ }
+      END { printf "%s: %d steps, max relative loss difference %.3g (limit %g; last losses %s %s)\n", what, n, m, lim, $1, $2;
+            exit !(n == 50 && m <= lim) }'
+}
+mkdir -p "$work"
+case "$case" in
+  fp32)
+    run cpu --set run.device=cpu
+    run cuda_fp32 --set run.device=cuda --set run.precision=fp32 --set layout.transport=mpi
+    compare cpu cuda_fp32 1e-4 || fail "the cuda fp32 losses differ from the CPU's"
+    ;;
+  bf16)
+    run cuda_bf16 --set run.device=cuda --set run.precision=bf16 --set layout.transport=mpi
+    losses "$work/cuda_bf16" | awk '{ if (NR <= 10) a += $1; if (NR > 40) b += $1; n++ }
+      END { printf "bf16: mean loss steps 1-10 %.4f, 41-50 %.4f\n", a / 10, b / 10; exit !(n == 50 && b < a) }' ||
+      fail "the bf16 run does not learn"
+    ;;
+  nccl)
+    [[ -d "$work/cpu" ]] || fail "needs the fp32 case's CPU run ($work/cpu)"
+    DFLASH_EMU_DEVICES=8 run cuda_nccl --set run.device=cuda --set run.precision=fp32 --set layout.transport=nccl
+    grep -q "nccl" "$work/cuda_nccl/logs/rank_00.log" || fail "rank 0's log does not say the data plane is NCCL"
+    compare cpu cuda_nccl 1e-4 || fail "the cuda fp32 losses over NCCL differ from the CPU's"
+    ;;
+  eval)
+    [[ -d "$work/cuda_fp32" ]] || fail "needs the fp32 case's cuda run ($work/cuda_fp32)"
+    for d in cpu cuda; do
+      timeout 600 "$build/apps/dflash_eval" --target "$tiny/target" --drafter "$work/cuda_fp32" \
+        --prompts "$tiny/prompts.h5" --limit 8 --max-new-tokens 32 --check-greedy --device $d --precision fp32 \
+        --out "$work/eval_$d.json" >"$work/eval_$d.log" 2>&1 || { tail -n 20 "$work/eval_$d.log"; fail "dflash_eval --device $d"; }
+    done
+    python3 -c 'import json, sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); print("eval: tau cpu", a["tau"], "cuda", b["tau"]); sys.exit(not (a["tau"] is not None and abs(a["tau"] - b["tau"]) < 1e-9))' \
+      "$work/eval_cpu.json" "$work/eval_cuda.json" || fail "the cuda target's tau differs from the CPU's"
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "PASS (cuda_job $case)$( ((emulated)) && echo ' on the emulated GPU')"
