@@ -14,6 +14,7 @@ packages=(
   libopenblas-openmp-dev          # CPU BLAS (cblas), OpenMP build: cooperates with our OpenMP loops
   nlohmann-json3-dev              # safetensors headers, config.json
   libcli11-dev                    # command-line parsing and --help of every program
+  libboost-context-dev            # the emulated GPU's fibers (-DDFLASH_CUDA=EMULATE: every CUDA test on the CPU)
 )
 
 missing=()

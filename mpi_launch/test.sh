@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Installs dependencies (when missing), builds in Release and runs every test through ctest.
-# Usage: bash mpi_launch/test.sh [ctest args...]     (build folder: $DFLASH_BUILD_DIR, default ./build)
+# Installs dependencies (when missing), builds in Release and runs every test through ctest; then, where the CUDA
+# toolkit's headers are installed, builds the CUDA code a second time for the emulated GPU (-DDFLASH_CUDA=EMULATE,
+# kernels/cuda/emu: the CUDA runtime, cuBLASLt and NCCL emulated on the CPU) and runs every `cuda` test there, none
+# skipped. Usage: bash mpi_launch/test.sh [ctest args...]   (build folders: $DFLASH_BUILD_DIR, default ./build, and
+# $DFLASH_EMU_BUILD_DIR, default ./build-emu; DFLASH_TEST_EMULATED=0 leaves the emulated GPU out)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DFLASH_BUILD_DIR:-$root/build}"
@@ -12,3 +15,16 @@ bash "$root/mpi_launch/install_prep.sh" --serve ||
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure --timeout 600 "$@"
+
+# The CUDA code on the emulated GPU: only the programs its tests need; ctest args (a filter) apply here too.
+if [[ "${DFLASH_TEST_EMULATED:-1}" != 0 ]]; then
+  if [[ -f /usr/local/cuda/include/cuda_runtime.h || -n "${CUDA_HOME:-}" ]]; then
+    emu="${DFLASH_EMU_BUILD_DIR:-$root/build-emu}"
+    cmake -S "$root" -B "$emu" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA=EMULATE
+    cmake --build "$emu" -j"$(nproc)" --target dflash_cuda_tests emu_runtime_tests emu_cublaslt_tests emu_mma_tests \
+      nccl_emu_check nccl_check stream_check dflash_mpi dflash_eval dflash_data dflash_bench
+    ctest --test-dir "$emu" -L cuda --output-on-failure --timeout 1500 "$@"
+  else
+    echo "test.sh: no CUDA toolkit headers (/usr/local/cuda/include): the emulated GPU's tests are not built"
+  fi
+fi
