@@ -124,6 +124,14 @@ struct Block {
   std::vector<Thread> threads;
   ctx::fiber sched;     // the scheduler, while a fiber runs
   Thread* current = nullptr;
+  struct Pending {  // the warp collective a warp's lanes are arriving at
+    unsigned mask = 0;
+    const char* what = nullptr;
+    int arrived = 0;
+  };
+  std::vector<Pending> pending;             // per warp
+  const std::vector<int>* round = nullptr;  // the threads of the round being run, in order
+  size_t cursor = 0;                        // the next of them to consider
   std::string error;    // set by a fiber that found a misuse; the block stops
   SharedArena* shared = nullptr;
   std::vector<int> woken;  // threads a completed warp collective made runnable, for the next round
@@ -161,18 +169,49 @@ std::string state_of(const Thread& t) {
   }
 }
 
+// Switches from the running context to `target`, leaving this context's continuation in `*slot` (its Thread's
+// fiber, or the scheduler's): every switch goes through here, so each side always knows where the other waits.
+// Fibers switch to one another directly (one context switch per thread and rendezvous, not two through the
+// scheduler); only the end of a round goes back to the scheduler.
+void switch_to(ctx::fiber& target, ctx::fiber* slot) {
+  ctx::fiber t = std::move(target);
+  ctx::fiber back = std::move(t).resume_with([slot](ctx::fiber&& c) {
+    *slot = std::move(c);
+    return ctx::fiber{};
+  });
+  if (back) t_block->sched = std::move(back);  // resumed by a plain resume(): the scheduler, at the launch's end
+}
+
+// The next runnable thread of the round, or null: the round is over.
+Thread* next_in_round(Block& b) {
+  while (b.cursor < b.round->size()) {
+    Thread& t = b.threads[size_t((*b.round)[b.cursor++])];
+    if (t.state == State::runnable) return &t;
+  }
+  return nullptr;
+}
+
+// The running thread stops (it waits, or finished its block): control goes to the round's next runnable thread,
+// or back to the scheduler. Returns when someone switches back to it.
+void leave(Thread& me) {
+  Block& b = *t_block;
+  if (Thread* next = b.error.empty() ? next_in_round(b) : nullptr) {
+    b.current = next;
+    switch_to(next->fiber, &me.fiber);
+  } else {
+    switch_to(b.sched, &me.fiber);
+  }
+  tls_thread = &me.ts;
+}
+
 // A fiber found a misuse: record it and hand control back for good (the scheduler unwinds the block).
 [[noreturn]] void fiber_error(const std::string& msg) {
   Block& b = *t_block;
   if (b.error.empty()) b.error = msg;
-  for (;;) b.sched = std::move(b.sched).resume();
+  for (;;) switch_to(b.sched, &b.current->fiber);
 }
 
-void yield() {
-  Block& b = *t_block;
-  b.sched = std::move(b.sched).resume();
-  tls_thread = &b.current->ts;
-}
+void yield() { leave(*t_block->current); }
 
 // The order of one round of runnable threads: by thread index, reversed, or shuffled.
 void order_round(std::vector<int>& ids, std::mt19937_64& rng) {
@@ -181,7 +220,7 @@ void order_round(std::vector<int>& ids, std::mt19937_64& rng) {
     std::shuffle(ids.begin(), ids.end(), rng);
     return;
   }
-  std::sort(ids.begin(), ids.end());
+  if (!std::is_sorted(ids.begin(), ids.end())) std::sort(ids.begin(), ids.end());
   if (p.order == Order::reverse) std::reverse(ids.begin(), ids.end());
 }
 
@@ -242,8 +281,8 @@ bool run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng
     t.state = State::runnable;
     if (!first) continue;
     Thread* self = &t;
-    t.fiber = ctx::fiber(std::allocator_arg, PoolAllocator{}, [self, &body](ctx::fiber&& sched) {
-      t_block->sched = std::move(sched);
+    // started by switch_to (its continuation already stored): the argument is empty
+    t.fiber = ctx::fiber(std::allocator_arg, PoolAllocator{}, [self, &body](ctx::fiber&&) {
       for (;;) {
         tls_thread = &self->ts;
         body();
@@ -251,12 +290,13 @@ bool run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng
         Block& blk = *t_block;
         self->state = State::done;
         ++blk.n_done;
-        blk.sched = std::move(blk.sched).resume();  // parked until the next block
+        leave(*self);  // parked until the next block, or the launch's end
         if (t_block->launch_over) break;
       }
       return std::move(t_block->sched);
     });
   }
+  b.pending.assign(size_t((n + kWarpSize - 1) / kWarpSize), Block::Pending{});
   b.woken.clear();
   b.n_done = b.n_barrier = 0;
   b.barrier_file = nullptr;
@@ -265,13 +305,11 @@ bool run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng
   std::iota(round.begin(), round.end(), 0);
   for (;;) {
     order_round(round, rng);
-    for (int i : round) {
-      Thread& t = b.threads[size_t(i)];
-      if (t.state != State::runnable) continue;
-      b.current = &t;
-      tls_thread = &t.ts;
-      t.fiber = std::move(t.fiber).resume();
-      if (!b.error.empty()) break;
+    b.round = &round;
+    b.cursor = 0;
+    if (Thread* first = next_in_round(b)) {  // the threads pass control along the round, then back here
+      b.current = first;
+      switch_to(first->fiber, &b.sched);
     }
     if (!b.error.empty()) break;
     round.swap(b.woken);
@@ -338,21 +376,25 @@ void warp_collective(unsigned mask, const char* what, const char* file, int line
   me.combine = combine;
   me.cctx = cctx;
   const int base = me.ts.warp * kWarpSize;
-  bool all = true;
-  for (int l = 0; l < kWarpSize && all; ++l) {
-    if (!(mask >> l & 1u)) continue;
-    if (base + l >= int(b.threads.size())) {
-      all = false;
-      break;
+  Block::Pending& p = b.pending[size_t(me.ts.warp)];
+  if (p.arrived > 0 && (p.mask != mask || !same_what(p.what, what))) {
+    // two collectives pending at once in one warp: divergence (name a lane waiting at the other one)
+    for (int l = 0; l < kWarpSize; ++l) {
+      const Thread* o = base + l < int(b.threads.size()) ? &b.threads[size_t(base + l)] : nullptr;
+      if (o && o != &me && o->state == State::warp)
+        fiber_error(where(b) + ": warp " + std::to_string(me.ts.warp) + " diverges: thread " +
+                    idx3(me.ts.thread_idx) + " is at " + what + " at " + file + ":" + std::to_string(line) +
+                    " while lane " + std::to_string(l) + " " + state_of(*o));
     }
-    const Thread& o = b.threads[size_t(base + l)];
-    if (o.state == State::warp && (!same_what(o.what, what) || o.mask != mask))
-      fiber_error(where(b) + ": warp " + std::to_string(me.ts.warp) + " diverges: thread " + idx3(me.ts.thread_idx) +
-                  " is at " + what + " at " + file + ":" + std::to_string(line) + " while lane " + std::to_string(l) +
-                  " of its mask " + state_of(o));
-    all = o.state == State::warp;
   }
+  if (p.arrived == 0) {
+    p.mask = mask;
+    p.what = what;
+  }
+  // the collective completes when every lane of the mask arrived (a lane the block lacks never does: deadlock())
+  const bool all = ++p.arrived == __builtin_popcount(mask);
   if (all) {  // the last lane to arrive completes the collective for all of them
+    p.arrived = 0;
     const void* ins[kWarpSize] = {};
     void* outs[kWarpSize] = {};
     for (int l = 0; l < kWarpSize; ++l)
