@@ -484,10 +484,6 @@ const OrderPolicy& order_policy() {
   return g_order;
 }
 
-// Used by block.cpp's messages.
-std::string running_work() {
-  return g_dev ? g_dev->running : std::string();
-}
 
 }  // namespace dflash::emu
 
