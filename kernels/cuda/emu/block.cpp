@@ -91,8 +91,6 @@ struct Thread {
   unsigned mask = 0;
   const void* in = nullptr;
   void* out = nullptr;
-  WarpCombine combine = nullptr;
-  void* cctx = nullptr;
 };
 
 // The shared memory of the block being run: static declarations from the bottom, dynamic at the top, ending at
@@ -373,8 +371,6 @@ void warp_collective(unsigned mask, const char* what, const char* file, int line
   me.mask = mask;
   me.in = in;
   me.out = out;
-  me.combine = combine;
-  me.cctx = cctx;
   const int base = me.ts.warp * kWarpSize;
   Block::Pending& p = b.pending[size_t(me.ts.warp)];
   if (p.arrived > 0 && (p.mask != mask || !same_what(p.what, what))) {
@@ -413,7 +409,7 @@ void warp_collective(unsigned mask, const char* what, const char* file, int line
   yield();
 }
 
-void syncwarp_impl(const char* file, int line, unsigned mask) {
+void syncwarp_at(const char* file, int line, unsigned mask) {
   warp_collective(mask, "__syncwarp", file, line, nullptr, nullptr, [](const void* const*, void* const*, unsigned, void*) {}, nullptr);
 }
 
@@ -511,7 +507,6 @@ bool describe_shared_fault(const void* addr, char* msg, size_t n) {
                 t ? t->thread_idx.y : 0u, t ? t->thread_idx.z : 0u, long(a - (sh.base + sh.capacity)), sh.dynamic);
   return true;
 }
-size_t dynamic_shared_bytes() { return t_block->shared->dynamic; }
 
 cudaError_t launch(const char* kernel, const char* file, int line, const void* func, dim3 grid, dim3 block,
                    size_t dynamic_smem, cudaStream_t stream, std::function<void()> body) {

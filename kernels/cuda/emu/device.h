@@ -68,10 +68,9 @@ void warp_collective(unsigned mask, const char* what, const char* file, int line
 // The storage of one static shared-memory declaration (`key`: the address of a static tag at that declaration),
 // per block: allocated on first use in the block, filled with 0xFF bytes (a NaN pattern) at block start.
 void* block_shared(const void* key, size_t bytes, size_t align);
-// The launch's dynamic shared memory: dynamic_shared_bytes() bytes that end at a guard page (an access past the
-// end faults with a message naming the kernel, block and thread), 0xFF-filled at block start.
+// The launch's dynamic shared memory: its bytes end at a guard page (an access past the end faults with a message
+// naming the kernel, block and thread), 0xFF-filled at block start.
 void* dynamic_shared();
-size_t dynamic_shared_bytes();
 
 // "kernel K (launched at file:line, grid …, block …), block (x,y,z)" of the block being run, for messages of
 // extensions (warp_mma.cpp); "" outside a kernel.
@@ -84,7 +83,7 @@ cudaError_t launch(const char* kernel, const char* file, int line, const void* f
                    size_t dynamic_smem, cudaStream_t stream, std::function<void()> body);
 
 // ---- the CUDA builtins (the macros below pass the call site first) ----
-inline void syncwarp_at(const char* file, int line, unsigned mask = 0xffffffffu);
+void syncwarp_at(const char* file, int line, unsigned mask = 0xffffffffu);
 unsigned ballot_at(const char* file, int line, const char* what, unsigned mask, bool pred);
 unsigned activemask();  // the lanes of the warp that have not exited
 
@@ -102,9 +101,6 @@ inline T shfl_at(const char* file, int line, const char* what, int mode, unsigne
   std::memcpy(&out, &bits, sizeof(T));
   return out;
 }
-
-void syncwarp_impl(const char* file, int line, unsigned mask);
-inline void syncwarp_at(const char* file, int line, unsigned mask) { syncwarp_impl(file, line, mask); }
 
 // Atomics: the fibers of a block run one at a time on one OS thread, and blocks one at a time: a plain
 // read-modify-write is atomic here.

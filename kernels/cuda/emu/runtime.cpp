@@ -175,8 +175,6 @@ struct Device {
   std::vector<std::unique_ptr<Stream>> legacy;  // per device
   uint64_t next_seq = 1;
   uint64_t kicked_seq = 0;  // items up to this sequence number run without waiting for the lag
-  bool stop = false;
-  std::thread worker;
   std::string running;  // what the worker runs now (for fault messages)
   std::mt19937_64 rng;
 } *g_dev = nullptr;
@@ -248,8 +246,7 @@ void init() {
       g_profile = new Profile;
       std::atexit(print_profile);
     }
-    g_dev->worker = std::thread(worker_loop);
-    g_dev->worker.detach();
+    std::thread(worker_loop).detach();  // runs until the process exits
   });
 }
 
@@ -325,7 +322,6 @@ void worker_loop() {
   g_worker_id = std::this_thread::get_id();
   std::unique_lock<std::mutex> lk(g_dev->mu);
   for (;;) {
-    if (g_dev->stop) return;
     const auto now = Clock::now();
     const auto lag = std::chrono::milliseconds(g_lag_ms);
     std::vector<std::shared_ptr<Item>> ready;
@@ -697,6 +693,18 @@ cudaError_t malloc_impl(void** p, size_t bytes, bool device, bool pinned) {
   return cudaSuccess;
 }
 
+// Unmaps (device) or frees (pinned host) a registered allocation; g_mem.mu held.
+void release_locked(std::map<const char*, Allocation>::iterator it) {
+  const Allocation a = it->second;
+  g_mem.allocations.erase(it);
+  if (a.device_memory) {
+    g_mem.device_bytes -= a.bytes;
+    munmap(a.mapping, a.mapping_bytes);
+  } else {
+    std::free(const_cast<char*>(a.base));
+  }
+}
+
 cudaError_t free_impl(void* p, bool device, const char* api) {
   init();
   if (!p) return cudaSuccess;
@@ -706,14 +714,7 @@ cudaError_t free_impl(void* p, bool device, const char* api) {
   if (it == g_mem.allocations.end() || it->second.device_memory != device)
     return api_error(cudaErrorInvalidValue, std::string(api) + "(" + ptr_str(p) + "): not the start of a live " +
                                                 (device ? "cudaMalloc" : "cudaMallocHost") + " allocation");
-  const Allocation a = it->second;
-  g_mem.allocations.erase(it);
-  if (device) {
-    g_mem.device_bytes -= a.bytes;
-    munmap(a.mapping, a.mapping_bytes);
-  } else {
-    std::free(p);
-  }
+  release_locked(it);
   return cudaSuccess;
 }
 
@@ -886,11 +887,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   w.run = [p] {
     std::lock_guard<std::mutex> lk(g_mem.mu);
     auto it = g_mem.allocations.find(static_cast<const char*>(p));
-    if (it == g_mem.allocations.end()) return;
-    const Allocation a = it->second;
-    g_mem.allocations.erase(it);
-    g_mem.device_bytes -= a.bytes;
-    munmap(a.mapping, a.mapping_bytes);
+    if (it != g_mem.allocations.end()) release_locked(it);
   };
   return fail(enqueue(stream, std::move(w)));
 }
