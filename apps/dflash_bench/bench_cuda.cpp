@@ -1,4 +1,4 @@
-// dflash_bench cuda [loss|drafter|all]: the CUDA backend's vocab loss and a drafter forward+backward, each against
+// dflash_bench cuda [loss|drafter|attention|all]: the CUDA backend's vocab loss and a drafter forward+backward, each against
 // the bound made of its own cuBLASLt GEMMs, timed alone in the same run at the same shapes (ratio = bound / time:
 // 1.0 would mean every non-GEMM kernel is free). Prints "skipped: ..." and exits 0 without a GPU or without the
 // CUDA backend, so scripts can call it anywhere.
@@ -9,6 +9,8 @@
 //            attention with q/k norm and RoPE, SwiGLU MLP), forward then backward with fp32 weight gradients;
 //            the attention's share of the total is reported. Not the lib/model drafter (which moves onto the
 //            backend separately): the same kernel sequence, for timing only.
+//   attention (not in `all`): the DFlash attention alone, tensor-core and CUDA-core kernels, against the rate of
+//            one cuBLASLt bf16 GEMM in the same run.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -26,6 +28,7 @@
 
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/launch.h"
 #endif
 
 namespace dflash::bench {
@@ -367,8 +370,89 @@ int drafter_bench(Backend<T>& be, ExecContext& ctx, const Args& args, const char
   const double flops = 2.0 * s.S * s.taps * double(s.H) * s.H + 3.0 * s.layers * layer_fwd;
   std::printf("  total     %.3f s  GEMMs alone %.3f s (%.1f TFLOP/s)  ratio %.3f%s\n", total, bound,
               flops / bound * 1e-12, bound / total, kFigureNote);
-  std::printf("  attention fwd+bwd alone %.3f s = %.1f%% of the total (flash-style CUDA-core kernels)%s\n", attn_t,
+  std::printf("  attention fwd+bwd alone %.3f s = %.1f%% of the total%s\n", attn_t,
               100.0 * attn_t / total, kFigureNote);
+  return 0;
+}
+
+// ------------------------------- attention -------------------------------
+
+// The DFlash attention alone at the drafter's shapes: forward and backward time and TFLOP/s (nominal FLOPs: 4·D
+// per visible (query, key, head) pair forward, 2.5× that backward, as FlashAttention counts them; our backward
+// does 7 products per pair instead of 5, recomputing the scores in both of its passes), for the tensor-core
+// kernels and the CUDA-core kernels, against the same run's cuBLASLt GEMM rate at the drafter's q projection
+// shape (NB × H → NH·D): the yardstick (goals: forward ≥ 0.45 of it, backward ≥ 0.35).
+int attention_bench(ExecContext& ctx, const Args& args) {
+  const int S = int(args.integer("seq", 8192)), N = int(args.integer("anchors", 1024)),
+            B = int(args.integer("block", 32)), NH = int(args.integer("heads", 32)),
+            KVH = int(args.integer("kv-heads", 8)), D = int(args.integer("head-dim", 128)),
+            H = int(args.integer("hidden", 5120)), window = int(args.integer("window", 0)),
+            reps = int(args.integer("reps", 2));
+  DFLASH_USER_CHECK(S >= 2 && N >= 1 && B >= 1 && KVH >= 1 && NH % KVH == 0 && D >= 2 && H >= 1 && reps >= 1,
+                    "dflash_bench cuda attention: need --heads a multiple of --kv-heads and every size ≥ 1");
+  auto be = kernels::make_cuda_backend_bf16();
+  const int NB = N * B;
+  const kernels::DFlashAttentionShape s{N, B, S, NH, KVH, D, window};
+  Dev<bf16> q(size_t(NB) * NH * D), kc(size_t(S) * KVH * D), vc(size_t(S) * KVH * D), kb(size_t(NB) * KVH * D),
+      vb(size_t(NB) * KVH * D), out(size_t(NB) * NH * D), dout(size_t(NB) * NH * D), dq(size_t(NB) * NH * D),
+      dkc(size_t(S) * KVH * D), dvc(size_t(S) * KVH * D), dkb(size_t(NB) * KVH * D), dvb(size_t(NB) * KVH * D);
+  Dev<float> lse(size_t(NB) * NH), delta(size_t(NB) * NH);
+  Dev<int32_t> anchors(N);
+  for (Dev<bf16>* d : {&q, &kc, &vc, &kb, &vb, &dout}) fill_normal(*be, ctx, *d, 1.0, 20 + d->n % 7);
+  for (Dev<bf16>* d : {&dq, &dkc, &dvc, &dkb, &dvb}) be->zero(ctx, d->p(), d->n * sizeof(bf16));
+  std::vector<int32_t> a(N);
+  {
+    Rng rng(21);
+    for (int i = 0; i < N; ++i) a[i] = int32_t(rng.below(uint64_t(S - 1)) + 1);
+    std::sort(a.begin(), a.end());
+    upload_vec(*be, ctx, anchors, a);
+  }
+  const double pairs = double(kernels::dflash_attention_pairs(a.data(), s));
+  const double fwd_flops = 4.0 * D * pairs, bwd_flops = 2.5 * fwd_flops;
+  const bool tc = kernels::cuda::dflash_attention_tc_supports(s, {q.p(), kc.p(), vc.p(), kb.p(), vb.p(), out.p()});
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.stream);
+  // the yardstick: one bf16 GEMM at the q projection's shape
+  Dev<bf16> x(size_t(NB) * H), w(size_t(NH) * D * H), y(size_t(NB) * NH * D);
+  fill_normal(*be, ctx, x, 1.0, 22);
+  fill_normal(*be, ctx, w, 0.02, 23);
+  const double gemm_t = time_best(*be, ctx, reps, [&] { be->linear_forward(ctx, y.p(), x.p(), w.p(), NB, H, NH * D); });
+  const double gemm_rate = 2.0 * NB * double(H) * NH * D / gemm_t;
+  std::printf("cuda attention: bf16 seq=%d anchors=%d block=%d (NB=%d) heads=%d/%d head_dim=%d window=%d, %.3g "
+              "visible pairs, best of %d%s\n",
+              S, N, B, NB, NH, KVH, D, window, pairs, reps, kFigureNote);
+  std::printf("  yardstick cuBLASLt bf16 GEMM %d x %d x %d: %.3f ms, %.1f TFLOP/s%s\n", NB, NH * D, H, gemm_t * 1e3,
+              gemm_rate * 1e-12, kFigureNote);
+  auto report = [&](const char* who, double fwd_t, double bwd_t) {
+    std::printf("  %-13s forward %.3f ms %.1f TFLOP/s = %.3f of the GEMM rate; backward %.3f ms %.1f TFLOP/s = %.3f%s\n",
+                who, fwd_t * 1e3, fwd_flops / fwd_t * 1e-12, fwd_flops / fwd_t / gemm_rate, bwd_t * 1e3,
+                bwd_flops / bwd_t * 1e-12, bwd_flops / bwd_t / gemm_rate, kFigureNote);
+  };
+  if (tc) {
+    const double f = time_best(*be, ctx, reps, [&] {
+      kernels::cuda::launch_dflash_attention_forward_tc(st, out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(), vb.p(),
+                                                        anchors.p(), s);
+    });
+    const double b = time_best(*be, ctx, reps, [&] {
+      kernels::cuda::launch_dflash_attention_backward_tc(st, dq.p(), dkc.p(), dvc.p(), dkb.p(), dvb.p(), dout.p(),
+                                                         out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(), vb.p(),
+                                                         anchors.p(), s, delta.p());
+    });
+    report("tensor cores", f, b);
+  } else {
+    std::printf("  tensor cores: not for this shape (head_dim 64/128/256, block·heads/kv_heads ≤ 512)\n");
+  }
+  if (args.integer("cores", 1)) {
+    const double f = time_best(*be, ctx, reps, [&] {
+      kernels::cuda::launch_dflash_attention_forward_cores<bf16>(st, out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(),
+                                                                 vb.p(), anchors.p(), s);
+    });
+    const double b = time_best(*be, ctx, reps, [&] {
+      kernels::cuda::launch_dflash_attention_backward_cores<bf16>(st, dq.p(), dkc.p(), dvc.p(), dkb.p(), dvb.p(),
+                                                                  dout.p(), out.p(), lse.p(), q.p(), kc.p(), vc.p(),
+                                                                  kb.p(), vb.p(), anchors.p(), s, delta.p());
+    });
+    report("CUDA cores", f, b);
+  }
   return 0;
 }
 
@@ -385,21 +469,23 @@ int run_all(Backend<T>& be, ExecContext& ctx, const std::string& what, const Arg
 int run_cuda(int argc, char** argv) {
   Args args(argc, argv,
             {"precision", "T", "H", "V", "chunk", "reps", "seq", "anchors", "block", "hidden", "layers", "heads",
-             "kv-heads", "head-dim", "intermediate", "taps", "window"},
+             "kv-heads", "head-dim", "intermediate", "taps", "window", "cores"},
             {"help"});
   if (args.has("help")) {
     std::printf(
-        "dflash_bench cuda [loss|drafter|all] [--precision bf16|fp32] [--reps 2]\n"
+        "dflash_bench cuda [loss|drafter|attention|all] [--precision bf16|fp32] [--reps 2]\n"
         "  loss:    [--T 32768] [--H 5120] [--V 248320] [--chunk 2048]\n"
         "  drafter: [--seq 32768] [--anchors 1024] [--block 32] [--hidden 5120] [--layers 5] [--heads 32]\n"
         "           [--kv-heads 8] [--head-dim 128] [--intermediate 17408] [--taps 5] [--window 0]\n"
+        "  attention (bf16): [--seq 8192] [--anchors 1024] [--block 32] [--heads 32] [--kv-heads 8]\n"
+        "           [--head-dim 128] [--window 0] [--hidden 5120] [--cores 1 (0: skip the CUDA-core kernels)]\n"
         "Times the CUDA backend against its own cuBLASLt GEMMs alone (same run, same shapes).\n"
         "Prints 'skipped: ...' and exits 0 where there is no GPU or no CUDA backend.\n");
     return 0;
   }
   const std::string what = args.positional().empty() ? "all" : args.positional()[0];
-  DFLASH_USER_CHECK(what == "loss" || what == "drafter" || what == "all",
-                    "dflash_bench cuda: unknown benchmark '{}': use loss, drafter or all", what);
+  DFLASH_USER_CHECK(what == "loss" || what == "drafter" || what == "attention" || what == "all",
+                    "dflash_bench cuda: unknown benchmark '{}': use loss, drafter, attention or all", what);
   const std::string precision = args.str("precision", "bf16");
   DFLASH_USER_CHECK(precision == "bf16" || precision == "fp32",
                     "dflash_bench cuda: --precision must be bf16 or fp32 (got '{}')", precision);
@@ -412,6 +498,7 @@ int run_cuda(int argc, char** argv) {
     return 0;
   }
   kernels::cuda::CudaContext context(0);
+  if (what == "attention") return attention_bench(context.exec(), args);
   if (precision == "bf16") {
     auto be = kernels::make_cuda_backend_bf16();
     return run_all(*be, context.exec(), what, args, "bf16");

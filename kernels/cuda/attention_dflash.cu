@@ -10,6 +10,8 @@
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/check.h"
 
+#include <type_traits>
+
 namespace dflash::kernels::cuda {
 
 namespace {
@@ -210,7 +212,7 @@ unsigned blocks_for_warps(long long warps) { return unsigned((warps + kAttnWarps
 }  // namespace
 
 template <typename T>
-void launch_dflash_attention_forward(cudaStream_t st, T* out, float* lse, const T* q, const T* k_ctx, const T* v_ctx,
+void launch_dflash_attention_forward_cores(cudaStream_t st, T* out, float* lse, const T* q, const T* k_ctx, const T* v_ctx,
                                      const T* k_blk, const T* v_blk, const int32_t* anchors,
                                      const DFlashAttentionShape& s) {
   const long long queries = (long long)s.n_blocks * s.block * s.heads;
@@ -220,7 +222,7 @@ void launch_dflash_attention_forward(cudaStream_t st, T* out, float* lse, const 
 }
 
 template <typename T>
-void launch_dflash_attention_backward(cudaStream_t st, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk,
+void launch_dflash_attention_backward_cores(cudaStream_t st, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk,
                                       const T* dout, const T* out, const float* lse, const T* q, const T* k_ctx,
                                       const T* v_ctx, const T* k_blk, const T* v_blk, const int32_t* anchors,
                                       const DFlashAttentionShape& s, float* delta) {
@@ -233,14 +235,46 @@ void launch_dflash_attention_backward(cudaStream_t st, T* dq, T* dk_ctx, T* dv_c
       dk_ctx, dv_ctx, dk_blk, dv_blk, dout, lse, delta, q, k_ctx, v_ctx, k_blk, v_blk, anchors, s);
 }
 
-#define DFLASH_INSTANTIATE(T)                                                                                      \
-  template void launch_dflash_attention_forward<T>(cudaStream_t, T*, float*, const T*, const T*, const T*,          \
-                                                   const T*, const T*, const int32_t*, const DFlashAttentionShape&); \
-  template void launch_dflash_attention_backward<T>(cudaStream_t, T*, T*, T*, T*, T*, const T*, const T*,           \
-                                                    const float*, const T*, const T*, const T*, const T*, const T*, \
-                                                    const int32_t*, const DFlashAttentionShape&, float*);
+template <typename T>
+void launch_dflash_attention_forward(cudaStream_t st, T* out, float* lse, const T* q, const T* k_ctx, const T* v_ctx,
+                                     const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                     const DFlashAttentionShape& s) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (dflash_attention_tc_supports(s, {out, q, k_ctx, v_ctx, k_blk, v_blk}))
+      return launch_dflash_attention_forward_tc(st, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, s);
+  }
+  launch_dflash_attention_forward_cores(st, out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, s);
+}
+
+template <typename T>
+void launch_dflash_attention_backward(cudaStream_t st, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk,
+                                      const T* dout, const T* out, const float* lse, const T* q, const T* k_ctx,
+                                      const T* v_ctx, const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                      const DFlashAttentionShape& s, float* delta) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (dflash_attention_tc_supports(s, {dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, q, k_ctx, v_ctx, k_blk, v_blk}))
+      return launch_dflash_attention_backward_tc(st, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx,
+                                                 v_ctx, k_blk, v_blk, anchors, s, delta);
+  }
+  launch_dflash_attention_backward_cores(st, dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx,
+                                         k_blk, v_blk, anchors, s, delta);
+}
+
+#define DFLASH_INSTANTIATE_AS(T, NAME)                                                                             \
+  template void NAME<T>(cudaStream_t, T*, float*, const T*, const T*, const T*, const T*, const T*, const int32_t*, \
+                        const DFlashAttentionShape&);
+#define DFLASH_INSTANTIATE_BWD_AS(T, NAME)                                                                         \
+  template void NAME<T>(cudaStream_t, T*, T*, T*, T*, T*, const T*, const T*, const float*, const T*, const T*,     \
+                        const T*, const T*, const T*, const int32_t*, const DFlashAttentionShape&, float*);
+#define DFLASH_INSTANTIATE(T)                                              \
+  DFLASH_INSTANTIATE_AS(T, launch_dflash_attention_forward)                \
+  DFLASH_INSTANTIATE_AS(T, launch_dflash_attention_forward_cores)          \
+  DFLASH_INSTANTIATE_BWD_AS(T, launch_dflash_attention_backward)           \
+  DFLASH_INSTANTIATE_BWD_AS(T, launch_dflash_attention_backward_cores)
 DFLASH_INSTANTIATE(float)
 DFLASH_INSTANTIATE(bf16)
 #undef DFLASH_INSTANTIATE
+#undef DFLASH_INSTANTIATE_AS
+#undef DFLASH_INSTANTIATE_BWD_AS
 
 }  // namespace dflash::kernels::cuda

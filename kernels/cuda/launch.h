@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/attention_shape.h"
 #include "kernels/backend.h"
@@ -78,6 +79,28 @@ void launch_dflash_attention_backward(cudaStream_t st, T* dq, T* dk_ctx, T* dv_c
                                       const T* dout, const T* out, const float* lse, const T* q, const T* k_ctx,
                                       const T* v_ctx, const T* k_blk, const T* v_blk, const int32_t* anchors,
                                       const DFlashAttentionShape& s, float* delta);
+// The same, always on the CUDA-core kernels (attention_dflash.cu): the fp32 path, and the reference of the
+// tensor-core kernels (attention_dflash_tc.cu) that the two launchers above use for bf16 when they can.
+template <typename T>
+void launch_dflash_attention_forward_cores(cudaStream_t st, T* out, float* lse, const T* q, const T* k_ctx,
+                                           const T* v_ctx, const T* k_blk, const T* v_blk, const int32_t* anchors,
+                                           const DFlashAttentionShape& s);
+template <typename T>
+void launch_dflash_attention_backward_cores(cudaStream_t st, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk,
+                                            const T* dout, const T* out, const float* lse, const T* q,
+                                            const T* k_ctx, const T* v_ctx, const T* k_blk, const T* v_blk,
+                                            const int32_t* anchors, const DFlashAttentionShape& s, float* delta);
+// Tensor cores (bf16 only): head_dim 64, 128 or 256, heads a multiple of kv_heads, block · heads / kv_heads ≤ 512,
+// every tensor 16-byte aligned (null pointers are not checked).
+bool dflash_attention_tc_supports(const DFlashAttentionShape& s, std::initializer_list<const void*> tensors);
+void launch_dflash_attention_forward_tc(cudaStream_t st, bf16* out, float* lse, const bf16* q, const bf16* k_ctx,
+                                        const bf16* v_ctx, const bf16* k_blk, const bf16* v_blk,
+                                        const int32_t* anchors, const DFlashAttentionShape& s);
+void launch_dflash_attention_backward_tc(cudaStream_t st, bf16* dq, bf16* dk_ctx, bf16* dv_ctx, bf16* dk_blk,
+                                         bf16* dv_blk, const bf16* dout, const bf16* out, const float* lse,
+                                         const bf16* q, const bf16* k_ctx, const bf16* v_ctx, const bf16* k_blk,
+                                         const bf16* v_blk, const int32_t* anchors, const DFlashAttentionShape& s,
+                                         float* delta);
 template <typename T>
 void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int S,
                                      int q_heads, int kv_heads, int head_dim);

@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/launch.h"
 #include "lib/core/rng.h"
 
 using namespace dflash;
@@ -640,6 +641,216 @@ TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 ac
 }
 
 // ============================== the target's forward ==============================
+
+// ============================== attention on tensor cores ==============================
+// The bf16 DFlash kernels of attention_dflash_tc.cu against a double reference written from the mask's
+// definition (kernels/attention_shape.h), and against the CUDA-core bf16 kernels on the same inputs.
+//
+// Tolerances, per element, from the kernels' roundings (bf16: 2^-9 relative per rounding; the fp32 accumulations
+// of exact bf16 products are orders of magnitude below and covered by the ×2 headroom):
+//   out  P is rounded to bf16 for P·V: |Δ| ≤ 2^-9 Σ p|v|; out itself is rounded: 2^-9 |out|.
+//   dV   P rounded likewise: 2^-9 Σ p|dO|; the += result rounded: 2^-9 |dV|.
+//   dQ, dK  dS = p (dP − delta): delta comes from the bf16 O (≤ 2^-9 p Σ|dO||O|) and dS is rounded for the
+//        product (≤ 2^-9 p (|dP| + |delta|)): |ΔdS| ≤ 2^-8 w with w = p (|dP| + Σ|dO||O|), so
+//        |ΔdQ| ≤ 2^-8 scale Σ_k w |k| (dK: Σ_q w |q|); the += result rounded: 2^-9 |dQ|.
+// Each bound is doubled; a floor of 1e-6 covers exact zeros.
+namespace {
+
+struct AttnReference {
+  std::vector<double> out, lse, dq, dkc, dvc, dkb, dvb;              // values (the += gradients from dq0 … dvb0)
+  std::vector<double> m_out, m_dq, m_dkc, m_dvc, m_dkb, m_dvb;       // the magnitudes of the bounds above
+};
+
+AttnReference dflash_reference(const DFlashAttentionShape& s, const std::vector<int32_t>& anchors,
+                               const std::vector<float>& q, const std::vector<float>& kc,
+                               const std::vector<float>& vc, const std::vector<float>& kb,
+                               const std::vector<float>& vb, const std::vector<float>& dout,
+                               const std::vector<float>& dq0, const std::vector<float>& dkc0,
+                               const std::vector<float>& dvc0, const std::vector<float>& dkb0,
+                               const std::vector<float>& dvb0) {
+  const int NB = s.n_blocks * s.block, NH = s.heads, KVH = s.kv_heads, D = s.head_dim, G = NH / KVH;
+  const double scale = 1.0 / std::sqrt(double(D));
+  AttnReference R;
+  auto widen = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  R.out.assign(q.size(), 0.0);
+  R.lse.assign(size_t(NB) * NH, 0.0);
+  R.dq = widen(dq0), R.dkc = widen(dkc0), R.dvc = widen(dvc0), R.dkb = widen(dkb0), R.dvb = widen(dvb0);
+  R.m_out.assign(q.size(), 0.0), R.m_dq.assign(q.size(), 0.0);
+  R.m_dkc.assign(kc.size(), 0.0), R.m_dvc.assign(kc.size(), 0.0);
+  R.m_dkb.assign(kb.size(), 0.0), R.m_dvb.assign(kb.size(), 0.0);
+  for (int r = 0; r < NB; ++r)
+    for (int h = 0; h < NH; ++h) {
+      const int b = r / s.block, j = r % s.block, g = h / G;
+      const size_t qo = (size_t(r) * NH + h) * D;
+      struct Key {
+        bool ctx;
+        size_t off;
+      };
+      std::vector<Key> keys;
+      const int a = anchors[b], hi = std::min(a, s.ctx_len);
+      for (int c = 0; c < hi; ++c)
+        if (s.window <= 0 || c >= a + j - (s.window - 1)) keys.push_back({true, (size_t(c) * KVH + g) * D});
+      for (int i = 0; i < s.block; ++i)
+        if (s.window <= 0 || i <= j) keys.push_back({false, (size_t(b * s.block + i) * KVH + g) * D});
+      std::vector<double> sc(keys.size());
+      double mx = -INFINITY;
+      for (size_t t = 0; t < keys.size(); ++t) {
+        const float* k = (keys[t].ctx ? kc.data() : kb.data()) + keys[t].off;
+        double acc = 0;
+        for (int d = 0; d < D; ++d) acc += double(q[qo + d]) * k[d];
+        sc[t] = acc * scale;
+        mx = std::max(mx, sc[t]);
+      }
+      double l = 0;
+      for (double x : sc) l += std::exp(x - mx);
+      const double lse = mx + std::log(l);
+      R.lse[size_t(r) * NH + h] = lse;
+      std::vector<double> p(keys.size());
+      for (size_t t = 0; t < keys.size(); ++t) {
+        p[t] = std::exp(sc[t] - lse);
+        const float* v = (keys[t].ctx ? vc.data() : vb.data()) + keys[t].off;
+        for (int d = 0; d < D; ++d) {
+          R.out[qo + d] += p[t] * v[d];
+          R.m_out[qo + d] += p[t] * std::fabs(v[d]);
+        }
+      }
+      double delta = 0, delta_mag = 0;
+      for (int d = 0; d < D; ++d) {
+        delta += double(dout[qo + d]) * R.out[qo + d];
+        delta_mag += std::fabs(double(dout[qo + d]) * R.out[qo + d]);
+      }
+      for (size_t t = 0; t < keys.size(); ++t) {
+        const bool ctx = keys[t].ctx;
+        const size_t ko = keys[t].off;
+        const float* k = (ctx ? kc.data() : kb.data()) + ko;
+        const float* v = (ctx ? vc.data() : vb.data()) + ko;
+        double dp = 0;
+        for (int d = 0; d < D; ++d) dp += double(dout[qo + d]) * v[d];
+        const double ds = p[t] * (dp - delta), w = p[t] * (std::fabs(dp) + delta_mag);
+        auto& dk = ctx ? R.dkc : R.dkb;
+        auto& dv = ctx ? R.dvc : R.dvb;
+        auto& mdk = ctx ? R.m_dkc : R.m_dkb;
+        auto& mdv = ctx ? R.m_dvc : R.m_dvb;
+        for (int d = 0; d < D; ++d) {
+          R.dq[qo + d] += scale * ds * k[d];
+          R.m_dq[qo + d] += scale * w * std::fabs(k[d]);
+          dk[ko + d] += scale * ds * q[qo + d];
+          mdk[ko + d] += scale * w * std::fabs(q[qo + d]);
+          dv[ko + d] += p[t] * dout[qo + d];
+          mdv[ko + d] += p[t] * std::fabs(dout[qo + d]);
+        }
+      }
+    }
+  return R;
+}
+
+// |got − want| ≤ 2·(c_mag·mag + 2^-9·|want|) + 1e-6 elementwise (the bounds of the comment above).
+void require_bound(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& mag,
+                   double c_mag, const char* what) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - want[i]);
+    const double t = 2.0 * (c_mag * mag[i] + 0x1.0p-9 * std::fabs(want[i])) + 1e-6;
+    worst = std::max(worst, d / t);
+    if (!(d <= t)) {
+      INFO(what << ": element " << i << " of " << got.size() << ": gpu " << got[i] << " reference " << want[i]
+                << " |diff| " << d << " > bound " << t);
+      REQUIRE(d <= t);
+    }
+  }
+  MESSAGE(std::string(what) << ": worst |diff| / bound " << worst);
+}
+
+struct TcRun {  // one forward + backward of the bf16 DFlash attention on the device
+  std::vector<float> out, lse, dq, dkc, dvc, dkb, dvb;
+};
+
+template <typename Forward, typename Backward>
+TcRun run_bf16_attention(const DFlashAttentionShape& s, const std::vector<int32_t>& anchors,
+                         const std::vector<std::vector<float>>& in, const std::vector<float>& out_for_backward,
+                         const std::vector<float>& lse_for_backward, Forward fwd, Backward bwd) {
+  // in: q, kc, vc, kb, vb, dout, dq0, dkc0, dvc0, dkb0, dvb0 (already bf16-exact)
+  std::vector<Dev<bf16>> d;
+  for (const auto& x : in) d.emplace_back(to_bf16(x));
+  Dev<bf16> gout(std::vector<bf16>(in[0].size())), gout_b(to_bf16(out_for_backward));
+  Dev<float> glse(std::vector<float>(size_t(s.n_blocks) * s.block * s.heads)), glse_b(lse_for_backward),
+      gdelta(std::vector<float>(std::max<size_t>(1, lse_for_backward.size())));
+  Dev<int32_t> ganch(anchors);
+  const cudaStream_t st = static_cast<cudaStream_t>(gpu().ex().stream);
+  fwd(st, gout.p(), glse.p(), d[0].p(), d[1].p(), d[2].p(), d[3].p(), d[4].p(), ganch.p(), s);
+  bwd(st, d[6].p(), d[7].p(), d[8].p(), d[9].p(), d[10].p(), d[5].p(), gout_b.p(), glse_b.p(), d[0].p(), d[1].p(),
+      d[2].p(), d[3].p(), d[4].p(), ganch.p(), s, gdelta.p());
+  return {to_f32(gout.get()), glse.get(),        to_f32(d[6].get()), to_f32(d[7].get()),
+          to_f32(d[8].get()), to_f32(d[9].get()), to_f32(d[10].get())};
+}
+
+void dflash_tc_twin(const AttnCase& c) {
+  const auto& s = c.s;
+  const size_t NB = size_t(s.n_blocks) * s.block, NH = s.heads, KVH = s.kv_heads, D = s.head_dim;
+  INFO("NB " << NB << " S " << s.ctx_len << " NH " << NH << " KVH " << KVH << " D " << D << " window " << s.window);
+  REQUIRE(cuda::dflash_attention_tc_supports(s, {}));
+  const size_t nq = NB * NH * D, nc = size_t(s.ctx_len) * KVH * D, nb = NB * KVH * D;
+  const std::vector<std::vector<float>> in = {
+      bf16_round(randn(nq, 140)),      bf16_round(randn(nc, 141)),      bf16_round(randn(nc, 142)),
+      bf16_round(randn(nb, 143)),      bf16_round(randn(nb, 144)),      bf16_round(randn(nq, 145)),
+      bf16_round(randn(nq, 146, 0.1)), bf16_round(randn(nc, 147, 0.1)), bf16_round(randn(nc, 148, 0.1)),
+      bf16_round(randn(nb, 149, 0.1)), bf16_round(randn(nb, 150, 0.1))};
+  const AttnReference R = dflash_reference(s, c.anchors, in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7],
+                                           in[8], in[9], in[10]);
+  // the backward of both kernels gets the reference's O (as bf16) and lse: its check is independent of the forward
+  std::vector<float> out_b(R.out.size()), lse_b(R.lse.size());
+  for (size_t i = 0; i < out_b.size(); ++i) out_b[i] = float(R.out[i]);
+  for (size_t i = 0; i < lse_b.size(); ++i) lse_b[i] = float(R.lse[i]);
+  const TcRun tc = run_bf16_attention(s, c.anchors, in, bf16_round(out_b), lse_b,
+                                      cuda::launch_dflash_attention_forward_tc,
+                                      cuda::launch_dflash_attention_backward_tc);
+  const TcRun cores = run_bf16_attention(s, c.anchors, in, bf16_round(out_b), lse_b,
+                                         cuda::launch_dflash_attention_forward_cores<bf16>,
+                                         cuda::launch_dflash_attention_backward_cores<bf16>);
+  const double keys = double(s.ctx_len + s.block);
+  const std::vector<double> lse_tol(R.lse.size(), 8.0 * (keys + D) * kU * (std::sqrt(double(D)) * 4 + 5));
+  for (const TcRun* run : {&tc, &cores}) {
+    const char* who = run == &tc ? "tensor cores" : "CUDA cores";
+    INFO(who);
+    require_bound(run->out, R.out, R.m_out, 0x1.0p-9, "out");
+    require_bound(run->lse, R.lse, lse_tol, 1.0, "lse (fp32)");
+    require_bound(run->dq, R.dq, R.m_dq, 0x1.0p-8, "dq");
+    require_bound(run->dkc, R.dkc, R.m_dkc, 0x1.0p-8, "dk_ctx");
+    require_bound(run->dkb, R.dkb, R.m_dkb, 0x1.0p-8, "dk_blk");
+    require_bound(run->dvc, R.dvc, R.m_dvc, 0x1.0p-9, "dv_ctx");
+    require_bound(run->dvb, R.dvb, R.m_dvb, 0x1.0p-9, "dv_blk");
+  }
+  // the two kernels against each other: within the sum of their bounds
+  std::vector<double> cores_out(cores.out.begin(), cores.out.end()), cores_dq(cores.dq.begin(), cores.dq.end());
+  std::vector<double> mag2(R.m_out.size());
+  for (size_t i = 0; i < mag2.size(); ++i) mag2[i] = 2 * R.m_out[i] + 0x1.0p-8 * std::fabs(R.out[i]) / 0x1.0p-9;
+  require_bound(tc.out, cores_out, mag2, 0x1.0p-9, "out: tensor cores vs CUDA cores");
+  for (size_t i = 0; i < mag2.size(); ++i) mag2[i] = 2 * R.m_dq[i] + 0x1.0p-8 * std::fabs(R.dq[i]) / 0x1.0p-8;
+  require_bound(tc.dq, cores_dq, mag2, 0x1.0p-8, "dq: tensor cores vs CUDA cores");
+}
+
+}  // namespace
+
+TEST_CASE("cuda twin attention_tc: DFlash forward/backward on tensor cores (D 64/128/256, GQA 1/4/6, sliding)") {
+  // {n_blocks, block, ctx_len, heads, kv_heads, head_dim, window}
+  dflash_tc_twin({{5, 16, 300, 8, 2, 128, 0}, {0, 1, 150, 299, 300}});   // G 4, partial tiles, anchors 0 and S
+  dflash_tc_twin({{5, 16, 300, 8, 2, 128, 64}, {0, 1, 150, 299, 300}});  // a sliding window across tiles
+  dflash_tc_twin({{3, 16, 130, 2, 2, 64, 0}, {130, 64, 65}});            // G 1
+  dflash_tc_twin({{3, 8, 100, 12, 2, 64, 20}, {0, 50, 100}});            // G 6: 48 rows, a short window
+  dflash_tc_twin({{3, 7, 77, 8, 2, 64, 16}, {76, 13, 40}});              // 28 rows: a partial warp
+  dflash_tc_twin({{2, 32, 100, 4, 1, 256, 0}, {40, 100}});               // D 256, 128 rows (8 warps)
+}
+
+TEST_CASE("cuda twin attention_tc: what the tensor-core kernels take, and the fallback for the rest") {
+  CHECK(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 128, 0}, {}));
+  CHECK_FALSE(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 96, 0}, {}));    // head_dim
+  CHECK_FALSE(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 3, 128, 0}, {}));   // heads % kv_heads
+  CHECK_FALSE(cuda::dflash_attention_tc_supports({4, 64, 100, 64, 4, 128, 0}, {}));  // 1024 rows per block
+  alignas(16) static const char bytes[32] = {};
+  CHECK(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 128, 0}, {bytes}));
+  CHECK_FALSE(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 128, 0}, {bytes + 2}));  // cp.async alignment
+}
 
 TEST_CASE("cuda twin target: causal attention over a KV cache (prefill, decode, GQA) and the sigmoid gate") {
   for (auto [n, past, NH, KVH, D] : {std::tuple{100, 0, 8, 2, 128}, std::tuple{1, 300, 6, 1, 256},
