@@ -4,11 +4,14 @@
 // K and V rows loaded once, coalesced, into shared memory (K padded to D + 1 floats a row, so that lane t reading
 // row t is free of bank conflicts) and used by all the block's rows. Per row the math is the warp-per-query walk
 // of attention_common.cuh (one key per lane, online softmax per tile, lane-owned output dimensions), tested on the
-// CPU (tests/unit/test_cuda_math_target.cpp); a row stops at its own last key. Unverified on GPU. Not built: tensor
-// cores, and splitting a decode step's keys over blocks (n = 1 runs one block per head).
+// CPU (tests/unit/test_cuda_math_target.cpp); a row stops at its own last key. Unverified on GPU. The fp32 path, and
+// the reference of the tensor-core kernel (attention_dflash_tc.cu) the launchers use for bf16 where they can. Not
+// built: splitting a decode step's keys over blocks (n = 1 runs one block per head, or per kv head on tensor cores).
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/target_math.h"
+
+#include <type_traits>
 
 namespace dflash::kernels::cuda {
 
@@ -106,8 +109,8 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp)
 }  // namespace
 
 template <typename T>
-void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n, int past,
-                                     int q_heads, int kv_heads, int head_dim) {
+void launch_attention_cached_forward_cores(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n,
+                                           int past, int q_heads, int kv_heads, int head_dim) {
   if (n <= 0 || q_heads <= 0) return;
   const size_t smem = causal_smem_bytes(head_dim);  // 82 KiB at head_dim 256: above the 48 KiB default
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&attention_causal_kernel<T>),
@@ -115,6 +118,16 @@ void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const 
   const dim3 grid(unsigned((n + kCausalRows - 1) / kCausalRows), unsigned(q_heads));
   DFLASH_LAUNCH(grid, kAttnWarps * kWarp, smem, st, attention_causal_kernel<T>)(out, q, k, v, n, past, q_heads,
                                                                                 kv_heads, head_dim);
+}
+
+template <typename T>
+void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n, int past,
+                                     int q_heads, int kv_heads, int head_dim) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (attention_causal_tc_supports(q_heads, kv_heads, head_dim, {out, q, k, v}))
+      return launch_attention_cached_forward_tc(st, out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+  }
+  launch_attention_cached_forward_cores(st, out, q, k, v, n, past, q_heads, kv_heads, head_dim);
 }
 
 template <typename T>
@@ -126,6 +139,8 @@ void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const 
 #define DFLASH_INSTANTIATE(T)                                                                                    \
   template void launch_attention_cached_forward<T>(cudaStream_t, T*, const T*, const T*, const T*, int, int, int, \
                                                    int, int);                                                    \
+  template void launch_attention_cached_forward_cores<T>(cudaStream_t, T*, const T*, const T*, const T*, int, int, \
+                                                         int, int, int);                                         \
   template void launch_attention_causal_forward<T>(cudaStream_t, T*, const T*, const T*, const T*, int, int, int, \
                                                    int);
 DFLASH_INSTANTIATE(float)

@@ -184,47 +184,103 @@ struct QueryRows {
   __device__ size_t stat(int m) const { return size_t(b * block + m / G) * heads + size_t(g) * G + m % G; }
 };
 
+// The query tile and key stream of one thread block, for the forward kernel below (FwdTiles: the DFlash mask;
+// CausalTiles: the target's causal attention over a cache). Each gives: M (rows in the query tile), the offset of
+// row m in q/out and its lse index, n_tiles and tile(t) (its K/V rows and whether it needs a mask), and
+// visible(tile, key column, m).
+struct TileRows {
+  const bf16 *k, *v;  // the tile's first K and V rows
+  size_t stride;      // elements between consecutive rows
+  KeyTile kt;
+};
+
+struct DFlashFwdParams {
+  const bf16 *k_ctx, *v_ctx, *k_blk, *v_blk;
+  const int32_t* anchors;
+  DFlashAttentionShape s;
+};
+
+template <int BC>
+struct DFlashTiles {
+  DFlashFwdParams p;
+  int b, g, G, M;
+  QueryRows rows;
+  BlockKeys keys;
+  __device__ DFlashTiles(const DFlashFwdParams& params, int bx, int by)
+      : p(params), b(bx), g(by), G(params.s.heads / params.s.kv_heads), M(params.s.block * G),
+        rows{bx, by, G, params.s.block, params.s.heads, params.s.head_dim},
+        keys(block_keys(params.s, params.anchors[bx], BC)) {}
+  __device__ int n_tiles() const { return keys.n_tiles; }
+  __device__ size_t q_offset(int m) const { return rows.offset(m); }
+  __device__ size_t stat(int m) const { return rows.stat(m); }
+  __device__ TileRows tile(int t) const {
+    const KeyTile kt = key_tile(p.s, keys, t, BC);
+    const size_t stride = size_t(p.s.kv_heads) * p.s.head_dim;
+    const size_t row = kt.ctx ? size_t(kt.start) : size_t(b) * p.s.block + kt.start;
+    const size_t off = row * stride + size_t(g) * p.s.head_dim;
+    return {(kt.ctx ? p.k_ctx : p.k_blk) + off, (kt.ctx ? p.v_ctx : p.v_blk) + off, stride, kt};
+  }
+  __device__ bool visible(const KeyTile& kt, int col, int m) const {
+    const int key = kt.start + col, j = m / G;
+    return col < kt.n && (kt.ctx ? sees_ctx(p.s, keys.anchor, keys.ctx_hi, key, j) : sees_blk(p.s, key, j));
+  }
+};
+
+// Causal attention of the target over a cache: query row i (position past + i) sees keys 0 .. past + i of
+// k, v [past + n, KVH, D]. A thread block takes R consecutive query rows × the G query heads of kv head g.
+struct CausalParams {
+  const bf16 *k, *v;
+  int n, past, heads, kv_heads, head_dim, R;
+};
+
+template <int BC>
+struct CausalTiles {
+  CausalParams p;
+  int i0, g, G, M, n_keys;
+  __device__ CausalTiles(const CausalParams& params, int bx, int by)
+      : p(params), i0(bx * params.R), g(by), G(params.heads / params.kv_heads),
+        M(min(params.R, params.n - bx * params.R) * G),
+        n_keys(params.past + min(params.R, params.n - bx * params.R) + bx * params.R) {}
+  __device__ int n_tiles() const { return (n_keys + BC - 1) / BC; }
+  __device__ size_t q_offset(int m) const {
+    return (size_t(i0 + m / G) * p.heads + size_t(g) * G + m % G) * size_t(p.head_dim);
+  }
+  __device__ size_t stat(int m) const { return 0; }
+  __device__ TileRows tile(int t) const {
+    KeyTile kt;
+    kt.ctx = true;
+    kt.start = t * BC;
+    kt.n = min(BC, n_keys - kt.start);
+    kt.masked = kt.start + BC > p.past + i0 + 1;  // the first row sees keys < past + i0 + 1
+    const size_t stride = size_t(p.kv_heads) * p.head_dim;
+    const size_t off = size_t(kt.start) * stride + size_t(g) * p.head_dim;
+    return {p.k + off, p.v + off, stride, kt};
+  }
+  __device__ bool visible(const KeyTile& kt, int col, int m) const {
+    return col < kt.n && kt.start + col <= p.past + i0 + m / G;
+  }
+};
+
 template <int D, int BC>
-__device__ void load_key_tile(SwizzledTile<D> kt_s, SwizzledTile<D> vt_s, const KeyTile& kt, const bf16* k_ctx,
-                              const bf16* v_ctx, const bf16* k_blk, const bf16* v_blk,
-                              const DFlashAttentionShape& s, int b, int g) {
-  const size_t stride = size_t(s.kv_heads) * D;
-  const size_t row = kt.ctx ? size_t(kt.start) : size_t(b) * s.block + kt.start;
-  const size_t off = row * stride + size_t(g) * D;
-  load_rows_async<D>(kt_s, (kt.ctx ? k_ctx : k_blk) + off, stride, kt.n, BC);
-  load_rows_async<D>(vt_s, (kt.ctx ? v_ctx : v_blk) + off, stride, kt.n, BC);
+__device__ void load_tile(SwizzledTile<D> k_s, SwizzledTile<D> v_s, const TileRows& tr) {
+  load_rows_async<D>(k_s, tr.k, tr.stride, tr.kt.n, BC);
+  load_rows_async<D>(v_s, tr.v, tr.stride, tr.kt.n, BC);
 }
 
-// Sets the scores of the pairs a partial tile does not show to −∞ (forward) or its probabilities to 0 (backward).
-template <int NC>
-__device__ void mask_tile(MmaFragC (&c)[NC / 8], float masked_value, const DFlashAttentionShape& s,
-                          const KeyTile& kt, int anchor, int hi, int m0, int G) {
-#pragma unroll
-  for (int n = 0; n < NC / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = kt.start + frag_col(n, e), j = (m0 + frag_row(e)) / G;
-      const bool vis = frag_col(n, e) < kt.n && (kt.ctx ? sees_ctx(s, anchor, hi, key, j) : sees_blk(s, key, j));
-      if (!vis) c[n].reg[e] = masked_value;
-    }
-}
-
-template <int D, int BC>
-__global__ void dflash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, const bf16* k_ctx, const bf16* v_ctx,
-                                         const bf16* k_blk, const bf16* v_blk, const int32_t* anchors,
-                                         DFlashAttentionShape s) {
-  DFLASH_DYNAMIC_SHARED(uint4, dflash_fwd_smem);
-  bf16* smem = reinterpret_cast<bf16*>(dflash_fwd_smem);
+// out (=) softmax(q kᵀ / √D) v over each row's visible keys; lse (=) when not null.
+template <int D, int BC, template <int> class Tiles, typename Params>
+__global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Params params) {
+  DFLASH_DYNAMIC_SHARED(uint4, flash_fwd_smem);
+  bf16* smem = reinterpret_cast<bf16*>(flash_fwd_smem);
   const SwizzledTile<D> k_s[2] = {{smem}, {smem + BC * D}}, v_s[2] = {{smem + 2 * BC * D}, {smem + 3 * BC * D}};
-  const int b = blockIdx.x, g = blockIdx.y, G = s.heads / s.kv_heads, M = s.block * G;
+  const Tiles<BC> tiles(params, blockIdx.x, blockIdx.y);
+  const int M = tiles.M, n_tiles = tiles.n_tiles();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, m0 = warp * 16;
-  const QueryRows rows{b, g, G, s.block, s.heads, D};
-  const BlockKeys keys = block_keys(s, anchors[b], BC);
 
-  load_key_tile<D, BC>(k_s[0], v_s[0], key_tile(s, keys, 0, BC), k_ctx, v_ctx, k_blk, v_blk, s, b, g);
+  if (n_tiles > 0) load_tile<D, BC>(k_s[0], v_s[0], tiles.tile(0));
   cp_async_commit_group();
   MmaFragA qa[D / 16];
-  load_a_rows<D>(qa, [&](int m) { return q + rows.offset(m); }, m0, M);
+  load_a_rows<D>(qa, [&](int m) { return q + tiles.q_offset(m); }, m0, M);
 
   const float scale_log2 = kLog2e / sqrtf(float(D));
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // log2 units; row_sum lane-partial
@@ -233,11 +289,9 @@ __global__ void dflash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, c
   for (int n = 0; n < D / 8; ++n)
     for (int e = 0; e < 4; ++e) o[n].reg[e] = 0.0f;
 
-  for (int t = 0; t < keys.n_tiles; ++t) {
+  for (int t = 0; t < n_tiles; ++t) {
     const int stage = t & 1;
-    if (t + 1 < keys.n_tiles)
-      load_key_tile<D, BC>(k_s[stage ^ 1], v_s[stage ^ 1], key_tile(s, keys, t + 1, BC), k_ctx, v_ctx, k_blk,
-                           v_blk, s, b, g);
+    if (t + 1 < n_tiles) load_tile<D, BC>(k_s[stage ^ 1], v_s[stage ^ 1], tiles.tile(t + 1));
     cp_async_commit_group();
     cp_async_wait_group<1>();  // tile t has landed (this thread's copies), then everyone's
     __syncthreads();
@@ -247,8 +301,13 @@ __global__ void dflash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, c
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
       for (int e = 0; e < 4; ++e) sc[n].reg[e] *= scale_log2;
-    const KeyTile kt = key_tile(s, keys, t, BC);
-    if (kt.masked) mask_tile<BC>(sc, -INFINITY, s, kt, keys.anchor, keys.ctx_hi, m0, G);
+    const KeyTile kt = tiles.tile(t).kt;
+    if (kt.masked) {
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+        for (int e = 0; e < 4; ++e)
+          if (!tiles.visible(kt, frag_col(n, e), m0 + frag_row(e))) sc[n].reg[e] = -INFINITY;
+    }
 
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -288,12 +347,12 @@ __global__ void dflash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, c
     const int m = m0 + (lane >> 2) + 8 * r;
     if (m >= M) continue;
     const float inv_l = 1.0f / row_sum[r];
-    bf16* dst = out + rows.offset(m);
+    bf16* dst = out + tiles.q_offset(m);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
       *reinterpret_cast<uint32_t*>(dst + frag_col(n, 2 * r)) =
           pack_bf16x2_rn(o[n].reg[2 * r] * inv_l, o[n].reg[2 * r + 1] * inv_l);
-    if ((lane & 3) == 0) lse[rows.stat(m)] = (row_max[r] + log2f(row_sum[r])) * kLn2;
+    if (lse && (lane & 3) == 0) lse[tiles.stat(m)] = (row_max[r] + log2f(row_sum[r])) * kLn2;
   }
 }
 
@@ -308,35 +367,27 @@ __global__ void dflash_delta_kernel(float* delta, const bf16* dout, const bf16* 
   if (threadIdx.x % kWarp == 0) delta[w] = total;
 }
 
-// Per-row statistics of this lane's two rows (rows ≥ M: lse = +∞, so that P = 0 there).
-__device__ void load_row_stats(float (&lse2)[2], float (&dl)[2], const float* lse, const float* delta,
-                               const QueryRows& rows, int m0, int M) {
-  for (int r = 0; r < 2; ++r) {
-    const int m = m0 + ((threadIdx.x % kWarp) >> 2) + 8 * r;
-    lse2[r] = m < M ? lse[rows.stat(m)] * kLog2e : INFINITY;
-    dl[r] = m < M ? delta[rows.stat(m)] : 0.0f;
-  }
-}
-
 template <int D, int BC>
 __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const float* lse, const float* delta,
-                                             const bf16* q, const bf16* k_ctx, const bf16* v_ctx, const bf16* k_blk,
-                                             const bf16* v_blk, const int32_t* anchors, DFlashAttentionShape s) {
+                                             const bf16* q, DFlashFwdParams params) {
   DFLASH_DYNAMIC_SHARED(uint4, dflash_dq_smem);
   bf16* smem = reinterpret_cast<bf16*>(dflash_dq_smem);
   const SwizzledTile<D> k_s[2] = {{smem}, {smem + BC * D}}, v_s[2] = {{smem + 2 * BC * D}, {smem + 3 * BC * D}};
-  const int b = blockIdx.x, g = blockIdx.y, G = s.heads / s.kv_heads, M = s.block * G;
+  const DFlashTiles<BC> tiles(params, blockIdx.x, blockIdx.y);
+  const int M = tiles.M, n_tiles = tiles.n_tiles();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, m0 = warp * 16;
-  const QueryRows rows{b, g, G, s.block, s.heads, D};
-  const BlockKeys keys = block_keys(s, anchors[b], BC);
 
-  load_key_tile<D, BC>(k_s[0], v_s[0], key_tile(s, keys, 0, BC), k_ctx, v_ctx, k_blk, v_blk, s, b, g);
+  load_tile<D, BC>(k_s[0], v_s[0], tiles.tile(0));
   cp_async_commit_group();
   MmaFragA qa[D / 16], da[D / 16];
-  load_a_rows<D>(qa, [&](int m) { return q + rows.offset(m); }, m0, M);
-  load_a_rows<D>(da, [&](int m) { return dout + rows.offset(m); }, m0, M);
-  float lse2[2], dl[2];
-  load_row_stats(lse2, dl, lse, delta, rows, m0, M);
+  load_a_rows<D>(qa, [&](int m) { return q + tiles.q_offset(m); }, m0, M);
+  load_a_rows<D>(da, [&](int m) { return dout + tiles.q_offset(m); }, m0, M);
+  float lse2[2], dl[2];  // this lane's two rows (rows ≥ M: lse = +∞, so that P = 0 there)
+  for (int r = 0; r < 2; ++r) {
+    const int m = m0 + (lane >> 2) + 8 * r;
+    lse2[r] = m < M ? lse[tiles.stat(m)] * kLog2e : INFINITY;
+    dl[r] = m < M ? delta[tiles.stat(m)] : 0.0f;
+  }
 
   const float scale = 1.0f / sqrtf(float(D)), scale_log2 = kLog2e * scale;
   MmaFragC acc[D / 8];
@@ -344,11 +395,9 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
   for (int n = 0; n < D / 8; ++n)
     for (int e = 0; e < 4; ++e) acc[n].reg[e] = 0.0f;
 
-  for (int t = 0; t < keys.n_tiles; ++t) {
+  for (int t = 0; t < n_tiles; ++t) {
     const int stage = t & 1;
-    if (t + 1 < keys.n_tiles)
-      load_key_tile<D, BC>(k_s[stage ^ 1], v_s[stage ^ 1], key_tile(s, keys, t + 1, BC), k_ctx, v_ctx, k_blk,
-                           v_blk, s, b, g);
+    if (t + 1 < n_tiles) load_tile<D, BC>(k_s[stage ^ 1], v_s[stage ^ 1], tiles.tile(t + 1));
     cp_async_commit_group();
     cp_async_wait_group<1>();
     __syncthreads();
@@ -358,8 +407,13 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
       for (int e = 0; e < 4; ++e) p[n].reg[e] = exp2f(p[n].reg[e] * scale_log2 - lse2[e >> 1]);
-    const KeyTile kt = key_tile(s, keys, t, BC);
-    if (kt.masked) mask_tile<BC>(p, 0.0f, s, kt, keys.anchor, keys.ctx_hi, m0, G);
+    const KeyTile kt = tiles.tile(t).kt;
+    if (kt.masked) {
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+        for (int e = 0; e < 4; ++e)
+          if (!tiles.visible(kt, frag_col(n, e), m0 + frag_row(e))) p[n].reg[e] = 0.0f;
+    }
     mma_a_tile_t<D, BC>(ds, da, v_s[stage]);  // dP = dO Vᵀ
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
@@ -373,7 +427,7 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
   for (int r = 0; r < 2; ++r) {
     const int m = m0 + (lane >> 2) + 8 * r;
     if (m >= M) continue;
-    bf16* dst = dq + rows.offset(m);
+    bf16* dst = dq + tiles.q_offset(m);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       uint32_t* cell = reinterpret_cast<uint32_t*>(dst + frag_col(n, 2 * r));
@@ -578,9 +632,28 @@ void forward_tc(cudaStream_t st, bf16* out, float* lse, const bf16* q, const bf1
   constexpr int BC = key_tile_for(D);
   const int warps = (s.block * (s.heads / s.kv_heads) + 15) / 16;
   const size_t smem = key_stream_smem(D);
-  allow_smem(&dflash_forward_tc_kernel<D, BC>, smem);
+  auto* kernel = &flash_forward_tc_kernel<D, BC, DFlashTiles, DFlashFwdParams>;
+  allow_smem(kernel, smem);
   DFLASH_LAUNCH(dim3(unsigned(s.n_blocks), unsigned(s.kv_heads)), warps * kWarp, smem, st,
-                dflash_forward_tc_kernel<D, BC>)(out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, s);
+                flash_forward_tc_kernel<D, BC, DFlashTiles, DFlashFwdParams>)(
+      out, lse, q, DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s});
+}
+
+// Query rows per causal thread block: about 128 rows of the query tile (R positions × G heads), at most 512.
+int causal_rows_per_block(int G) { return G >= 128 ? 1 : 128 / G; }
+
+template <int D>
+void causal_tc(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const bf16* v, int n, int past, int NH,
+               int KVH) {
+  constexpr int BC = key_tile_for(D);
+  const int G = NH / KVH, R = causal_rows_per_block(G);
+  const int warps = (R * G + 15) / 16;
+  const size_t smem = key_stream_smem(D);
+  auto* kernel = &flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>;
+  allow_smem(kernel, smem);
+  DFLASH_LAUNCH(dim3(unsigned((n + R - 1) / R), unsigned(KVH)), warps * kWarp, smem, st,
+                flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>)(
+      out, nullptr, q, CausalParams{k, v, n, past, NH, KVH, D, R});
 }
 
 template <int D>
@@ -597,7 +670,8 @@ void backward_tc(cudaStream_t st, bf16* dq, bf16* dk_ctx, bf16* dv_ctx, bf16* dk
   const size_t smem_q = key_stream_smem(D);
   allow_smem(&dflash_backward_dq_tc_kernel<D, BC>, smem_q);
   DFLASH_LAUNCH(dim3(unsigned(s.n_blocks), unsigned(s.kv_heads)), warps * kWarp, smem_q, st,
-                dflash_backward_dq_tc_kernel<D, BC>)(dq, dout, lse, delta, q, k_ctx, v_ctx, k_blk, v_blk, anchors, s);
+                dflash_backward_dq_tc_kernel<D, BC>)(dq, dout, lse, delta, q,
+                                                     DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s});
   const int n_kv_tiles = (s.ctx_len + kKeyTileKV - 1) / kKeyTileKV +
                          s.n_blocks * ((s.block + kKeyTileKV - 1) / kKeyTileKV);
   const size_t smem_kv = query_chunk_smem(D);
@@ -617,6 +691,25 @@ bool dflash_attention_tc_supports(const DFlashAttentionShape& s, std::initialize
   for (const void* p : tensors)
     if (p && !aligned16(p)) return false;  // cp.async moves 16-byte chunks
   return true;
+}
+
+bool attention_causal_tc_supports(int q_heads, int kv_heads, int head_dim, std::initializer_list<const void*> tensors) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
+  if (kv_heads <= 0 || q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxTcWarps * 16) return false;
+  for (const void* p : tensors)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+void launch_attention_cached_forward_tc(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const bf16* v,
+                                        int n, int past, int q_heads, int kv_heads, int head_dim) {
+  if (n <= 0 || q_heads <= 0) return;
+  switch (head_dim) {
+    case 64: return causal_tc<64>(st, out, q, k, v, n, past, q_heads, kv_heads);
+    case 128: return causal_tc<128>(st, out, q, k, v, n, past, q_heads, kv_heads);
+    case 256: return causal_tc<256>(st, out, q, k, v, n, past, q_heads, kv_heads);
+    default: cuda_fail("launch_attention_cached_forward_tc", __FILE__, __LINE__, "head_dim must be 64, 128 or 256");
+  }
 }
 
 void launch_dflash_attention_forward_tc(cudaStream_t st, bf16* out, float* lse, const bf16* q, const bf16* k_ctx,

@@ -67,7 +67,9 @@ template <typename T>
 void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                          int rot_dim, double theta);
 
-// ---- attention_dflash.cu / attention_causal.cu ----
+// ---- attention_dflash.cu / attention_causal.cu (CUDA cores), attention_dflash_tc.cu (tensor cores) ----
+// The launchers without a suffix take the tensor-core kernels for bf16 where those support the shape, else the
+// CUDA-core ones (always for fp32).
 constexpr int kMaxHeadDim = 256;  // the warp-per-query kernels keep head_dim / 32 floats per lane
 template <typename T>
 void launch_dflash_attention_forward(cudaStream_t st, T* out, float* lse, const T* q, const T* k_ctx, const T* v_ctx,
@@ -108,6 +110,14 @@ void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const 
 template <typename T>
 void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n, int past,
                                      int q_heads, int kv_heads, int head_dim);
+// The same on the CUDA-core kernel always; and on tensor cores (bf16: head_dim 64, 128 or 256, q_heads a multiple of
+// kv_heads, every tensor 16-byte aligned), which the launcher above takes for bf16 when it can.
+template <typename T>
+void launch_attention_cached_forward_cores(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n,
+                                           int past, int q_heads, int kv_heads, int head_dim);
+bool attention_causal_tc_supports(int q_heads, int kv_heads, int head_dim, std::initializer_list<const void*> tensors);
+void launch_attention_cached_forward_tc(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const bf16* v,
+                                        int n, int past, int q_heads, int kv_heads, int head_dim);
 
 // ---- deltanet.cu (Gated DeltaNet, forward only) ----
 // tail: [K−1, C] carried inputs (null: zeros, nothing kept), updated after the conv.
