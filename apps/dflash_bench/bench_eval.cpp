@@ -24,10 +24,10 @@
 #include "lib/model/drafter_params.h"
 #include "lib/model/generate.h"
 #include "lib/model/random_target.h"
-#include "lib/model/spec_decode.h"
-#include "lib/model/spec_tree.h"
+#include "lib/eval/spec_decode.h"
+#include "lib/eval/spec_tree.h"
 #include "lib/model/target.h"
-#include "lib/train/drafter_source.h"
+#include "lib/eval/drafter_source.h"
 
 namespace dflash::bench {
 

@@ -11,7 +11,7 @@
 #include "apps/dflash_data/commands.h"
 #include "lib/core/args.h"
 #include "lib/core/error.h"
-#include "lib/train/checkpoint.h"
+#include "lib/state/checkpoint.h"
 #include "lib/model/drafter_export.h"
 
 namespace dflash::data {

@@ -29,10 +29,10 @@
 #include "lib/core/timer.h"
 #include "lib/io/dataset.h"
 #include "lib/model/generate.h"
-#include "lib/model/spec_decode.h"
-#include "lib/model/spec_tree.h"
+#include "lib/eval/spec_decode.h"
+#include "lib/eval/spec_tree.h"
 #include "lib/model/target.h"
-#include "lib/train/drafter_source.h"
+#include "lib/eval/drafter_source.h"
 
 using namespace dflash;
 

@@ -2,14 +2,14 @@
 // Without --merge: one summary line per rank (line, warning and error counts, age of its last line, stragglers)
 // — the first look after a failed or hanging job. With --merge: the lines of every rank interleaved by time.
 // --garbled: the lines not in the log format (a torn write after a crash), as file:line.
-// dflash_logs plot RUN_DIR [--out FILE.svg]: a picture of metrics.jsonl (lib/train/metrics_plot.h).
+// dflash_logs plot RUN_DIR [--out FILE.svg]: a picture of metrics.jsonl (apps/dflash_logs/metrics_plot.h).
 #include <cstdio>
 #include <exception>
 
+#include "apps/dflash_logs/metrics_plot.h"
 #include "lib/core/args.h"
 #include "lib/core/atomic_file.h"
-#include "lib/train/log_reader.h"
-#include "lib/train/metrics_plot.h"
+#include "lib/report/log_reader.h"
 
 namespace {
 constexpr const char* kUsage =

@@ -8,9 +8,12 @@
 //                   (cm::delta_slice_*). Per token: k_t, q_t staged in shared memory (prefetched into registers
 //                   during the previous token), the prediction's and the output's partials summed over the warps
 //                   through shared memory: three block barriers per token. Still S sequential steps, on
-//                   v_heads · ⌈dv/32⌉ blocks; the chunked form of kernels/cpu/gated_deltanet.cpp (GEMMs per chunk
-//                   of 64 tokens) is the step after, if dflash_bench target --device cuda shows the need.
+//                   v_heads · ⌈dv/32⌉ blocks: fp32, and the bf16 shapes deltanet_chunked.cu does not take (bf16
+//                   with dk 64 / 128 and dv a multiple of 64 goes to that chunked tensor-core kernel).
+#include <type_traits>
+
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/deltanet_chunked.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/target_math.h"
@@ -187,8 +190,9 @@ void launch_deltanet_gates(cudaStream_t st, float* g, float* beta, const T* a, c
 }
 
 template <typename T>
-void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, const T* v, const float* g,
-                             const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv) {
+void launch_gated_delta_rule_per_token(cudaStream_t st, T* out, const T* q, const T* k, const T* v, const float* g,
+                                       const float* beta, float* state, int S, int k_heads, int v_heads, int dk,
+                                       int dv) {
   if (v_heads <= 0 || dv <= 0) return;
   const dim3 grid(unsigned(v_heads), unsigned((dv + kWarp - 1) / kWarp));
   const int threads = cm::kDeltaRowGroups * kWarp;
@@ -207,7 +211,23 @@ void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, co
   }
 }
 
+// bf16 goes to the chunked tensor-core kernel (deltanet_chunked.cu) where it takes the shape (dk 64 or 128, dv a
+// multiple of 64); fp32, and the other shapes, to the per-token kernel above.
+template <typename T>
+void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, const T* v, const float* g,
+                             const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (gated_delta_rule_chunked_supports(k_heads, v_heads, dk, dv)) {
+      launch_gated_delta_rule_chunked(st, out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+      return;
+    }
+  }
+  launch_gated_delta_rule_per_token(st, out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+}
+
 #define DFLASH_INSTANTIATE(T)                                                                                        \
+  template void launch_gated_delta_rule_per_token<T>(cudaStream_t, T*, const T*, const T*, const T*, const float*,   \
+                                                     const float*, float*, int, int, int, int, int);                 \
   template void launch_causal_conv1d_silu<T>(cudaStream_t, T*, const T*, const T*, T*, int, int, int);               \
   template void launch_l2norm<T>(cudaStream_t, T*, int, int, float, float);                                          \
   template void launch_gated_rmsnorm<T>(cudaStream_t, T*, const T*, const T*, const T*, int, int, float);            \

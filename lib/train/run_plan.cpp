@@ -86,4 +86,9 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
   return p;
 }
 
+int streamed_length(const TrainConfig& cfg, const io::Dataset& data, int64_t index) {
+  const int64_t n = data.length(index);
+  return int(cfg.data.max_seq_len > 0 && n > cfg.data.max_seq_len ? cfg.data.max_seq_len : n);
+}
+
 }  // namespace dflash::train

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "lib/config/config.h"
+#include "lib/io/dataset.h"
 #include "lib/model/drafter_config.h"
 #include "lib/model/qwen_config.h"
 #include "lib/model/vocab_loss.h"
@@ -25,5 +26,8 @@ struct RunPlan {
 // Throws dflash::Error naming the config key and the fix when the config does not fit the target or the data
 // (hidden size differs from the target's, tap ids outside the target's layers, mask token outside the vocab...).
 RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& target, int64_t num_sequences);
+
+// Length of sequence `index` as streamed: data.max_seq_len truncates (0 = no limit).
+int streamed_length(const TrainConfig& cfg, const io::Dataset& data, int64_t index);
 
 }  // namespace dflash::train

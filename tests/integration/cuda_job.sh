@@ -8,7 +8,9 @@
 #          target TP all-reduce and the drafter gradient all-reduce over NCCL; on a real machine transport auto.
 #          The cuda run keeps its checkpoint for `eval`.
 #   bf16   run.precision bf16, all 8 ranks on one GPU (the data plane is MPI), 30 steps, learns: the mean loss of
-#          steps 21-30 is below that of steps 1-10 (as the CPU's `learns` case)
+#          steps 21-30 is below that of steps 1-10 (as the CPU's `learns` case). The drafter's head_dim is 64 so
+#          that its attention runs on the tensor-core kernels (head_dim 64/128/256; the tiny config's 16 would take
+#          the CUDA-core ones)
 #   eval   dflash_eval --device cuda on the fp32 run's drafter: lossless (--check-greedy), the CPU's τ
 set -euo pipefail
 build="$1" src="$2" work="$3" case="$4"
@@ -58,7 +60,7 @@ case "$case" in
     ;;
   bf16)
     DFLASH_EMU_DEVICES=1 STEPS=30 run cuda_bf16 --set run.device=cuda --set run.precision=bf16 \
-      --set layout.transport=mpi
+      --set layout.transport=mpi --set drafter.head_dim=64
     losses "$work/cuda_bf16" | awk '{ if (NR <= 10) a += $1; if (NR > 20) b += $1; n++ }
       END { printf "bf16: mean loss steps 1-10 %.4f, 21-30 %.4f\n", a / 10, b / 10; exit !(n == 30 && b < a) }' ||
       fail "the bf16 run does not learn"

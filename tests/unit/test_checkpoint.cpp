@@ -17,7 +17,7 @@
 #include "test_util.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
-#include "lib/train/checkpoint.h"
+#include "lib/state/checkpoint.h"
 #include "lib/io/safetensors.h"
 
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 
 #include "lib/core/args.h"
 #include "lib/core/error.h"
-#include "lib/train/cli.h"
+#include "lib/job/cli.h"
 
 using namespace dflash;
 

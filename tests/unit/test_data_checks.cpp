@@ -10,11 +10,11 @@
 
 #include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/train/checkpoint.h"
+#include "lib/state/checkpoint.h"
 #include "lib/io/dataset.h"
 #include "lib/model/random_target.h"
-#include "lib/train/data_facts.h"
-#include "lib/train/target_check.h"
+#include "lib/preflight/data_facts.h"
+#include "lib/preflight/target_check.h"
 #include "test_util.h"
 
 using namespace dflash;

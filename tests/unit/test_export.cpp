@@ -16,7 +16,7 @@
 #include "test_util.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
-#include "lib/train/checkpoint.h"
+#include "lib/state/checkpoint.h"
 #include "lib/model/drafter_export.h"
 #include "lib/model/drafter.h"
 

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/core/error.h"
-#include "lib/train/log.h"
-#include "lib/train/metrics.h"
+#include "lib/report/log.h"
+#include "lib/report/metrics.h"
 
 using namespace dflash;
 namespace fs = std::filesystem;

@@ -5,8 +5,8 @@
 #include <fstream>
 
 #include "lib/core/error.h"
-#include "lib/train/log.h"
-#include "lib/train/log_reader.h"
+#include "lib/report/log.h"
+#include "lib/report/log_reader.h"
 #include "test_util.h"
 
 using namespace dflash;

@@ -4,7 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "lib/model/drafter.h"
-#include "lib/train/memory_plan.h"
+#include "lib/preflight/memory_plan.h"
 
 using namespace dflash;
 using namespace dflash::train;

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "lib/core/error.h"
-#include "lib/train/metrics_plot.h"
+#include "apps/dflash_logs/metrics_plot.h"
 #include "test_util.h"
 
 using namespace dflash;

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "lib/core/error.h"
-#include "lib/train/run_lock.h"
+#include "lib/job/run_lock.h"
 #include "test_util.h"
 
 using namespace dflash;

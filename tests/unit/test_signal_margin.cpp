@@ -3,8 +3,8 @@
 
 #include <fstream>
 
-#include "lib/train/log.h"
-#include "lib/train/signal_margin.h"
+#include "lib/report/log.h"
+#include "lib/preflight/signal_margin.h"
 #include "test_util.h"
 
 using namespace dflash;

@@ -15,7 +15,7 @@
 #include "lib/comm/transport.h"
 #include "lib/core/rng.h"
 #include "lib/model/random_target.h"
-#include "lib/model/spec_tree.h"
+#include "lib/eval/spec_tree.h"
 #include "lib/model/target.h"
 #include "tests/unit/test_util.h"
 

@@ -7,7 +7,7 @@
 
 #include "test_util.h"
 #include "lib/core/error.h"
-#include "lib/train/tokenizer_check.h"
+#include "lib/preflight/tokenizer_check.h"
 
 using namespace dflash;
 using namespace dflash::train;

@@ -7,7 +7,7 @@
 
 #include "lib/model/adamw.h"
 #include "lib/train/anchors.h"
-#include "lib/train/progress.h"
+#include "lib/report/progress.h"
 
 using namespace dflash;
 

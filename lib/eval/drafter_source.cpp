@@ -1,0 +1,36 @@
+#include "lib/eval/drafter_source.h"
+
+#include <filesystem>
+
+#include "lib/core/error.h"
+#include "lib/state/checkpoint.h"
+
+namespace dflash::train {
+
+namespace fs = std::filesystem;
+
+DrafterSource load_drafter_source(const std::string& path) {
+  DFLASH_USER_CHECK(fs::is_directory(path),
+                    "--drafter {}: not a directory (give a run folder, a checkpoint step_* folder or an exported "
+                    "drafter folder)", path);
+  if (fs::exists(fs::path(path) / "config.json") && fs::exists(fs::path(path) / "model.safetensors"))
+    return DrafterSource{"export", path, -1, model::load_exported_drafter(path)};
+  std::string step_dir = path;
+  if (!fs::exists(fs::path(path) / "state.json")) {
+    step_dir = find_latest_checkpoint(path);
+    DFLASH_USER_CHECK(!step_dir.empty(),
+                      "--drafter {}: no config.json + model.safetensors (an exported drafter), no state.json (a "
+                      "checkpoint step folder) and no complete checkpoint under {}/ckpt (a run folder)", path, path);
+  }
+  LoadedCheckpoint ck = read_checkpoint(step_dir, /*with_optimizer=*/false);
+  const std::string source = (fs::path(step_dir) / "state.json").string() + " extra.export";
+  DFLASH_USER_CHECK(ck.state.extra.is_object() && ck.state.extra.contains("export"),
+                    "{}: missing (the checkpoint does not record its target_layer_ids); export it with "
+                    "`dflash_data export --target-layer-ids ...` and evaluate the exported folder", source);
+  const model::DrafterExportInfo info = model::parse_export_info(ck.state.extra.at("export"), source);
+  model::validate_export_info(info, ck.drafter);
+  return DrafterSource{"checkpoint", step_dir, ck.state.step,
+                       model::ExportedDrafter{ck.drafter, std::move(ck.params), info, io::DType::F32}};
+}
+
+}  // namespace dflash::train

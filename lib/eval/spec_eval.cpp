@@ -1,0 +1,136 @@
+#include "lib/eval/spec_eval.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "lib/core/error.h"
+#include "lib/core/timer.h"
+#include "lib/eval/spec_decode.h"
+#include "lib/model/generate.h"
+#include "lib/train/packet.h"
+
+namespace dflash::train {
+
+bool spec_eval_due(const TrainConfig& cfg, int64_t next_step) {
+  return cfg.eval.spec_every > 0 && next_step > 0 && next_step % cfg.eval.spec_every == 0;
+}
+
+int64_t spec_eval_prompt_count(const TrainConfig& cfg, const io::Dataset& prompts) {
+  const int64_t n = model::check_prompts(prompts, cfg.eval.spec_prompts);
+  DFLASH_USER_CHECK(n > 0, "eval.prompts {}: no prompts; give a prompts HDF5 (dflash_data make-prompts)",
+                    prompts.path());
+  return n;
+}
+
+struct SpecEvalTarget::Impl {
+  const TrainConfig& cfg;
+  const RunPlan& plan;
+  model::TargetModel& target;
+  comm::Transport& tp;
+  comm::Transport& world;
+  const io::Dataset& prompts;
+  int drafter0;
+  Watchdog& watchdog;
+  model::GreedyHead head;
+  model::TargetVocab vocab;       // TP rank 0: embedding, lm_head [V, H]
+  model::DrafterParams<float> weights;   // TP rank 0: the drafter's, as received
+  model::SpecOptions options;
+  int64_t count = 0;
+
+  Impl(const TrainConfig& c, const RunPlan& p, model::TargetModel& t, comm::Transport& tp_, comm::Transport& w,
+       const io::Dataset& pr, int d0, Watchdog& wd)
+      : cfg(c), plan(p), target(t), tp(tp_), world(w), prompts(pr), drafter0(d0), watchdog(wd),
+        head(c.target.path, tp_), weights(p.drafter) {
+    if (tp.rank() == 0) vocab = model::load_target_vocab(cfg.target.path);
+    options.block_size = plan.drafter.block_size;
+    options.tap_layer_ids = plan.tap_ids;
+    options.max_new_tokens = cfg.eval.max_new_tokens;
+    options.eos_id = -1;
+    // dflash_eval's default --vocab-limit: the mask token, when it is the last id, is never generated
+    const int V = plan.target.vocab;
+    options.vocab_limit = plan.drafter.mask_token_id == V - 1 ? V - 1 : 0;
+    count = spec_eval_prompt_count(cfg, prompts);
+  }
+
+  // TP rank 0: true once the weights are in, false when drafter rank 0 stopped first.
+  bool receive_weights() {
+    comm::Request req = world.irecv(weights.flat.data(), weights.flat.size(), drafter0, kTagSpecWeights);
+    auto guard = watchdog.arm([&] { return fmt::format("drafter rank 0's weights (world rank {}) for the "
+                                                       "speculative eval", drafter0); });
+    while (true) {
+      if (req.test()) return true;
+      // drafter rank 0 sends kTagStop only after its last exchange's answer: a stop now means no weights come
+      if (world.probe(drafter0, kTagStop)) {
+        req.cancel();
+        return false;
+      }
+      usleep(200);  // the cores are shared with the ranks that are training
+    }
+  }
+};
+
+SpecEvalTarget::SpecEvalTarget(const TrainConfig& cfg, const RunPlan& plan, model::TargetModel& target,
+                               comm::Transport& tp, comm::Transport& world, const io::Dataset& prompts,
+                               int drafter0_world_rank, Watchdog& watchdog)
+    : impl_(std::make_unique<Impl>(cfg, plan, target, tp, world, prompts, drafter0_world_rank, watchdog)) {}
+SpecEvalTarget::~SpecEvalTarget() = default;
+
+bool SpecEvalTarget::run(int64_t next_step, Logger& log) {
+  Impl& m = *impl_;
+  uint8_t go = m.tp.rank() == 0 ? uint8_t(m.receive_weights()) : 0;
+  m.tp.broadcast(&go, 1, 0);
+  if (!go) return false;
+  std::unique_ptr<model::DrafterProposer> drafter;
+  if (m.tp.rank() == 0)
+    drafter = std::make_unique<model::DrafterProposer>(m.plan.drafter, m.weights, m.vocab.embedding.data(),
+                                                       m.vocab.lm_head(), m.options.vocab_limit);
+  model::SpecSummary sum(m.plan.drafter.block_size);
+  for (int64_t i = 0; i < m.count; ++i) {
+    const std::vector<int32_t> prompt = model::prompt_of(m.prompts.read(i), m.prompts.path());
+    sum.add(model::speculative_generate(m.target, m.head, m.tp, drafter.get(), prompt, m.options));
+  }
+  if (m.tp.rank() == 0) {
+    nlohmann::ordered_json totals = sum.to_json();
+    totals["drafter_seconds"] = drafter->seconds();
+    const std::string text = totals.dump();
+    const int64_t size = int64_t(text.size());
+    m.world.send(&size, 1, m.drafter0, kTagSpecResultSize);
+    m.world.send_bytes(text.data(), text.size(), m.drafter0, kTagSpecResult);
+    log.info("target: speculative eval after step {}: tau {:.3f} on {} prompts in {:.2f} s", next_step, sum.tau(),
+             sum.prompts, sum.seconds);
+  }
+  return true;
+}
+
+nlohmann::ordered_json spec_eval_exchange(comm::Transport& world, const std::vector<float>& weights,
+                                          int target_rank0) {
+  world.send(weights.data(), weights.size(), target_rank0, kTagSpecWeights);
+  int64_t size = 0;
+  world.recv(&size, 1, target_rank0, kTagSpecResultSize);
+  std::string text(size_t(size), '\0');
+  world.recv_bytes(text.data(), text.size(), target_rank0, kTagSpecResult);
+  return nlohmann::ordered_json::parse(text);
+}
+
+nlohmann::ordered_json spec_eval_record(int64_t step, const nlohmann::ordered_json& totals) {
+  nlohmann::ordered_json j;
+  j["step"] = step;
+  j["kind"] = "spec_eval";
+  for (const auto& [k, v] : totals.items()) j["spec_" + k] = v;
+  return j;
+}
+
+std::string spec_eval_line(int64_t step, const nlohmann::ordered_json& t) {
+  return fmt::format("spec eval step {} | tau {:.3f} (speculative, {} prompts, {} tokens, {} verify forwards) | "
+                     "kept histogram [{}] | {:.2f} s",
+                     step, t.at("tau").get<double>(), t.at("prompts").get<int64_t>(),
+                     t.at("generated_tokens").get<int64_t>(), t.at("verify_forwards").get<int64_t>(),
+                     fmt::join(t.at("kept_histogram").get<std::vector<int64_t>>(), ", "), t.at("seconds").get<double>());
+}
+
+}  // namespace dflash::train

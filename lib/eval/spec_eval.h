@@ -1,0 +1,68 @@
+#pragma once
+// The real speculative τ while training (docs/eval.md "During training"). After every eval.spec_every steps the
+// first drafter rank sends its fp32 weights to TP rank 0 of the target group that feeds it; that group decodes
+// the first eval.spec_prompts prompts of eval.prompts exactly as dflash_eval does (lib/eval/spec_decode.h: the
+// drafter on TP rank 0, drafts broadcast, eval.max_new_tokens tokens per prompt, no eos, the mask token kept out
+// as dflash_eval's default --vocab-limit), and TP rank 0 sends the totals back. The first drafter rank writes one
+// {"kind": "spec_eval"} metrics record and a progress line. Same weights, prompts and limits: the same τ as
+// `dflash_eval --drafter <out_dir>/ckpt/step_N` (tests/integration/train_eval.sh).
+//
+// Never a hang on a stop: the first drafter rank does the exchange after every step it trains whose count is a
+// multiple of eval.spec_every, before anything else it sends (also when it stops after that step), and waits for
+// the answer. The target side, after the packets of such a step, waits for the weights or for that drafter's
+// stop message (kTagStop): a stop that arrives first means the drafter never trained the step, so no weights are
+// coming; the stop message is left for PacketSender::finish.
+//
+// Memory on that TP rank 0: a copy of the drafter's weights (4 bytes per parameter), the target's embedding and
+// lm_head ([V, H] fp32 each, one when tied), the drafter's activations for one block over the context, and on
+// every TP rank of the group the greedy head's lm_head shard ([V/tp, H]) and the decode's KV cache.
+#include <cstdint>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/comm/transport.h"
+#include "lib/config/config.h"
+#include "lib/io/dataset.h"
+#include "lib/model/target.h"
+#include "lib/report/log.h"
+#include "lib/train/run_plan.h"
+#include "lib/train/watchdog.h"
+
+namespace dflash::train {
+
+// Message tags on the world communicator (next to the packet tags of lib/train/packet.h).
+enum SpecEvalTag : int { kTagSpecWeights = 7201, kTagSpecResultSize, kTagSpecResult };
+
+// True when the speculative eval runs after `next_step` steps (a count, 1-based).
+bool spec_eval_due(const TrainConfig& cfg, int64_t next_step);
+// Prompts decoded: the first eval.spec_prompts of `prompts` (each checked to have a prompt).
+int64_t spec_eval_prompt_count(const TrainConfig& cfg, const io::Dataset& prompts);
+
+// Target side, on every TP rank of the group that feeds drafter rank 0.
+class SpecEvalTarget {
+ public:
+  // Collective over `tp` (loads the greedy head's lm_head shard; TP rank 0 also the embedding and lm_head).
+  SpecEvalTarget(const TrainConfig& cfg, const RunPlan& plan, model::TargetModel& target, comm::Transport& tp,
+                 comm::Transport& world, const io::Dataset& prompts, int drafter0_world_rank, Watchdog& watchdog);
+  ~SpecEvalTarget();
+  // After the packets of the step that ends at `next_step` steps (spec_eval_due): the exchange described above.
+  // Collective over `tp`. Returns false when drafter rank 0 stopped before that step (nothing decoded).
+  bool run(int64_t next_step, Logger& log);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Drafter side, on drafter rank 0: sends `weights` ([P] fp32) to the target's TP rank 0 and returns its totals
+// (SpecSummary::to_json). Blocks until the group has decoded every prompt.
+nlohmann::ordered_json spec_eval_exchange(comm::Transport& world, const std::vector<float>& weights,
+                                          int target_rank0);
+
+// {"step": N, "kind": "spec_eval", "spec_tau": ..., ...}: the totals with keys prefixed "spec_".
+nlohmann::ordered_json spec_eval_record(int64_t step, const nlohmann::ordered_json& totals);
+// "spec eval step N | tau ... (speculative, K prompts x M tokens) | kept histogram [...] | S s"
+std::string spec_eval_line(int64_t step, const nlohmann::ordered_json& totals);
+
+}  // namespace dflash::train

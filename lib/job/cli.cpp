@@ -1,0 +1,80 @@
+#include "lib/job/cli.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <CLI/CLI.hpp>
+
+#include "lib/core/error.h"
+
+namespace dflash::train {
+
+namespace {
+
+constexpr const char* kDescription =
+    "dflash_mpi: trains a DFlash drafter against a frozen Qwen3 target (docs/running.md).\n"
+    "  mpirun -np N dflash_mpi CONFIG.yaml [options]   N = layout.target_tp * layout.target_groups + "
+    "layout.drafter_dp\n"
+    "  dflash_mpi CONFIG.yaml --check                  (no mpirun) validate config, target weights, data and the\n"
+    "                                                  checkpoint to resume; print the plan and memory estimates\n"
+    "  dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]   a checkpoint for serving (docs/export.md)\n"
+    "SIGTERM / SIGUSR1 to the ranks (or to mpirun, which forwards it): finish the step, write a checkpoint, exit 0;\n"
+    "continue with ckpt.resume: auto. Keys: docs/config.md. Example: mpi_launch/configs/tiny.yaml\n";
+
+// Runs app.parse; --help prints (when asked) and gives false; a usage error becomes a dflash::Error.
+bool parse(CLI::App& app, int argc, char** argv, bool print_help, const char* what) {
+  try {
+    app.parse(argc, argv);
+    return true;
+  } catch (const CLI::CallForHelp&) {
+    if (print_help) std::fputs(app.help().c_str(), stdout);
+    return false;
+  } catch (const CLI::ParseError& e) {
+    DFLASH_USER_FAIL("{}; `{} --help` lists the options", e.what(), what);
+  }
+}
+
+}  // namespace
+
+std::optional<ProgramOptions> parse_program_options(int argc, char** argv, bool print_help) {
+  ProgramOptions o;
+  CLI::App app(kDescription, "dflash_mpi");
+  app.set_help_flag("-h,--help", "print this help and exit");
+  app.add_option("CONFIG", o.config, "the run's YAML config")->required();
+  app.add_option("--set", o.sets, "override one config key, e.g. --set optim.lr=3e-4 (repeatable)")
+      ->allow_extra_args(false);
+  app.add_option("--stop-after-steps", o.stop_after,
+                 "run K steps from the start (or the resumed step), write a checkpoint, exit")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--dump-step", o.dump_dir,
+                 "run one step; write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors");
+  app.add_flag("--check", o.check, "(no mpirun) validate everything the job would read, print the plan, run nothing");
+  app.add_option("--print-key", o.print_key,
+                 "(no mpirun) print one key's resolved value (paths resolved), e.g. run.out_dir, and exit");
+  if (!parse(app, argc, argv, print_help, "dflash_mpi")) return std::nullopt;
+  for (const auto& s : o.sets)
+    DFLASH_USER_CHECK(s.find('=') != std::string::npos, "dflash_mpi: --set {}: expected key=value, e.g. "
+                      "--set optim.lr=3e-4", s);
+  return o;
+}
+
+std::optional<ExportOptions> parse_export_options(int argc, char** argv, bool print_help) {
+  ExportOptions o;
+  CLI::App app("dflash_mpi --export: writes a checkpoint's drafter as model.safetensors + config.json for serving "
+               "(docs/export.md); no MPI needed",
+               "dflash_mpi --export");
+  app.set_help_flag("-h,--help", "print this help and exit");
+  app.add_option("STEP_DIR", o.step_dir, "a complete checkpoint, e.g. runs/x/ckpt/step_00001000")->required();
+  app.add_option("OUT_DIR", o.out_dir, "the folder to write")->required();
+  app.add_option("--dtype", o.dtype, "weights' dtype")->check(CLI::IsMember({"bf16", "f32"}));
+  if (!parse(app, argc - 1, argv + 1, print_help, "dflash_mpi --export")) return std::nullopt;
+  return o;
+}
+
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
+  return 0;
+}
+
+}  // namespace dflash::train

@@ -1,0 +1,263 @@
+#include "lib/job/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "kernels/backend.h"
+#include "lib/comm/data_plane.h"
+#include "lib/comm/layout.h"
+#include "lib/comm/mpi_init.h"
+#include "lib/comm/mpi_transport.h"
+#include "lib/comm/nccl_transport.h"
+#include "lib/config/config.h"
+#include "lib/core/error.h"
+#include "lib/eval/spec_eval.h"
+#include "lib/io/dataset.h"
+#include "lib/job/cli.h"
+#include "lib/job/job_identity.h"
+#include "lib/job/run_lock.h"
+#include "lib/job/signals.h"
+#include "lib/job/workers.h"
+#include "lib/model/drafter_export.h"
+#include "lib/model/qwen_config.h"
+#include "lib/model/target.h"
+#include "lib/model/target_shard.h"
+#include "lib/preflight/data_facts.h"
+#include "lib/preflight/run_check.h"
+#include "lib/preflight/target_check.h"
+#include "lib/report/log.h"
+#include "lib/state/checkpointing.h"
+#include "lib/train/run_plan.h"
+
+namespace dflash::train {
+
+namespace {
+
+// dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]: no MPI job needed.
+int run_export(const ExportOptions& o) {
+  export_checkpoint(o.step_dir, o.out_dir, o.dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
+  std::printf("exported %s to %s (%s): model.safetensors + config.json\n", o.step_dir.c_str(), o.out_dir.c_str(),
+              o.dtype.c_str());
+  return 0;
+}
+
+// Prints the error once and takes the world down. Errors every rank hits alike (config, layout, data) are
+// printed by world rank 0; the others give it a moment to do so, then abort too. An error only one rank sees is
+// printed by that rank (after the same moment) with its identity.
+// Writes an error line to the rank's log (and stderr); when the log cannot be written (full disk), to stderr.
+void report_error(const std::string& who, const std::string& message, Logger* log) {
+  if (log) {
+    try {
+      log->error("{}", message);  // to stderr and to the rank's log file, with its identity
+      return;
+    } catch (const std::exception& e) {  // the log itself cannot be written: stderr still gets both
+      std::fprintf(stderr, "dflash_mpi %s: error: %s (%s)\n", log->prefix().c_str(), message.c_str(), e.what());
+      return;
+    }
+  }
+  std::fprintf(stderr, "dflash_mpi%s: error: %s\n", who.empty() ? "" : (" " + who).c_str(), message.c_str());
+}
+
+[[noreturn]] void abort_now(RunLock* lock) {
+  if (lock) lock->release();  // the job ends here: the next one may use out_dir
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+[[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, Logger* log,
+                              RunLock* lock) {
+  if (rank != 0) {
+    // mpirun answers rank 0's abort with SIGTERM: let it end this rank quietly instead of the stop handler
+    std::signal(SIGTERM, SIG_DFL);
+    sleep(2);
+  }
+  report_error(who, message, log);
+  abort_now(lock);
+}
+
+}  // namespace
+
+// --export and --check run as plain processes, without MPI (a login node, a laptop): errors go to stderr.
+int run_without_mpi(const char* what, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dflash_mpi %s: error: %s\n", what, e.what());
+    return 1;
+  }
+}
+
+int dflash_mpi_main(int argc, char** argv) {
+  // the command line is read before MPI starts: --help, --export, --check and usage errors need no MPI, and
+  // under mpirun only the first rank prints
+  const bool printer = launcher_rank() == 0;
+  if (argc >= 2 && std::string(argv[1]) == "--export")
+    return run_without_mpi("--export", [&] {
+      const auto o = parse_export_options(argc, argv, printer);
+      return o ? run_export(*o) : 0;
+    });
+  std::optional<ProgramOptions> options;
+  try {
+    options = parse_program_options(argc, argv, printer);
+  } catch (const std::exception& e) {
+    if (printer) std::fprintf(stderr, "dflash_mpi: error: %s\n", e.what());
+    return 2;
+  }
+  if (!options) return 0;  // --help
+  if (!options->print_key.empty())
+    return run_without_mpi("--print-key", [&] {
+      std::printf("%s\n", config_value(load_config(options->config, options->sets), options->print_key).c_str());
+      return 0;
+    });
+  if (options->check)
+    return run_without_mpi("--check", [&] { return run_check(load_config(options->config, options->sets)); });
+
+  dflash::comm::init_mpi(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::string who;
+  std::optional<RunLock> lock;  // world rank 0: out_dir is this job's until the end
+  std::unique_ptr<Logger> log;
+  try {
+    install_stop_signal_handlers();
+    const TrainConfig cfg = load_config(options->config, options->sets);
+    const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
+                                                     cfg.layout.drafter_dp, size, rank);
+    who = layout.describe();
+    // run.device cuda: every rank binds a GPU of its node by node-local rank (several ranks may share one); the
+    // drafter step and the target forward run on it (docs/backend.md)
+    const int local_rank = comm::node_local_rank(MPI_COMM_WORLD);
+    if (cfg.run.device == "cuda") {
+      const int gpu = kernels::bind_cuda_device(local_rank);
+      std::printf("%s: %s on GPU %d\n", who.c_str(),
+                  layout.role == comm::Role::Drafter ? "drafter step" : "target forward", gpu);
+    }
+    // the data plane (lib/comm/data_plane.h): every rank decides alike from the job's shape
+    const comm::DataPlane plane = comm::choose_data_plane(cfg.layout.transport, cfg.run.device == "cuda",
+                                                          comm::nccl_built(), comm::node_shape(MPI_COMM_WORLD));
+    // nothing is written to out_dir before world rank 0 holds it (a refused job must not touch another's files)
+    const JobIdentity me = current_job_identity();
+    if (rank == 0) lock.emplace(cfg.run.out_dir, me);
+    const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
+    if (rank == 0) check_target_weights(cfg.target.path, target);  // headers only: every rank would fail alike
+    MPI_Barrier(MPI_COMM_WORLD);
+    // targets check every token id against the vocabulary on open; drafters only need the offsets
+    const bool is_target = layout.role == comm::Role::Target;
+    const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/is_target);
+    const RunPlan plan = make_run_plan(cfg, target, data.size());
+    // the in-training eval's files, opened on every rank at start-up (an error is every rank's: rank 0 prints it)
+    std::optional<io::Dataset> eval_data, eval_prompts;
+    if (cfg.eval.every > 0) {
+      check_eval_file("eval.data", cfg.eval.data, "eval.every");
+      eval_data.emplace(cfg.eval.data, target.vocab, /*scan_tokens=*/is_target);
+    }
+    if (cfg.eval.spec_every > 0) {
+      check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
+      eval_prompts.emplace(cfg.eval.prompts, target.vocab);
+      spec_eval_prompt_count(cfg, *eval_prompts);  // every prompt used has one
+    }
+    if (rank == 0) {
+      std::printf("%s\n", format_config_table(cfg).c_str());
+      const std::string resolved = write_resolved_config(cfg);
+      std::printf("dflash_mpi: %d ranks (%d target TP x %d groups + %d drafter DP), %lld steps of %d x %d "
+                  "sequences; resolved config in %s\n",
+                  size, cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp,
+                  (long long)plan.total_steps, cfg.layout.drafter_dp, cfg.optim.micro_batches, resolved.c_str());
+      std::fflush(stdout);
+    }
+    comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, cfg.run.watchdog_seconds);
+    LogIdentity id;
+    id.rank = rank;
+    id.role = comm::role_name(layout.role);
+    id.index = is_target ? layout.tp_rank : layout.dp_rank;
+    if (is_target && cfg.layout.target_groups > 1) id.group = layout.group;
+    const bool console = !is_target && layout.dp_rank == 0;
+    // every attempt (first run, resume, requeue) appends to the rank's log after a header saying who runs it
+    log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console,
+                                   fmt::format("===== attempt: {} =====", describe(me)));
+    if (lock && !lock->taken_over().empty()) log->warn("{}", lock->taken_over());
+    // a rank blocked in one wait for run.watchdog_seconds says so and takes the job down
+    Watchdog watchdog(cfg.run.watchdog_seconds, [&](const std::string& what, double waited) {
+      const std::string message = fmt::format(
+          "watchdog: world rank {} has waited {:.0f} s for the {} (run.watchdog_seconds = {}): a rank is stopped "
+          "or stalled (SIGSTOP, a hung device, a dead link); aborting the job",
+          rank, waited, what, cfg.run.watchdog_seconds);
+      report_error(who, message, log.get());
+      sleep(2);  // the other ranks' watchdogs, which fire about now, report their waits too: the stall's shape
+      abort_now(lock ? &*lock : nullptr);
+    });
+    comm::MpiTransport world_mpi(MPI_COMM_WORLD);
+    WatchedTransport world(world_mpi, watchdog, "world");
+    log->info("{} ranks ({}); config {} (hash {}); data plane {} (layout.transport {})", size, who, options->config,
+              config_hash_hex(cfg), comm::data_plane_name(plane), cfg.layout.transport);
+
+    // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
+    std::optional<LoadedCheckpoint> resumed;
+    int64_t start_step = 0;
+    const int first_drafter = layout.drafter_world_rank(0);
+    std::string dataset_identity;
+    if (rank == first_drafter) {
+      // one pass over the data: what would train nothing or the wrong thing is refused; its identity goes into
+      // every checkpoint and must match the one resumed from
+      const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+      check_data_facts(facts, cfg);
+      dataset_identity = facts.identity();
+      log->info("data: {}; {} trained tokens, {} anchor candidates", dataset_identity, facts.trained_tokens,
+                facts.anchor_candidates);
+      if (eval_data) {  // what would score nothing is refused as for data.path
+        TrainConfig as_data = cfg;
+        as_data.data.path = cfg.eval.data;
+        check_data_facts(scan_data_facts(*eval_data, plan.drafter.mask_token_id, cfg.data.max_seq_len), as_data);
+      }
+      const std::string dir = resolve_resume_dir(cfg);
+      if (!dir.empty()) {
+        resumed.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan, dataset_identity)));
+        DFLASH_USER_CHECK(!resumed->state.extra.contains("best"),
+                          "ckpt.resume = {}: the best checkpoint holds weights without optimizer state and is not "
+                          "for resuming; resume from a step_* checkpoint (ckpt.resume: auto)", dir);
+        start_step = resumed->state.step;
+        log->info("resuming from {} at step {}", dir, start_step);
+      } else if (cfg.ckpt.resume == "auto") {
+        log->info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
+      }
+    }
+    world.broadcast(&start_step, 1, first_drafter);
+    DFLASH_USER_CHECK(start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
+                 start_step, plan.total_steps);
+    if (is_target) {
+      EvalInputs eval;
+      eval.data = eval_data ? &*eval_data : nullptr;
+      eval.prompts = eval_prompts ? &*eval_prompts : nullptr;
+      run_target_worker(cfg, plan, layout, comms, data, start_step, *log, watchdog, eval);
+    } else {
+      DrafterRunOptions o;
+      o.start_step = start_step;
+      o.resume = resumed ? &*resumed : nullptr;
+      o.stop_after = options->stop_after;
+      o.dump_dir = options->dump_dir;
+      o.dataset_identity = dataset_identity;
+      o.eval.data = eval_data ? &*eval_data : nullptr;
+      run_drafter_worker(cfg, plan, layout, comms, data, o, *log, watchdog);
+    }
+    world.barrier();
+  } catch (const std::exception& e) {
+    abort_world(rank, who, e.what(), log.get(), lock ? &*lock : nullptr);
+  }
+  log.reset();
+  lock.reset();
+  MPI_Finalize();
+  return 0;
+}
+
+}  // namespace dflash::train

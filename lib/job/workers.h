@@ -1,0 +1,51 @@
+#pragma once
+// The two roles of a dflash_mpi job (docs/architecture.md "One training step, in code"). Every blocking wait of
+// either goes through a WatchedTransport on `watchdog` (run.watchdog_seconds).
+//   target worker: reads its drafters' sequences, runs the TP target forward, streams feature packets;
+//   drafter worker: receives packets, trains the drafter (DrafterStep), logs progress and metrics.
+#include <cstdint>
+
+#include "lib/comm/layout.h"
+#include "lib/config/config.h"
+#include "lib/io/dataset.h"
+#include "lib/model/drafter_params.h"
+#include "lib/report/log.h"
+#include "lib/state/checkpoint.h"
+#include "lib/train/run_plan.h"
+#include "lib/train/watchdog.h"
+
+namespace dflash::train {
+
+// The in-training eval's inputs (docs/eval.md "During training"), opened and checked at start-up; null = off.
+struct EvalInputs {
+  const io::Dataset* data = nullptr;     // eval.data (eval.every > 0)
+  const io::Dataset* prompts = nullptr;  // eval.prompts (eval.spec_every > 0)
+};
+
+// Steps [start_step, plan.total_steps) of this rank's target group, or until its drafters ask it to stop. After
+// a step the held-out eval is due at, the group also streams its drafters' held-out packets; the group that feeds
+// drafter rank 0 runs the speculative eval when it is due (lib/eval/heldout_eval.h, spec_eval.h).
+void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log,
+                       Watchdog& watchdog, const EvalInputs& eval = {});
+
+struct DrafterRunOptions {
+  int64_t start_step = 0;                     // first step to run (> 0 when resuming)
+  const LoadedCheckpoint* resume = nullptr;  // on drafter rank 0 when resuming: weights + optimizer state
+  int64_t stop_after = 0;                     // > 0: stop (with a checkpoint) after this many steps of this run
+  std::string dump_dir;                       // non-empty: run one step, write its dump there, stop
+  std::string dataset_identity;               // on drafter rank 0: DataFacts::identity(), recorded in checkpoints
+  EvalInputs eval;                            // the in-training eval (data only: prompts live on the targets)
+};
+
+// Steps [start_step, plan.total_steps) on this drafter rank, or fewer on a stop. The first drafter rank prints
+// progress, writes <out_dir>/metrics.jsonl, the checkpoints and, at the end, drafter_final.safetensors.
+void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                        const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& options,
+                        Logger& log, Watchdog& watchdog);
+
+// Writes the drafter's fp32 weights (export names) to <out_dir>/drafter_final.safetensors via a temporary file and
+// a rename; returns the path.
+std::string write_final_weights(const std::string& out_dir, const model::DrafterParams<float>& params);
+
+}  // namespace dflash::train

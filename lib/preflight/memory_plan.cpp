@@ -1,0 +1,102 @@
+#include "lib/preflight/memory_plan.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "lib/comm/shard.h"
+#include "lib/model/drafter.h"
+#include "lib/model/drafter_params.h"
+#include "lib/model/target.h"
+#include "lib/model/target_shard.h"
+
+namespace dflash::train {
+
+double RankMemory::total() const {
+  double t = 0;
+  for (const MemoryItem& i : items) t += i.bytes;
+  return t;
+}
+
+int64_t target_rank_params(const model::QwenConfig& c, int tp) {
+  double best = 0;
+  for (int r = 0; r < tp; ++r)
+    best = std::max(best, model::shard_cost(c, model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain), 1)
+                              .weight_params);
+  return int64_t(best);
+}
+
+GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
+  const double act = in.bf16 ? 2 : 4;  // bytes of an activation / compute weight (drafter and target alike)
+  const double S = in.max_seq_len, H = in.drafter.hidden, V = in.drafter.vocab;
+  const model::DrafterConfig& d = in.drafter;
+  GpuMemoryPlan p;
+
+  // target rank, as lib/model/target.cpp allocates it: the weights in the compute precision (run.precision: bf16
+  // on cuda by default, 2 bytes; fp32 4), one arena in that precision with the residual stream, normed input and
+  // partial sum [S, H], the MLP's gate and up [S, ic] and the token mixer's scratch (flash attention: nothing
+  // S × S); bf16 adds one fp32 [S, H] array (the embedding rows' upload, the all-reduce's fp32 sum, the outputs'
+  // conversion). Packets (taps + final hidden, fp32) stay on the GPU with the NCCL data plane (the multi-GPU
+  // default): packets_in_flight of them in flight plus the one being filled (lib/train/packet.h); the embedding
+  // rows come through a host staging array.
+  const model::QwenConfig& t = in.target;
+  const double th = t.hidden, q_local = double(t.heads) / in.target_tp + 1, kv_local = double(t.kv_heads);
+  const double mlp_local = double(t.intermediate) / in.target_tp + 128;
+  const char* tp_name = in.bf16 ? "bf16" : "fp32";
+  p.target.role = "target TP rank (largest shard)";
+  p.target.items = {
+      {fmt::format("weights ({})", tp_name), double(in.target_rank_params) * act},
+      {fmt::format("residual stream, normed input, partial sum ({})", tp_name), S * th * act * 3},
+      {fmt::format("q, k, v, attention output ({})", tp_name), S * t.head_dim * (2 * q_local + 2 * kv_local) * act},
+      {fmt::format("MLP gate, up ({})", tp_name), S * mlp_local * 2 * act},
+      {fmt::format("packets: taps + final hidden (fp32) x {}", in.packets_in_flight + 1),
+       S * th * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
+      {"cuBLASLt workspace", 32.0 * (1 << 20)},
+  };
+  if (in.bf16) p.target.items.push_back({"fp32 scratch: embedding upload, all-reduce sum, outputs", S * th * 4});
+
+  // drafter rank
+  const double P = double(model::drafter_param_count(d));
+  const double N = in.anchors_per_seq, T = N * (d.block_size - 1), C = in.chunk_size;
+  p.drafter.role = "drafter DP rank";
+  p.drafter.items = {
+      {"target embedding + lm_head (frozen, bf16)", 2 * V * H * 2},
+      {"weights: compute copy + fp32 master", P * (in.bf16 ? 2 : 0) + P * 4},
+      {"gradients (fp32)", P * 4},
+      {"AdamW moments (fp32)", P * 8},
+      {"activations (arena: forward + backward peak)",
+       double(model::drafter_arena_bytes(d, in.max_seq_len, in.anchors_per_seq, size_t(act), in.bf16 ? 4 : 4))},
+      {"vocab loss: logits scratch (C x V, fp32) x (KL ? 2 : 1)", C * V * 4 * (in.kl ? 2 : 1)},
+      {"vocab loss: scored rows X, Y, dX and d_out", T * H * act * (in.kl ? 3 : 2) + N * d.block_size * H * act},
+      // a GPU drafter holds its packets on the device (NCCL: received there; MPI: uploaded from page-locked host
+      // staging): packets_in_flight posted plus the one computed on; bf16 converts the one computed on
+      {fmt::format("packets: taps + final hidden (fp32) x {}", in.packets_in_flight + 1),
+       S * H * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
+      {"packet in the compute type (bf16 only)", in.bf16 ? S * H * (d.n_taps + 1) * 2 : 0.0},
+      {"cuBLASLt workspace", 32.0 * (1 << 20)},
+  };
+  return p;
+}
+
+std::string format_gpu_memory_plan(const GpuMemoryPlan& plan,
+                                   const std::vector<std::pair<std::string, double>>& gpus) {
+  auto gb = [](double b) { return fmt::format("{:7.2f} GB", b / 1e9); };
+  std::string out;
+  for (const RankMemory* r : {&plan.target, &plan.drafter}) {
+    out += fmt::format("  {}\n", r->role);
+    for (const MemoryItem& i : r->items) out += fmt::format("    {:<56} {}\n", i.what, gb(i.bytes));
+    out += fmt::format("    {:<56} {}\n", "total", gb(r->total()));
+  }
+  const double worst = std::max(plan.target.total(), plan.drafter.total());
+  for (const auto& [name, bytes] : gpus)
+    out += fmt::format("  {} on {} ({:.0f} GB): the fuller GPU holds {:.1f} GB, {:.0f} % free\n",
+                       worst <= bytes ? "fits" : "DOES NOT FIT", name, bytes / 1e9, worst / 1e9,
+                       100.0 * (bytes - worst) / bytes);
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> default_gpus() {
+  return {{"RTX PRO 6000 Blackwell", 95e9}, {"H200", 141e9}};
+}
+
+}  // namespace dflash::train

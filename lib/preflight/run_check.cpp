@@ -1,0 +1,158 @@
+#include "lib/preflight/run_check.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "lib/core/error.h"
+#include "lib/eval/spec_eval.h"
+#include "lib/io/dataset.h"
+#include "lib/model/drafter_params.h"
+#include "lib/model/qwen_config.h"
+#include "lib/preflight/data_facts.h"
+#include "lib/preflight/memory_plan.h"
+#include "lib/preflight/signal_margin.h"
+#include "lib/preflight/target_check.h"
+#include "lib/preflight/tokenizer_check.h"
+#include "lib/state/checkpoint.h"
+#include "lib/state/checkpointing.h"
+#include "lib/train/run_plan.h"
+
+namespace dflash::train {
+
+// An eval file named by the config must exist before the job spends time loading the target.
+void check_eval_file(const char* key, const std::string& path, const char* switch_key) {
+  DFLASH_USER_CHECK(std::filesystem::is_regular_file(path),
+                    "{} = {}: no such file; give an HDF5 dataset (data/README.md) or turn the eval off ({}: 0)", key,
+                    path, switch_key);
+}
+
+// --check: everything that can be validated without the MPI job, and what the job would need.
+int run_check(const TrainConfig& cfg) {
+  const int world = cfg.layout.target_tp * cfg.layout.target_groups + cfg.layout.drafter_dp;
+  const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
+  // a target folder with config.json only (planning a run before downloading the weights): the plan is printed,
+  // the result says INCOMPLETE and the exit code is 2; weights present are checked in full
+  const bool has_weights = std::filesystem::exists(std::filesystem::path(cfg.target.path) / "model.safetensors") ||
+                           std::filesystem::exists(std::filesystem::path(cfg.target.path) / "model.safetensors.index.json");
+  TargetWeightsSummary weights;
+  if (has_weights) weights = check_target_weights(cfg.target.path, target);
+  const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/false);  // scan_data_facts checks every token
+  const RunPlan plan = make_run_plan(cfg, target, data.size());
+  const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+  check_data_facts(facts, cfg);
+  std::string eval_lines;  // the in-training eval's files, checked as the job checks them
+  if (cfg.eval.every > 0) {
+    check_eval_file("eval.data", cfg.eval.data, "eval.every");
+    const io::Dataset eval(cfg.eval.data, target.vocab);
+    TrainConfig as_data = cfg;
+    as_data.data.path = cfg.eval.data;
+    const DataFacts f = scan_data_facts(eval, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+    check_data_facts(f, as_data);
+    eval_lines += fmt::format("  eval data      {}: {} of {} sequences every {} steps (held-out loss, acc, tau)\n",
+                              cfg.eval.data, cfg.eval.max_sequences > 0 ? std::min<int64_t>(cfg.eval.max_sequences,
+                              eval.size()) : eval.size(), eval.size(), cfg.eval.every);
+  }
+  if (cfg.eval.spec_every > 0) {
+    check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
+    const io::Dataset prompts(cfg.eval.prompts, target.vocab);
+    eval_lines += fmt::format("  eval prompts   {}: {} prompts x {} new tokens every {} steps (speculative tau)\n",
+                              cfg.eval.prompts, spec_eval_prompt_count(cfg, prompts), cfg.eval.max_new_tokens,
+                              cfg.eval.spec_every);
+  }
+  const TokenizerFacts tokenizer = read_tokenizer_facts(cfg.target.path);
+  const TokenizerCheck tok = check_tokenizer(tokenizer, cfg.target.path, target.vocab, facts.max_token,
+                                             plan.drafter.mask_token_id);
+  DFLASH_USER_CHECK(tok.errors.empty(), "tokenizer, target and data disagree:\n  {}",
+                    fmt::format("{}", fmt::join(tok.errors, "\n  ")));
+  const size_t drafter_params = model::drafter_param_count(plan.drafter);  // counted, not allocated
+  std::printf("%s\n", format_config_table(cfg).c_str());
+  auto size = [](double bytes) {
+    return bytes >= 1024.0 * 1024 * 1024 ? fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024))
+                                         : fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
+  };
+  // the largest TP rank's linear weights (the embedding is read per forward, not held)
+  const double target_params = double(target_rank_params(target, cfg.layout.target_tp));
+
+  if (has_weights)
+    std::printf("check: OK\n");
+  else
+    std::printf("check: INCOMPLETE: %s holds config.json but no model.safetensors(.index.json): the plan below comes "
+                "from config.json; the job needs the weights\n", cfg.target.path.c_str());
+  std::printf("  ranks          mpirun -np %d (%d target TP x %d groups + %d drafter DP)\n", world,
+              cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp);
+  std::printf("  target         %s: %d layers, H %d, %d Q / %d KV heads, vocab %d; taps %s\n", cfg.target.path.c_str(),
+              target.layers, target.hidden, target.heads, target.kv_heads, target.vocab,
+              fmt::format("{}", fmt::join(plan.tap_ids, ",")).c_str());
+  std::string dtypes;
+  for (const auto& [dtype, count] : weights.dtypes) dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count, dtype);
+  if (has_weights)
+    std::printf("  target weights %lld tensors with the shapes config.json implies (%s), %.3g parameters\n",
+                (long long)weights.tensors, dtypes.c_str(), double(weights.parameters));
+  else
+    std::printf("  target weights NOT CHECKED (none present)\n");
+  std::printf("  drafter        %d layers, %d Q / %d KV heads x %d, I %d, block %d: %zu parameters\n",
+              plan.drafter.layers, plan.drafter.heads, plan.drafter.kv_heads, plan.drafter.head_dim,
+              plan.drafter.intermediate, plan.drafter.block_size, drafter_params);
+  std::printf("  data           %s: %lld sequences, %lld tokens; %lld steps per epoch, %lld steps\n",
+              cfg.data.path.c_str(), (long long)data.size(), (long long)data.total_tokens(),
+              (long long)plan.steps_per_epoch, (long long)plan.total_steps);
+  std::printf("  trained        %lld tokens with loss_mask 1 (%.1f%%), %lld anchor candidates; longest sequence %lld "
+              "(block %d)\n",
+              (long long)facts.trained_tokens, 100.0 * double(facts.trained_tokens) / double(std::max<int64_t>(facts.tokens, 1)),
+              (long long)facts.anchor_candidates, (long long)facts.longest, plan.drafter.block_size);
+  if (tokenizer.path.empty())
+    std::printf("  tokenizer      none in %s (not checked; data/prep/dflash-prep check compares a tokenizer folder)\n",
+                cfg.target.path.c_str());
+  else
+    std::printf("  tokenizer      %s: %lld tokens, %zu special; fits vocab_size %d, the eos/bos ids and the data\n",
+                tokenizer.path.c_str(), (long long)tokenizer.tokens, tokenizer.special_ids.size(), target.vocab);
+  for (const std::string& n : tok.notes) std::printf("  note           %s\n", n.c_str());
+  std::printf("%s", eval_lines.c_str());
+  std::printf("  data identity  %s (recorded in checkpoints; a resume on other data is refused)\n",
+              facts.identity().c_str());
+  std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "
+              "grads + AdamW %s, loss scratch %s\n",
+              size(target_params * 4).c_str(),
+              size(double(target.vocab) * target.hidden * 4 * (target.tie_word_embeddings ? 1 : 2)).c_str(),
+              size(double(drafter_params) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
+  if (cfg.run.device == "cuda") {
+    MemoryPlanInputs m;
+    m.target = target;
+    m.target_rank_params = int64_t(target_params);
+    m.target_tp = cfg.layout.target_tp;
+    m.drafter = plan.drafter;
+    m.max_seq_len = int(cfg.data.max_seq_len > 0 ? std::min<int64_t>(cfg.data.max_seq_len, facts.longest) : facts.longest);
+    m.anchors_per_seq = cfg.loss.anchors_per_seq;
+    m.chunk_size = cfg.loss.chunk_size;
+    m.kl = cfg.loss.kl_weight != 0;
+    m.bf16 = cfg.run.compute_precision() == "bf16";
+    m.packets_in_flight = cfg.layout.packets_in_flight;
+    std::printf("  per-GPU memory (run.device cuda, %s activations, S = %d):\n%s", m.bf16 ? "bf16" : "fp32",
+                m.max_seq_len, format_gpu_memory_plan(gpu_memory_plan(m), default_gpus()).c_str());
+  }
+  const SignalMargin margin = recommend_signal_margin(cfg.run.out_dir);
+  if (margin.measured) {
+    std::printf("  slurm          #SBATCH --signal=USR1@%d (2 x (step %.1f s + checkpoint save %.1f s, measured in "
+                "this out_dir) + 60 s)\n",
+                margin.margin_seconds, margin.step_seconds, margin.save_seconds);
+  } else {
+    std::printf("  slurm          #SBATCH --signal=USR1@%d for a start; nothing measured yet in %s: run --check "
+                "again after some steps and a checkpoint to size it\n",
+                margin.margin_seconds, cfg.run.out_dir.c_str());
+  }
+  const std::string resume = resolve_resume_dir(cfg);
+  if (!resume.empty()) {
+    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan, facts.identity()));
+    std::printf("  resume         %s (step %lld) verified\n", resume.c_str(), (long long)c.state.step);
+  } else {
+    std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
+                                                                   : "none: would start at step 0");
+  }
+  return has_weights ? 0 : 2;
+}
+
+}  // namespace dflash::train
