@@ -22,4 +22,7 @@ flags=(--bind-to none)
 (( np > cores )) && flags+=(--oversubscribe)   # more ranks than cores: let them share
 [[ $(id -u) -eq 0 ]] && flags+=(--allow-run-as-root)
 export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
-exec mpirun "${flags[@]}" -np "$np" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" "$@"
+# CUDA loads every kernel at start (lazy loading would load one while an NCCL kernel spins for its peer, and
+# serialise the device behind it: docs/cuda.md, "Two NCCL communicators per rank"); the user's value wins
+export CUDA_MODULE_LOADING="${CUDA_MODULE_LOADING:-EAGER}"
+exec mpirun "${flags[@]}" -np "$np" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -x CUDA_MODULE_LOADING "$bin" "$@"
