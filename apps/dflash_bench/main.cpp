@@ -14,6 +14,7 @@ const Subcommand kSubcommands[] = {
     {"eval", dflash::bench::run_eval,
      "speculative decoding: greedy vs chain vs tree tokens/s, target forwards per token, tau and tau_tree"},
     {"cuda", dflash::bench::run_cuda, "CUDA backend: vocab loss and drafter fwd+bwd vs their cuBLASLt GEMMs alone"},
+    {"numerics", dflash::bench::run_numerics, "bf16 vs fp32 vocab logits: loss and gradient error at the real V"},
     {"stream", dflash::bench::run_stream, "packet GB/s, drafter wait share, TP all-reduce per layer (mpirun -np K)"},
 };
 

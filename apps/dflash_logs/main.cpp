@@ -3,12 +3,17 @@
 // — the first look after a failed or hanging job. With --merge: the lines of every rank interleaved by time.
 // --garbled: the lines not in the log format (a torn write after a crash), as file:line.
 // dflash_logs plot RUN_DIR [--out FILE.svg]: a picture of metrics.jsonl (apps/dflash_logs/metrics_plot.h).
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "apps/dflash_logs/metrics_plot.h"
 #include "lib/core/args.h"
 #include "lib/core/atomic_file.h"
+#include "lib/core/error.h"
 #include "lib/report/log_reader.h"
 
 namespace {
@@ -56,8 +61,19 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto level = dflash::train::parse_log_level(args.str("level", "debug"), "--level");
-    const auto lines = dflash::train::merge_logs(logs, level, int(args.integer("rank", -1)));
-    const size_t tail = size_t(args.integer("tail", 0));
+    const long long rank = args.integer("rank", -1), tail_n = args.integer("tail", 0);
+    DFLASH_USER_CHECK(!args.has("rank") || (rank >= 0 && rank <= dflash::train::kMaxRank),
+                      "--rank {}: a world rank is 0 .. {}", args.str("rank", ""), dflash::train::kMaxRank);
+    if (args.has("rank") && std::none_of(logs.begin(), logs.end(), [&](const auto& l) { return l.rank == rank; })) {
+      std::string ranks;
+      for (const auto& l : logs) ranks += (ranks.empty() ? "" : ", ") + std::to_string(l.rank);
+      throw dflash::Error(fmt::format("--rank {}: {}/logs has no rank_{:02d}.log (ranks with logs: {})", rank,
+                                      args.positional()[0], rank, ranks));
+    }
+    DFLASH_USER_CHECK(!args.has("tail") || tail_n >= 1, "--tail {}: give the number of last lines to show, ≥ 1",
+                      args.str("tail", ""));
+    const auto lines = dflash::train::merge_logs(logs, level, int(rank));
+    const size_t tail = size_t(tail_n);
     for (size_t i = tail && lines.size() > tail ? lines.size() - tail : 0; i < lines.size(); ++i)
       std::printf("%s\n", lines[i].text.c_str());
     return 0;

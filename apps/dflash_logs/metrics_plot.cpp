@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -120,8 +121,15 @@ std::string draw_panel(const MetricsSeries& s, const Panel& p, double x0, double
 
 MetricsSeries read_metrics(const std::string& run_dir, int* skipped) {
   const std::string path = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  DFLASH_USER_CHECK(std::filesystem::exists(status), "{}: no such file; give the run's out_dir (run.out_dir in its "
+                    "config)", path);
+  DFLASH_USER_CHECK(std::filesystem::is_regular_file(status),
+                    "{} is {}, not the metrics file a run writes; move it away or give the run's out_dir", path,
+                    std::filesystem::is_directory(status) ? "a folder" : "not a regular file (a FIFO, socket or device)");
   std::ifstream in(path);
-  DFLASH_USER_CHECK(in, "{}: cannot read it; give the run's out_dir (run.out_dir in its config)", path);
+  DFLASH_USER_CHECK(in, "{}: cannot read it: {}", path, std::strerror(errno));
   MetricsSeries s;
   int bad = 0;
   static const char* kKeys[] = {"loss", "ce", "kl", "cap", "acc", "topk_acc", "tau", "lr", "grad_norm",

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdio>
+
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
 #include "lib/core/error.h"
@@ -12,6 +14,7 @@ namespace dflash::kernels::cuda {
 
 struct LtGemm::Algo {
   cublasLtMatmulHeuristicResult_t result;
+  bool fallback = false;  // cuBLASLt has no algorithm for this key: gemm_fallback.cu
 };
 
 namespace {
@@ -52,6 +55,30 @@ size_t LtGemm::cached_algorithms() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return cache_.size();
 }
+
+size_t LtGemm::fallback_layouts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t n = 0;
+  for (const auto& [key, algo] : cache_) n += algo->fallback;
+  return n;
+}
+
+namespace {
+
+void run_fallback(cudaStream_t st, DType ab, DType c, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                  const void* a, int lda, const void* b, int ldb, float beta, void* cmat, int ldc) {
+  if (ab == DType::f32)
+    launch_gemm_fallback(st, trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(a), lda,
+                         static_cast<const float*>(b), ldb, beta, static_cast<float*>(cmat), ldc);
+  else if (c == DType::bf16)
+    launch_gemm_fallback(st, trans_a, trans_b, M, N, K, alpha, static_cast<const bf16*>(a), lda,
+                         static_cast<const bf16*>(b), ldb, beta, static_cast<bf16*>(cmat), ldc);
+  else
+    launch_gemm_fallback(st, trans_a, trans_b, M, N, K, alpha, static_cast<const bf16*>(a), lda,
+                         static_cast<const bf16*>(b), ldb, beta, static_cast<float*>(cmat), ldc);
+}
+
+}  // namespace
 
 void LtGemm::run(ExecContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                  const void* a, int lda, const void* b, int ldb, float beta, void* cmat, int ldc) {
@@ -108,12 +135,13 @@ void LtGemm::run(ExecContext& ctx, DType ab, DType c, bool trans_a, bool trans_b
   const Key key{M, N, K, int(trans_a), int(trans_b), lda, ldb, ldc, int(ab), int(c),
                 int(al_first), int(al_second), int(al_c)};
   cublasLtMatmulHeuristicResult_t result{};
-  bool cached = false;
+  bool cached = false, fallback = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = cache_.find(key);
     if (it != cache_.end()) {
       result = it->second->result;
+      fallback = it->second->fallback;
       cached = true;
     }
   }
@@ -132,17 +160,24 @@ void LtGemm::run(ExecContext& ctx, DType ab, DType c, bool trans_a, bool trans_b
     DFLASH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                              &al_c, sizeof(al_c)));
     int found = 0;
-    DFLASH_CUBLAS_CHECK(
-        cublasLtMatmulAlgoGetHeuristic(handle, desc.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found));
-    DFLASH_CHECK(found > 0,
-                 "cuBLASLt has no algorithm for C[{}, {}] = op(A)·op(B), K = {}, trans_a {}, trans_b {}, lda {}, "
-                 "ldb {}, ldc {}, {} inputs, {} output",
-                 M, N, K, trans_a, trans_b, lda, ldb, ldc, ab == DType::bf16 ? "bf16" : "fp32",
-                 c == DType::bf16 ? "bf16" : "fp32");
+    // No algorithm comes back as CUBLAS_STATUS_NOT_SUPPORTED or as zero results: both take the fallback kernel,
+    // announced once per layout (it is correct but slow); any other status is an error.
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle, desc.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) DFLASH_CUBLAS_CHECK(st);
+    fallback = st == CUBLAS_STATUS_NOT_SUPPORTED || found <= 0;
+    if (fallback)
+      std::fprintf(stderr,
+                   "warning: cuBLASLt has no algorithm for C[%d, %d] = op(A)·op(B), K = %d, trans_a %d, trans_b %d, "
+                   "lda %d, ldb %d, ldc %d, %s inputs, %s output: this GEMM runs on the CUDA-core fallback kernel "
+                   "(kernels/cuda/gemm_fallback.cu; correct, slow)\n",
+                   M, N, K, int(trans_a), int(trans_b), lda, ldb, ldc, ab == DType::bf16 ? "bf16" : "fp32",
+                   c == DType::bf16 ? "bf16" : "fp32");
     std::lock_guard<std::mutex> lock(mutex_);
     auto& slot = cache_[key];
-    if (!slot) slot = new Algo{result};
+    if (!slot) slot = new Algo{result, fallback};
   }
+  if (fallback) return run_fallback(stream, ab, c, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, cmat, ldc);
   DFLASH_CUBLAS_CHECK(cublasLtMatmul(handle, desc.d, &alpha, b, la.l, a, lb.l, &beta, cmat, lc.l, cmat, lc.l,
                                      &result.algo, workspace, result.workspaceSize, stream));
 }

@@ -5,7 +5,8 @@
 // Compute is CUBLAS_COMPUTE_32F always: fp32 inputs stay fp32 (no TF32: the twin tests compare with the CPU at
 // fp32 ulp), bf16 inputs accumulate in fp32 and write bf16 or fp32. The heuristic's algorithm is cached per
 // (shape, transposes, leading dimensions, types, pointer alignment); the workspace comes from the ExecContext's
-// arena when it has room, else from a buffer this object owns.
+// arena when it has room, else from a buffer this object owns. A layout the heuristic has no algorithm for (odd
+// leading dimensions) runs on a CUDA-core kernel instead, with a warning on stderr once per layout.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -34,6 +35,8 @@ class LtGemm {
            const void* a, int lda, const void* b, int ldb, float beta, void* cmat, int ldc);
 
   size_t cached_algorithms() const;
+  // Layouts cuBLASLt had no algorithm for, which run on the CUDA-core fallback (kernels/cuda/gemm_fallback.cu).
+  size_t fallback_layouts() const;
 
  private:
   struct Algo;

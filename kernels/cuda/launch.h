@@ -18,6 +18,12 @@ namespace dflash::kernels::cuda {
 
 using bf16 = __nv_bfloat16;
 
+// ---- gemm_fallback.cu: the GEMM of the layouts cuBLASLt has no algorithm for (gemm_lt.cpp) ----
+// C[M, N] = alpha · op(A) op(B) + beta · C, row-major; (AB, C) = (float, float), (bf16, bf16) or (bf16, float).
+template <typename AB, typename C>
+void launch_gemm_fallback(cudaStream_t st, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const AB* a,
+                          int lda, const AB* b, int ldb, float beta, C* c, int ldc);
+
 // ---- elementwise.cu ----
 template <typename T>
 void launch_gather_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim);

@@ -210,7 +210,15 @@ Dataset::Dataset(const std::string& path, int64_t vocab, bool scan_tokens) : pat
     H5Eclear2(H5E_DEFAULT);
     throw Error(fmt::format("{}: not an HDF5 file; {}", path, kFormatHint));
   }
-  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  // Read-only opens without HDF5's file locking: every rank reads the file at once, and on Lustre or NFS mounts
+  // without flock support HDF5's default locking fails the open ("unable to lock file") or blocks. Readers never
+  // need it (nothing writes a training file while a job reads it). HDF5_USE_FILE_LOCKING in the environment still
+  // takes precedence (docs/running.md).
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  h5check(fapl, path_, "cannot create a file-access property list");
+  H5Pset_file_locking(fapl, false, true);
+  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+  H5Pclose(fapl);
   h5check(file_, path_, "cannot open the HDF5 file");
   try {
     hsize_t n_tokens = 0, n_offsets = 0, n_mask = 0;

@@ -28,7 +28,6 @@ size_t RankLog::garbled() const {
 namespace {
 
 constexpr size_t kPreviewBytes = 160;  // of an unparsed line, shown
-constexpr int kMaxRank = 999999;       // rank numbers beyond this are not a file Logger wrote
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
@@ -120,8 +119,9 @@ std::vector<RankLog> read_run_logs(const std::string& run_dir) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     const int rank = rank_of_file_name(entry.path());
     if (rank < 0) continue;
-    DFLASH_USER_CHECK(!entry.is_directory(), "{} is a folder, not a log file; move it out of the logs/ folder",
-                      entry.path().string());
+    // only regular files: reading a FIFO or a device would block or never end
+    DFLASH_USER_CHECK(entry.is_regular_file(), "{} is {}, not a log file; move it out of the logs/ folder",
+                      entry.path().string(), entry.is_directory() ? "a folder" : "not a regular file (a FIFO, socket or device)");
     RankLog log;
     log.path = entry.path().string();
     log.rank = rank;

@@ -20,6 +20,8 @@ struct LogLine {
   size_t bytes = 0;    // length of the line in the file
 };
 
+constexpr int kMaxRank = 999999;  // rank numbers beyond this are not a file Logger wrote
+
 struct RankLog {
   std::string path;
   int rank = -1;

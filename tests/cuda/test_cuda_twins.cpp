@@ -16,12 +16,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launch.h"
 #include "lib/core/rng.h"
 
@@ -155,6 +157,48 @@ TEST_CASE("cuda twin gemm: row-major C = alpha op(A) op(B) + beta C, every trans
                          "gemm");
         }
   }
+}
+
+TEST_CASE("cuda twin gemm: a layout cuBLASLt has no algorithm for runs on the fallback kernel (odd leading dims)") {
+  // The DeltaNet b/a projections of a TP-5 shard have rows of 9 or 12 bf16 values. On the emulated GPU the
+  // heuristic is told to refuse leading dimensions that are not a multiple of 16 bytes (a real cuBLASLt may);
+  // the result must then come from gemm_fallback.cu, within the same fp32 bound as cuBLASLt's.
+#if defined(DFLASH_CUDA_EMULATED)
+  setenv("DFLASH_EMU_CUBLASLT_REFUSE_LD", "16", 1);
+#endif
+  struct Unset {
+    ~Unset() { unsetenv("DFLASH_EMU_CUBLASLT_REFUSE_LD"); }
+  } unset;
+  const int M = 37, N = 9, K = 40;  // y [37, 9] = x [37, 40] · Wᵀ, W [9, 40]: ldc 9 (18 bytes in bf16)
+  const auto x = bf16_round(randn(size_t(M) * K, 170)), w = bf16_round(randn(size_t(N) * K, 171));
+  std::vector<float> want(size_t(M) * N, 0.0f);
+  cpu().gemm(hx(), false, true, M, N, K, 1.0, x.data(), K, w.data(), K, 0.0, want.data(), N);
+  Dev<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gy(std::vector<bf16>(want.size()));
+  Dev<float> gx32(x), gw32(w), gy32(std::vector<float>(want.size())), gacc(randn(want.size(), 172));
+  cuda::LtGemm lt;
+  lt.run(gpu().ex(), cuda::DType::bf16, cuda::DType::bf16, false, true, M, N, K, 1.0f, gx.p(), K, gw.p(), K, 0.0f,
+         gy.p(), N);
+  lt.run(gpu().ex(), cuda::DType::f32, cuda::DType::f32, false, true, M, N, K, 1.0f, gx32.p(), K, gw32.p(), K, 0.0f,
+         gy32.p(), N);
+  // beta = 1 into fp32 (the weight-gradient form): acc + x·Wᵀ
+  const auto acc0 = gacc.get();
+  lt.run(gpu().ex(), cuda::DType::bf16, cuda::DType::f32, false, true, M, N, K, 1.0f, gx.p(), K, gw.p(), K, 1.0f,
+         gacc.p(), N);
+  std::vector<float> want_acc(want.size());
+  for (size_t i = 0; i < want.size(); ++i) want_acc[i] = acc0[i] + want[i];
+  const auto tol = gemm_tolerance(false, true, M, N, K, 1.0, x, K, w, K, 0.0, want, N);
+  auto tol_bf16 = tol;
+  for (size_t i = 0; i < tol.size(); ++i) tol_bf16[i] += kB * std::fabs(want[i]);  // one rounding of y
+  require_within(to_f32(gy.get()), want, tol_bf16, "bf16 y, ldc 9");
+  require_within(gy32.get(), want, tol, "fp32 y, ldc 9");
+  auto tol_acc = tol;
+  for (size_t i = 0; i < tol.size(); ++i) tol_acc[i] += 2 * kU * std::fabs(want_acc[i]);
+  require_within(gacc.get(), want_acc, tol_acc, "fp32 acc += bf16 x·Wᵀ, ldc 9");
+#if defined(DFLASH_CUDA_EMULATED)
+  CHECK(lt.fallback_layouts() == 3);  // all three: each has ldc 9
+#else
+  MESSAGE("on this GPU cuBLASLt had no algorithm for " << lt.fallback_layouts() << " of the 3 layouts");
+#endif
 }
 
 TEST_CASE("cuda twin gemm: linear_forward and linear_backward (dx += dy W, dW += dyᵀ x, null skips)") {

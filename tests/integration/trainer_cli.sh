@@ -54,6 +54,16 @@ case "$case" in
       "$out/run/metrics.svg" || fail "metrics.svg is not a well-formed SVG with its lines"
     "$build/apps/dflash_logs" "$out/run" | tee "$out/summary.log"
     grep -q "STRAGGLER" "$out/summary.log" && fail "a finished run has no straggler"
+    # absurd filters are refused by name, not answered with nothing (or everything) and exit 0
+    for bad in "--rank 99999999999999:a world rank is 0 .. 999999" "--rank 12:has no rank_12.log" \
+               "--tail -5:--tail -5: give the number of last lines" "--tail 0:--tail 0: give the number"; do
+      set +e
+      "$build/apps/dflash_logs" "$out/run" ${bad%%:*} >"$out/bad.log" 2>&1
+      rc=$?
+      set -e
+      [[ $rc -ne 0 ]] && grep -q -- "${bad#*:}" "$out/bad.log" ||
+        fail "dflash_logs ${bad%%:*}: rc $rc, $(cat "$out/bad.log")"
+    done
     echo "PASS (learns)"
     ;;
   equivalence)

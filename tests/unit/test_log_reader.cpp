@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sys/stat.h>
+
 #include "lib/core/error.h"
 #include "lib/report/log.h"
 #include "lib/report/log_reader.h"
@@ -134,6 +136,16 @@ TEST_CASE("log reader: a rank file name out of range or a folder where a log sho
   std::filesystem::remove(dir + "/logs/rank_99999999999999999999.log");
   std::filesystem::create_directories(dir + "/logs/rank_07.log");
   CHECK_THROWS_WITH_AS(train::read_run_logs(dir), doctest::Contains("rank_07.log is a folder, not a log file"),
+                       dflash::Error);
+}
+
+TEST_CASE("log reader: a FIFO where a log should be is refused by name, never read (it would block)") {
+  const std::string dir = test::scratch_dir("log_reader_fifo").string();
+  std::filesystem::create_directories(dir + "/logs");
+  write_bytes(dir + "/logs/rank_00.log", "");
+  REQUIRE(mkfifo((dir + "/logs/rank_01.log").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(train::read_run_logs(dir),
+                       doctest::Contains("rank_01.log is not a regular file (a FIFO, socket or device)"),
                        dflash::Error);
 }
 

@@ -1,8 +1,10 @@
 // dflash_logs plot: metrics.jsonl read back as columns (nulls and torn lines tolerated) and drawn as an SVG of
 // eight panels.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -63,7 +65,16 @@ TEST_CASE("metrics plot: records become columns, nulls are gaps, a torn line is 
 
 TEST_CASE("metrics plot: a run folder without metrics is an error naming the file") {
   const std::string dir = test::scratch_dir("metrics_plot_none").string();
-  CHECK_THROWS_WITH_AS(read_metrics(dir), doctest::Contains("metrics.jsonl: cannot read it"), Error);
+  CHECK_THROWS_WITH_AS(read_metrics(dir), doctest::Contains("metrics.jsonl: no such file"), Error);
   std::ofstream(dir + "/metrics.jsonl") << "garbage\n";
   CHECK_THROWS_WITH_AS(read_metrics(dir), doctest::Contains("no metrics record"), Error);
+}
+
+TEST_CASE("metrics plot: a metrics.jsonl that is a folder or a FIFO is refused as such (a FIFO would block)") {
+  const std::string dir = test::scratch_dir("metrics_plot_not_file").string();
+  std::filesystem::create_directories(dir + "/metrics.jsonl");
+  CHECK_THROWS_WITH_AS(read_metrics(dir), doctest::Contains("metrics.jsonl is a folder, not the metrics file"), Error);
+  std::filesystem::remove(dir + "/metrics.jsonl");
+  REQUIRE(mkfifo((dir + "/metrics.jsonl").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(read_metrics(dir), doctest::Contains("metrics.jsonl is not a regular file (a FIFO"), Error);
 }

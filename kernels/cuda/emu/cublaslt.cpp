@@ -680,6 +680,16 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
                       ": no algorithm"));
     info.alignment[i] = promised < kWidestAccessBytes ? promised : kWidestAccessBytes;
   }
+  // Fault injection for the callers' fallback: DFLASH_EMU_CUBLASLT_REFUSE_LD=N answers "no algorithm" for any
+  // layout whose leading dimension is not a multiple of N bytes, as a real cuBLASLt may for odd ones.
+  if (const char* refuse = std::getenv("DFLASH_EMU_CUBLASLT_REFUSE_LD")) {
+    const long n = std::atol(refuse);
+    for (const Operand* o : operands)
+      if (n > 0 && (o->ld * int64_t(lt::element_bytes(o->type))) % n != 0)
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                    cat("DFLASH_EMU_CUBLASLT_REFUSE_LD=", n, ": the leading dimension of ", o->name, " is ",
+                        o->ld * int64_t(lt::element_bytes(o->type)), " bytes: no algorithm"));
+  }
   const float max_waves = get<float>(pref, CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT);
   if (max_waves > 0.0f && max_waves < 1.0f)
     return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, cat("MAX_WAVES_COUNT ", max_waves, " < the algorithm's 1.0"));
