@@ -129,7 +129,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   // stream from page-locked staging over MPI (overlapping the compute of the packet before)
   PacketReceiver receiver(world, world_data, sources, int(plan.tap_ids.size()) * plan.target.hidden, plan.target.hidden,
                           cfg.layout.packets_in_flight, next_plan,
-                          cfg.run.device == "cuda" ? MemoryKind::device : MemoryKind::host);
+                          cfg.run.device == "cuda" ? MemoryKind::device : MemoryKind::host, cfg.data.max_seq_len);
   trainer.set_progress([&] { receiver.poll(); });  // the next packets move while this one is computed on
 
   const bool reporter = layout.dp_rank == 0;

@@ -184,7 +184,24 @@ EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* em
   loss_ = std::make_unique<model::VocabLoss<T>>(plan.loss, be, exec_, head_dev_, c.vocab, c.hidden);
   // the activation arena, sized once for the longest sequence the config admits (without data.max_seq_len, the
   // first sequences grow it: the longest sequence of the data is not known here)
-  if (cfg.data.max_seq_len > 0) acts_.reserve(be.memory(), c, cfg.data.max_seq_len, cfg.loss.anchors_per_seq);
+  if (cfg.data.max_seq_len > 0) {
+    acts_.reserve(be.memory(), c, cfg.data.max_seq_len, cfg.loss.anchors_per_seq);
+    // and micro_batch()'s per-sequence arrays at their largest (anchors_per_seq blocks of B rows, max_seq_len
+    // positions): nothing is allocated per step (on a GPU: no cudaMalloc in steady state)
+    const size_t S = size_t(cfg.data.max_seq_len), rows = size_t(cfg.loss.anchors_per_seq) * c.block_size;
+    const size_t H = size_t(c.hidden);
+    const bool with_kl = plan.loss.kl_weight != 0;
+    const MemoryKind kind = be.memory();
+    ensure(rows_idx_, kind, 2 * rows * sizeof(int32_t));
+    ensure(x_rows_, kind, rows * H * sizeof(T));
+    if (with_kl) ensure(y_rows_, kind, rows * H * sizeof(T));
+    ensure(dx_rows_, kind, rows * H * sizeof(T));
+    ensure(d_out_, kind, rows * H * sizeof(T));
+    if constexpr (!std::is_same_v<T, float>) {  // the packet's fp32 arrays converted to T
+      ensure(taps_, kind, S * size_t(c.n_taps) * H * sizeof(T));
+      if (with_kl) ensure(final_hidden_, kind, S * H * sizeof(T));
+    }
+  }
 }
 
 template <typename T>

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "lib/comm/shard.h"
@@ -17,6 +18,14 @@ void PacketTensor::reshape(MemoryKind kind, size_t count) {
   }
   kind_ = kind;
   count_ = count;
+}
+
+void PacketTensor::reserve(MemoryKind kind, size_t capacity) {
+  if (kind == kind_ && buffer_.bytes() >= capacity * sizeof(float)) return;
+  buffer_ = Buffer();
+  buffer_ = Buffer(kind, capacity * sizeof(float));
+  kind_ = kind;
+  count_ = 0;
 }
 
 std::vector<float> PacketTensor::to_host() const {
@@ -107,9 +116,11 @@ void PacketSender::finish(comm::Transport& tp, int64_t last_step, const std::vec
 }
 
 PacketReceiver::PacketReceiver(comm::Transport& control, comm::Transport& data, std::vector<int> sources,
-                               int tap_width, int hidden, int depth, PlanSource plans, MemoryKind tensors)
+                               int tap_width, int hidden, int depth, PlanSource plans, MemoryKind tensors,
+                               int max_seq_len)
     : world_(control), data_(data), sources_(std::move(sources)), tap_width_(tap_width), hidden_(hidden),
-      depth_(depth < 1 ? 1 : depth), plans_(std::move(plans)), tensors_(tensors) {
+      depth_(depth < 1 ? 1 : depth), max_seq_len_(max_seq_len > 0 ? max_seq_len : 0), plans_(std::move(plans)),
+      tensors_(tensors) {
   DFLASH_CHECK(!sources_.empty(), "packet receiver: no target ranks to receive from");
   if (tensors_ == MemoryKind::device && !data_.takes_device_pointers()) copy_ = std::make_unique<CopyStream>();
   top_up();
@@ -151,6 +162,10 @@ void PacketReceiver::top_up() {
       p.packet = std::move(spare_.back());
       spare_.pop_back();
     }
+    if (max_seq_len_ > 0 && plan->seq_len <= max_seq_len_) {  // room for the longest packet, once
+      p.packet.taps.reserve(tensors_, size_t(max_seq_len_) * tap_width_);
+      p.packet.final_hidden.reserve(tensors_, size_t(max_seq_len_) * hidden_);
+    }
     p.packet.allocate(h, tensors_);
     p.header_request = world_.irecv_bytes(&p.header, sizeof(PacketHeader), sources_[0], kTagHeader);
     p.control.push_back(world_.irecv(p.packet.tokens.data(), p.packet.tokens.size(), sources_[0], kTagTokens));
@@ -166,7 +181,8 @@ void PacketReceiver::post_data(Pending& p) {
   float* taps = p.packet.taps.data();
   float* final_hidden = p.packet.final_hidden.data();
   if (staged()) {  // into page-locked host memory: [taps | final hidden]
-    const size_t floats = p.packet.taps.size() + p.packet.final_hidden.size();
+    const size_t floats = std::max(p.packet.taps.size() + p.packet.final_hidden.size(),
+                                   size_t(max_seq_len_) * (tap_width_ + hidden_));
     while (!spare_staging_.empty() && spare_staging_.back().bytes() < floats * sizeof(float)) spare_staging_.pop_back();
     if (!spare_staging_.empty()) {
       p.staging = std::move(spare_staging_.back());

@@ -49,6 +49,9 @@ enum PacketKind : int32_t { kTrainPacket = 0, kEvalPacket = 1 };
 class PacketTensor {
  public:
   void reshape(MemoryKind kind, size_t count);
+  // Allocates room for `capacity` floats now (in `kind`) unless there is room already: later reshapes up to it
+  // allocate nothing.
+  void reserve(MemoryKind kind, size_t capacity);
   float* data() { return count_ ? buffer_.as<float>() : nullptr; }
   const float* data() const { return count_ ? buffer_.as<float>() : nullptr; }
   size_t size() const { return count_; }
@@ -141,8 +144,10 @@ class PacketReceiver {
   // control: the MPI world; data: the world's data-plane transport (may be the same object); tensors: where the
   // packets' taps and final hidden are handed out: host, or device (the calling thread's current GPU; staged through
   // page-locked host memory and a copy stream when `data` takes host pointers only, which needs CUDA).
+  // max_seq_len > 0 (data.max_seq_len): every packet array and staging buffer is allocated for that many
+  // positions on first use, so that the stream allocates nothing per step; 0: they grow with the sequences seen.
   PacketReceiver(comm::Transport& control, comm::Transport& data, std::vector<int> sources, int tap_width,
-                 int hidden, int depth, PlanSource plans, MemoryKind tensors = MemoryKind::host);
+                 int hidden, int depth, PlanSource plans, MemoryKind tensors = MemoryKind::host, int max_seq_len = 0);
   // Unwinding from an error (a stream-order mismatch), waiting for the pending receives could wait forever: the
   // target may be blocked on back-pressure behind a packet whose data this side never posted. Then the receives
   // that can be withdrawn are (headers; MPI data), so the error reaches the handler that aborts the job.
@@ -192,6 +197,7 @@ class PacketReceiver {
   comm::Transport& data_;
   std::vector<int> sources_;
   int tap_width_, hidden_, depth_;
+  int max_seq_len_;  // 0: arrays sized per packet
   PlanSource plans_;
   MemoryKind tensors_;
   bool plans_done_ = false;

@@ -3,14 +3,15 @@
 # per ctest test (label cuda). Without either it reports itself skipped (exit 77), never passed.
 #   cuda_job.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE
 # Cases:
-#   fp32   the job on the CPU and with run.device cuda, fp32: the 50 steps' losses agree to 1e-4 relative. On the
+#   fp32   the job on the CPU and with run.device cuda, fp32: the 30 steps' losses agree to 1e-4 relative. On the
 #          emulator with one GPU per rank (DFLASH_EMU_DEVICES=8), so layout.transport is nccl: the packets, the
 #          target TP all-reduce and the drafter gradient all-reduce over NCCL; on a real machine transport auto.
 #          The cuda run keeps its checkpoint for `eval`.
 #   bf16   run.precision bf16, all 8 ranks on one GPU (the data plane is MPI), 30 steps, learns: the mean loss of
 #          steps 21-30 is below that of steps 1-10 (as the CPU's `learns` case). The drafter's head_dim is 64 so
 #          that its attention runs on the tensor-core kernels (head_dim 64/128/256; the tiny config's 16 would take
-#          the CUDA-core ones)
+#          the CUDA-core ones). On the emulator also: the same job over 6 steps makes as many device and
+#          page-locked allocations on every rank as over 30 (none in steady state)
 #   eval   dflash_eval --device cuda on the fp32 run's drafter: lossless (--check-greedy), the CPU's τ
 set -euo pipefail
 build="$1" src="$2" work="$3" case="$4"
@@ -38,32 +39,48 @@ run() {
   [[ $(losses "$work/$name" | wc -l) -eq $steps ]] ||
     fail "run $name logged $(losses "$work/$name" | wc -l) of $steps steps"
 }
-# Largest relative difference between two runs' per-step losses; fails above $3
+# Largest relative difference between two runs' per-step losses over $4 steps; fails above $3
 compare() {
   paste <(losses "$work/$1") <(losses "$work/$2") |
-    awk -v lim="$3" -v what="$2 vs $1" '{ d = ($1 - $2) / ($1 == 0 ? 1 : $1); if (d < 0) d = -d; if (d > m) m = d; n++ }
+    awk -v lim="$3" -v steps="$4" -v what="$2 vs $1" '{ d = ($1 - $2) / ($1 == 0 ? 1 : $1); if (d < 0) d = -d; if (d > m) m = d; n++ }
       END { printf "%s: %d steps, max relative loss difference %.3g (limit %g; last losses %s %s)\n", what, n, m, lim, $1, $2;
-            exit !(n == 50 && m <= lim) }'
+            exit !(n == steps && m <= lim) }'
 }
 mkdir -p "$work"
 case "$case" in
   fp32)
-    run cpu --set run.device=cpu
+    STEPS=30 run cpu --set run.device=cpu
     if ((emulated)); then
-      DFLASH_EMU_DEVICES=8 run cuda_fp32 --set run.device=cuda --set run.precision=fp32 --set layout.transport=nccl
+      DFLASH_EMU_DEVICES=8 STEPS=30 run cuda_fp32 --set run.device=cuda --set run.precision=fp32 \
+        --set layout.transport=nccl
       grep -q "data plane nccl" "$work/cuda_fp32/logs/rank_00.log" ||
         fail "rank 0's log does not say the data plane is NCCL"
     else
-      run cuda_fp32 --set run.device=cuda --set run.precision=fp32
+      STEPS=30 run cuda_fp32 --set run.device=cuda --set run.precision=fp32
     fi
-    compare cpu cuda_fp32 1e-4 || fail "the cuda fp32 losses differ from the CPU's"
+    compare cpu cuda_fp32 1e-4 30 || fail "the cuda fp32 losses differ from the CPU's"
     ;;
   bf16)
-    DFLASH_EMU_DEVICES=1 STEPS=30 run cuda_bf16 --set run.device=cuda --set run.precision=bf16 \
-      --set layout.transport=mpi --set drafter.head_dim=64
+    rm -f "$work/alloc_6.txt" "$work/alloc_30.txt"
+    DFLASH_EMU_ALLOC_REPORT="$work/alloc_30.txt" DFLASH_EMU_DEVICES=1 STEPS=30 run cuda_bf16 --set run.device=cuda \
+      --set run.precision=bf16 --set layout.transport=mpi --set drafter.head_dim=64 --set data.max_seq_len=96
     losses "$work/cuda_bf16" | awk '{ if (NR <= 10) a += $1; if (NR > 20) b += $1; n++ }
       END { printf "bf16: mean loss steps 1-10 %.4f, 21-30 %.4f\n", a / 10, b / 10; exit !(n == 30 && b < a) }' ||
       fail "the bf16 run does not learn"
+    if ((emulated)); then
+      # No cudaMalloc / cudaMallocHost in steady state: the same job over 6 steps makes as many allocations, on
+      # every rank, as over 30 (the emulated runtime counts them: DFLASH_EMU_ALLOC_REPORT). data.max_seq_len 96 is
+      # the tiny data's longest sequence: with it the trainer sizes every per-sequence array once
+      DFLASH_EMU_ALLOC_REPORT="$work/alloc_6.txt" DFLASH_EMU_DEVICES=1 STEPS=6 run cuda_bf16_short \
+        --set run.device=cuda --set run.precision=bf16 --set layout.transport=mpi --set drafter.head_dim=64 \
+        --set data.max_seq_len=96
+      counts() { sed 's/ peak_device_bytes.*//' "$1" | sort; }
+      [[ $(counts "$work/alloc_30.txt" | wc -l) -eq 8 ]] || fail "expected 8 allocation reports, got: $(cat "$work/alloc_30.txt")"
+      diff <(counts "$work/alloc_6.txt") <(counts "$work/alloc_30.txt") >"$work/alloc.diff" ||
+        fail "allocations per step: 6 steps vs 30 steps differ (per rank: < 6 steps, > 30 steps):
+$(cat "$work/alloc.diff")"
+      echo "bf16: allocations the same after 6 and 30 steps on every rank: $(counts "$work/alloc_30.txt" | tr '\n' ';')"
+    fi
     ;;
   eval)
     [[ -d "$work/cuda_fp32" ]] || fail "needs the fp32 case's cuda run ($work/cuda_fp32)"

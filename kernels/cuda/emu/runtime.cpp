@@ -66,6 +66,8 @@ struct Memory {
   std::map<const char*, Allocation> allocations;  // by base
   bool device_open = false;                         // the worker is running work: device memory is RW
   size_t device_bytes = 0;
+  long device_allocations = 0, host_allocations = 0;  // every cudaMalloc(Async) / cudaMallocHost so far
+  size_t peak_device_bytes = 0;
 };
 // Never destroyed (as g_dev): the detached worker may still walk it while static destructors run at exit.
 Memory& g_mem = *new Memory;
@@ -216,6 +218,24 @@ void profile(const std::string& what, double seconds) {
 void worker_loop();
 void install_fault_handler();
 
+// DFLASH_EMU_ALLOC_REPORT=FILE: at exit, one line per process appended to FILE with how many device and
+// page-locked host allocations it made (and its peak device bytes): two runs of different lengths that report
+// the same counts allocate nothing per step (tests/integration/cuda_job.sh, case bf16).
+const char* g_alloc_report = nullptr;
+void write_alloc_report() {
+  FILE* f = std::fopen(g_alloc_report, "a");
+  if (!f) {
+    std::fprintf(stderr, "emulated GPU: DFLASH_EMU_ALLOC_REPORT=%s cannot be opened for appending\n", g_alloc_report);
+    return;
+  }
+  std::lock_guard<std::mutex> lk(g_mem.mu);
+  const std::string who = rank_prefix();
+  std::fprintf(f, "%s device_allocations %ld host_allocations %ld peak_device_bytes %zu\n",
+               who.empty() ? "[process]" : who.substr(0, who.size() - 1).c_str(), g_mem.device_allocations,
+               g_mem.host_allocations, g_mem.peak_device_bytes);
+  std::fclose(f);
+}
+
 void init() {
   std::call_once(g_init_once, [] {
     g_device_count = std::max(0, env_int("DFLASH_EMU_DEVICES", 1));  // 0: a machine without a GPU
@@ -245,6 +265,10 @@ void init() {
     if (const char* p = std::getenv("DFLASH_EMU_PROFILE"); p && *p && std::string(p) != "0") {
       g_profile = new Profile;
       std::atexit(print_profile);
+    }
+    if (const char* r = std::getenv("DFLASH_EMU_ALLOC_REPORT"); r && *r) {
+      g_alloc_report = r;
+      std::atexit(write_alloc_report);
     }
     std::thread(worker_loop).detach();  // runs until the process exits
   });
@@ -685,8 +709,10 @@ cudaError_t malloc_impl(void** p, size_t bytes, bool device, bool pinned) {
   a.device_memory = device;
   a.pinned = pinned;
   g_mem.allocations[a.base] = a;
+  ++(device ? g_mem.device_allocations : g_mem.host_allocations);
   if (device) {
     g_mem.device_bytes += bytes;
+    g_mem.peak_device_bytes = std::max(g_mem.peak_device_bytes, g_mem.device_bytes);
     if (!g_mem.device_open && protection_on()) mprotect(a.mapping, a.mapping_bytes - page_size(), PROT_NONE);
   }
   *p = m;
