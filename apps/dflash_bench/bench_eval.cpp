@@ -1,5 +1,5 @@
 // dflash_bench eval: speculative decoding on the CPU, one process (TP 1): plain cached greedy decoding, chain
-// speculative decoding (lib/model/spec_decode.h) and tree verification (lib/model/spec_tree.h) of the same prompts
+// speculative decoding (lib/eval/spec_decode.h) and tree verification (lib/eval/spec_tree.h) of the same prompts
 // in the same run, with tokens/s, target forwards per generated token, τ and τ_tree (docs/eval.md). Every decoding
 // is checked to give greedy's tokens. Built-in configs: `tiny` (the tiny recipe's target and drafter shapes) and
 // `larger` (H 512, 8 layers), each a random target, a random (untrained) drafter and random prompts, so τ stays near

@@ -2,7 +2,7 @@
 //             [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced] [--tree-budget N [--tree-topk K]]
 //             [--device cpu|cuda [--precision bf16|fp32]]
 // The real acceptance length: greedy speculative decoding of every prompt with the target and the drafter
-// (lib/model/spec_decode.h, docs/eval.md). Single process = TP 1; `mpirun -np K dflash_eval ...` runs the target
+// (lib/eval/spec_decode.h, docs/eval.md). Single process = TP 1; `mpirun -np K dflash_eval ...` runs the target
 // as one TP group of K ranks with the drafter on rank 0 (the drafter's block costs far less than the target's
 // verify forward, and the ranks must wait for the drafts anyway). Rank 0 prints and writes the JSON.
 #include "lib/comm/mpi_init.h"

@@ -143,7 +143,7 @@ void apply_override(TrainConfig& cfg, const std::string& set);
 // Required keys present and cross-key rules (layer_types length, heads divisible, ...). load_config calls it.
 void validate_config(const TrainConfig& cfg);
 
-// The command line of dflash_mpi (CONFIG.yaml, --set key=value, ...) is parsed in lib/train/cli.h.
+// The command line of dflash_mpi (CONFIG.yaml, --set key=value, ...) is parsed in lib/job/cli.h.
 
 // The resolved config as an aligned table: key, value, source (default | file | --set).
 std::string format_config_table(const TrainConfig& cfg);

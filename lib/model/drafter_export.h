@@ -1,6 +1,6 @@
 #pragma once
 // Drafter export (docs/export.md): `model.safetensors` + `config.json` in the DFlash naming that the DFlash reference
-// and serving engines load, from weights in memory (a checkpoint exports through lib/train/checkpoint.h); and the
+// and serving engines load, from weights in memory (a checkpoint exports through lib/state/checkpoint.h); and the
 // loader that reads such a directory back (bf16 or fp32) for tests and tools.
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-// spec_decode_check: speculative decoding (lib/model/spec_decode.h) is lossless and counts acceptance right.
+// spec_decode_check: speculative decoding (lib/eval/spec_decode.h) is lossless and counts acceptance right.
 //
 //   mpirun -np K spec_decode_check --target DIR --prompts P.h5 [--drafter DIR] [--count 4] [--max-new 40]
 //                                  [--block 8] [--taps 1,2,3,4,5] [--vocab-limit 511] [--min-tau X]
@@ -12,7 +12,7 @@
 //   wrong    proposes (greedy + 1) mod vocab_limit: every verify keeps exactly 1 token;
 // and with an eos id taken from the middle of the greedy continuation, oracle and untrained drafter stop exactly where
 // greedy_generate stops.
-// With --tree-budget (lib/model/spec_tree.h), for the untrained and the given drafter: tree decoding with budget N and
+// With --tree-budget (lib/eval/spec_tree.h), for the untrained and the given drafter: tree decoding with budget N and
 // top-k K == greedy_generate token for token, and budget B−1 with top-k 1 keeps exactly what the chain keeps, verify
 // by verify (the same drafts, the same tokens); τ_tree is printed next to τ. A hybrid target must refuse the tree.
 // Exit 0 when all hold; the first failure is an error naming the prompt, proposer and position.

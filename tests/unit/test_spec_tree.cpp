@@ -1,4 +1,4 @@
-// Tree verification (lib/model/spec_tree.h, kernels/cpu/attention_tree.h): the tree attention kernel against its
+// Tree verification (lib/eval/spec_tree.h, kernels/cpu/attention_tree.h): the tree attention kernel against its
 // plain reference and, on a chain, bit for bit against the decode kernel; TargetModel::forward_tree against
 // forward_cached along each root-to-node path; TargetModel::keep_cache_path leaves the cache of the
 // accepted path; the draft tree
