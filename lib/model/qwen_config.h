@@ -1,7 +1,12 @@
 #pragma once
 // The shape of a Qwen target, parsed from a Hugging Face `config.json`: dense Qwen3 (Qwen3ForCausalLM) or the
 // Qwen3.5 / Qwen3.6 hybrid family (Qwen3_5ForCausalLM, or Qwen3_5ForConditionalGeneration whose text model sits
-// under `text_config` and whose weights carry the `model.language_model.` prefix; vision tower and MTP ignored).
+// under `text_config` and whose weights carry the `model.language_model.` prefix; vision tower and MTP ignored),
+// Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3 attention, routed experts in the layers decoder_sparse_step and
+// mlp_only_layers select; softmax router, top-k), and the Qwen3.5 / Qwen3.6 MoE hybrids
+// (Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeForCausalLM: routed experts in every layer plus a shared expert
+// gated by sigmoid(shared_expert_gate(x))).
+
 #include <string>
 #include <vector>
 
@@ -36,12 +41,21 @@ struct QwenConfig {
   int linear_k_dim = 0;    // linear_key_head_dim
   int linear_v_dim = 0;    // linear_value_head_dim
   int conv_kernel = 0;     // linear_conv_kernel_dim
+  // Mixture of experts (Qwen3-MoE); experts = 0 for the dense families
+  int experts = 0;              // num_experts E
+  int experts_per_token = 0;    // num_experts_per_tok k (top-k of the router's softmax)
+  int moe_intermediate = 0;     // moe_intermediate_size: every expert's SwiGLU width
+  bool norm_topk_prob = false;  // renormalise the k chosen probabilities to sum 1
+  std::vector<bool> moe_layers;  // [layers]: routed experts (else the dense MLP of intermediate_size)
+  int shared_expert_intermediate = 0;  // Qwen3.5/3.6 MoE: the shared expert's width (0: none)
 
   bool is_linear(int layer) const { return layer_types[size_t(layer)] == LayerType::linear_attention; }
   int linear_conv_dim() const { return 2 * linear_k_heads * linear_k_dim + linear_v_heads * linear_v_dim; }
   int v_per_k() const { return linear_v_heads / linear_k_heads; }  // value heads per key head
 
   int q_per_kv() const { return heads / kv_heads; }  // GQA group size
+  bool is_moe(int layer) const { return !moe_layers.empty() && moe_layers[size_t(layer)]; }
+  bool any_dense_mlp() const;  // some layer has the dense MLP (intermediate_size)
 };
 
 // Parses and validates a config.json object; `source` (the file path) names the file in every error.
@@ -49,8 +63,9 @@ struct QwenConfig {
 QwenConfig parse_qwen_config(const nlohmann::json& j, const std::string& source);
 // Reads `path`, or `path/config.json` when path is a directory.
 QwenConfig load_qwen_config(const std::string& path);
-// The config.json a Hugging Face loader accepts for this shape: Qwen3ForCausalLM, or Qwen3_5ForCausalLM when
-// c.hybrid (text-only layout, weights under "model.").
+// The config.json a Hugging Face loader accepts for this shape: Qwen3ForCausalLM, Qwen3_5ForCausalLM when
+// c.hybrid (text-only layout, weights under "model."), Qwen3MoeForCausalLM when c.experts > 0 (the MoE layers as
+// mlp_only_layers, decoder_sparse_step 1).
 nlohmann::json qwen_config_json(const QwenConfig& c);
 
 }  // namespace dflash::model

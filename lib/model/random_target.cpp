@@ -1,5 +1,6 @@
 #include "lib/model/random_target.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,24 @@ QwenConfig RandomTargetSpec::config() const {
   c.tie_word_embeddings = tie;
   c.rotary_dim = head_dim;
   c.layer_types.assign(size_t(layers), LayerType::full_attention);
+  if (experts > 0) {
+    c.architecture = "Qwen3MoeForCausalLM";
+    c.experts = experts;
+    c.experts_per_token = experts_per_token;
+    c.moe_intermediate = moe_intermediate;
+    c.norm_topk_prob = norm_topk_prob || hybrid;  // the Qwen3.5/3.6 MoE router always renormalises
+    c.moe_layers.assign(size_t(layers), true);
+    if (hybrid) {
+      DFLASH_USER_CHECK(mlp_only_layers.empty(), "random target: a Qwen3.5/3.6 MoE has experts in every layer "
+                        "(no --mlp-only-layers)");
+      c.intermediate = 0;
+      c.shared_expert_intermediate = shared_expert_intermediate;
+    }
+    for (int l : mlp_only_layers) {
+      DFLASH_USER_CHECK(l >= 0 && l < layers, "random target: --mlp-only-layers entry {} outside [0, {})", l, layers);
+      c.moe_layers[size_t(l)] = false;
+    }
+  }
   if (hybrid) {
     c.hybrid = true;
     c.rotary_dim = int(head_dim * partial_rotary_factor);
@@ -103,6 +122,30 @@ void write_random_target(const std::string& dir, const RandomTargetSpec& spec) {
       f.push_back(linear(n("self_attn.o_proj"), H, c.heads * hd));
     }
     f.push_back(norm(n("post_attention_layernorm"), H));
+    if (c.is_moe(l)) {
+      const int64_t E = c.experts, Im = c.moe_intermediate;
+      f.push_back(linear(n("mlp.gate"), E, H));
+      if (c.shared_expert_intermediate > 0) {
+        const int64_t Is = c.shared_expert_intermediate;
+        f.push_back(linear(n("mlp.shared_expert_gate"), 1, H));
+        f.push_back(linear(n("mlp.shared_expert.gate_proj"), Is, H));
+        f.push_back(linear(n("mlp.shared_expert.up_proj"), Is, H));
+        f.push_back(linear(n("mlp.shared_expert.down_proj"), H, Is));
+      }
+      if (spec.fused_experts) {  // 3-D parameters without the .weight suffix; gate_up_proj: gate rows then up rows
+        const std::string p = fmt::format("model.layers.{}.mlp.experts.", l);
+        f.push_back(tensor(p + "gate_up_proj", {E, 2 * Im, H}, 1.0 / std::sqrt(double(H)), 0.0));
+        f.push_back(tensor(p + "down_proj", {E, H, Im}, 1.0 / std::sqrt(double(Im)), 0.0));
+      } else {
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string p = fmt::format("mlp.experts.{}.", e);
+          f.push_back(linear(n((p + "gate_proj").c_str()), Im, H));
+          f.push_back(linear(n((p + "up_proj").c_str()), Im, H));
+          f.push_back(linear(n((p + "down_proj").c_str()), H, Im));
+        }
+      }
+      continue;
+    }
     f.push_back(linear(n("mlp.gate_proj"), I, H));
     f.push_back(linear(n("mlp.up_proj"), I, H));
     f.push_back(linear(n("mlp.down_proj"), H, I));
@@ -136,15 +179,54 @@ std::vector<std::string> target_option_names() {
   return {"arch",           "hidden",         "layers",       "heads",        "kv-heads",
           "head-dim",       "intermediate",   "vocab",        "seed",         "dtype",
           "files",          "rope-theta",     "linear-k-heads", "linear-v-heads", "linear-k-dim",
-          "linear-v-dim",   "conv-kernel",    "full-attention-interval", "partial-rotary"};
+          "linear-v-dim",   "conv-kernel",    "full-attention-interval", "partial-rotary",
+          "experts",        "experts-per-tok", "moe-intermediate", "norm-topk-prob", "mlp-only-layers",
+          "expert-layout",  "shared-intermediate"};
 }
 
 void apply_target_options(const Args& a, RandomTargetSpec& s) {
   if (a.has("arch")) {
     const std::string arch = a.str("arch", "");
-    DFLASH_USER_CHECK(arch == "qwen3" || arch == "qwen3_5",
-                      "--arch must be qwen3 (dense) or qwen3_5 (Qwen3.5/3.6 hybrid), got '{}'", arch);
-    s.hybrid = arch == "qwen3_5";
+    DFLASH_USER_CHECK(arch == "qwen3" || arch == "qwen3_5" || arch == "qwen3_moe" || arch == "qwen3_5_moe",
+                      "--arch must be qwen3 (dense), qwen3_5 (Qwen3.5/3.6 hybrid), qwen3_moe (Qwen3-MoE) or "
+                      "qwen3_5_moe (Qwen3.5/3.6 MoE hybrid), got '{}'", arch);
+    const bool moe = arch == "qwen3_moe" || arch == "qwen3_5_moe";
+    s.hybrid = arch == "qwen3_5" || arch == "qwen3_5_moe";
+    if (moe && s.experts == 0) s.experts = 6;
+    if (!moe) s.experts = 0;
+  }
+  s.shared_expert_intermediate = int(a.integer("shared-intermediate", s.shared_expert_intermediate));
+  const bool moe_option = a.has("experts") || a.has("shared-intermediate") || a.has("experts-per-tok") || a.has("moe-intermediate") ||
+                          a.has("norm-topk-prob") || a.has("mlp-only-layers") || a.has("expert-layout");
+  DFLASH_USER_CHECK(!moe_option || s.experts > 0,
+                    "--experts, --experts-per-tok, --moe-intermediate, --norm-topk-prob, --mlp-only-layers and "
+                    "--expert-layout, --shared-intermediate need --arch qwen3_moe or qwen3_5_moe");
+  s.experts = int(a.integer("experts", s.experts));
+  s.experts_per_token = int(a.integer("experts-per-tok", s.experts_per_token));
+  s.moe_intermediate = int(a.integer("moe-intermediate", s.moe_intermediate));
+  if (a.has("norm-topk-prob")) {
+    const std::string v = a.str("norm-topk-prob", "");
+    DFLASH_USER_CHECK(v == "1" || v == "0" || v == "true" || v == "false",
+                      "--norm-topk-prob must be 1 or 0 (true or false), got '{}'", v);
+    s.norm_topk_prob = v == "1" || v == "true";
+  }
+  if (a.has("mlp-only-layers")) {
+    s.mlp_only_layers.clear();
+    const std::string v = a.str("mlp-only-layers", "");
+    size_t b = 0;
+    while (b < v.size()) {
+      const size_t e = std::min(v.find(',', b), v.size());
+      const std::string item = v.substr(b, e - b);
+      DFLASH_USER_CHECK(!item.empty() && item.find_first_not_of("0123456789") == std::string::npos,
+                        "--mlp-only-layers must be layer indices separated by commas (0,2), got '{}'", v);
+      s.mlp_only_layers.push_back(std::stoi(item));
+      b = e + 1;
+    }
+  }
+  if (a.has("expert-layout")) {
+    const std::string v = a.str("expert-layout", "");
+    DFLASH_USER_CHECK(v == "per-expert" || v == "fused", "--expert-layout must be per-expert or fused, got '{}'", v);
+    s.fused_experts = v == "fused";
   }
   s.linear_k_heads = int(a.integer("linear-k-heads", s.linear_k_heads));
   s.linear_v_heads = int(a.integer("linear-v-heads", s.linear_v_heads));

@@ -31,20 +31,33 @@ struct RandomTargetSpec {
   int full_attention_interval = 4;
   double partial_rotary_factor = 0.25;
   int linear_k_heads = 2, linear_v_heads = 4, linear_k_dim = 16, linear_v_dim = 16, conv_kernel = 4;
+  // Qwen3-MoE (--arch qwen3_moe; experts > 0): routed experts in every layer but mlp_only_layers (which keep the dense
+  // MLP of `intermediate`); fused_experts: written as transformers 5 holds them (mlp.experts.gate_up_proj
+  // [E, 2I, H], mlp.experts.down_proj [E, H, I]) instead of per expert (mlp.experts.{e}.gate_proj.weight, ...)
+  int experts = 0, experts_per_token = 2, moe_intermediate = 40;
+  bool norm_topk_prob = true;
+  std::vector<int> mlp_only_layers;
+  bool fused_experts = false;
+  // Qwen3.5/3.6 MoE hybrid (--arch qwen3_5_moe: hybrid and experts > 0): every layer has experts and a shared
+  // expert of this width (mlp.shared_expert.*, gated by mlp.shared_expert_gate.weight [1, H]); no dense MLP
+  int shared_expert_intermediate = 32;
 
   QwenConfig config() const;
 };
 
 // Creates `dir` if needed and writes the model. Every tensor is drawn from its own Rng stream (seed, tensor
 // index): linear weights N(0, 1/in), embedding and lm_head N(0, 1), norm weights 1 + N(0, 0.1²) (so that a wrong
-// norm weight shows; hybrids store N(0, 0.1²), which Qwen3.5's RMSNorm applies as 1 + w). Hybrid DeltaNet extras:
+// norm weight shows; hybrids store N(0, 0.1²), which Qwen3.5's RMSNorm applies as 1 + w). MoE: the router
+// mlp.gate.weight [E, H] and each expert's projections N(0, 1/in). Hybrid DeltaNet extras:
 // conv1d N(0, 1/K), A_log and dt_bias N(0, 0.5²), the gated norm 1 + N(0, 0.1²). Throws on an invalid shape (via the config checks) or an unwritable directory.
 void write_random_target(const std::string& dir, const RandomTargetSpec& spec);
 
 // Fills `spec` from the size options that are given (--arch qwen3|qwen3_5 --hidden --layers --heads --kv-heads
 // --head-dim --intermediate --vocab --seed --files --rope-theta --dtype f32|bf16 --tie; hybrids also
 // --linear-k-heads --linear-v-heads --linear-k-dim --linear-v-dim --conv-kernel --full-attention-interval
-// --partial-rotary); absent ones keep spec's values. target_option_names() lists them for an Args parser.
+// --partial-rotary; qwen3_moe: --experts 6 --experts-per-tok 2 --moe-intermediate 40 --norm-topk-prob 1|0
+// --mlp-only-layers 0,2 --expert-layout per-expert|fused; qwen3_5_moe: the hybrid options, --experts
+// --experts-per-tok --moe-intermediate --expert-layout and --shared-intermediate 32); absent ones keep spec's values. target_option_names() lists them for an Args parser.
 // Shared by `dflash_data make-target` and the tests that make targets.
 void apply_target_options(const Args& args, RandomTargetSpec& spec);
 std::vector<std::string> target_option_names();

@@ -140,6 +140,7 @@ class EngineT final : public TargetModel::Engine {
   void load_layer(int l);
   void load_attention(int l, TargetLayer<T>& L);
   void load_linear_attention(int l, TargetLayer<T>& L);
+  void load_moe(int l, TargetLayer<T>& L);
   // host floats → a weight in the backend's memory, rounded to T
   TargetWeight<T> upload(const std::vector<float>& host);
   // the activation arena holds at least `bytes` (reallocated, empty, when smaller)
@@ -167,6 +168,7 @@ class EngineT final : public TargetModel::Engine {
   std::vector<float> host_stage_;   // [S, H] host staging: embedding rows, taps (device backends)
   std::vector<R> reduce_stage_;     // [S, H] host staging of the all-reduce (device backend, host transport)
   TargetStats stats_;
+  MoeRouting routing_;  // the last MoE layer's routing (host)
 };
 
 template <typename T>
@@ -231,6 +233,11 @@ void EngineT<T>::load_layer(int l) {
     load_linear_attention(l, L);
   } else {
     load_attention(l, L);
+  }
+  L.moe = c.is_moe(l);
+  if (L.moe) {
+    load_moe(l, L);
+    return;
   }
   r.rows("mlp.gate_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, wgate);
   L.wgate = upload(wgate);
@@ -302,6 +309,67 @@ void EngineT<T>::load_linear_attention(int l, TargetLayer<T>& L) {
   L.gated_norm = upload(w);
   r.cols("linear_attn.out_proj", {H, value_dim}, v0, v1, w);
   L.w_out = upload(w);
+}
+
+// The router (replicated) and this rank's whole experts. The layout is read from the names present: per expert
+// (`mlp.experts.{e}.{gate,up,down}_proj.weight`, as Qwen3-MoE is published) or fused 3-D without the .weight suffix
+// (`mlp.experts.gate_up_proj [E, 2I, H]`, each expert's gate rows then its up rows, `mlp.experts.down_proj
+// [E, H, I]`, as transformers 5 holds them and the Qwen3.5/3.6 MoE checkpoints store them).
+template <typename T>
+void EngineT<T>::load_moe(int l, TargetLayer<T>& L) {
+  const QwenConfig& c = config_;
+  const int64_t H = c.hidden, E = c.experts, I = c.moe_intermediate;
+  const int64_t e0 = shard_.expert_begin, ne = shard_.expert_count;
+  const LayerReader r{ckpt_, c, l};
+  std::vector<float> w;
+  r.rows("mlp.gate", {E, H}, 0, E, w);
+  if (c.shared_expert_intermediate > 0) {
+    // the shared expert's gate as the router's last row; its channels split like a dense MLP
+    std::vector<float> g, gate_s, up_s, down_s;
+    const int64_t Is = c.shared_expert_intermediate;
+    r.rows("mlp.shared_expert_gate", {1, H}, 0, 1, g);
+    w.insert(w.end(), g.begin(), g.end());
+    r.rows("mlp.shared_expert.gate_proj", {Is, H}, shard_.mlp_begin, shard_.mlp_end, gate_s);
+    r.rows("mlp.shared_expert.up_proj", {Is, H}, shard_.mlp_begin, shard_.mlp_end, up_s);
+    r.cols("mlp.shared_expert.down_proj", {H, Is}, shard_.mlp_begin, shard_.mlp_end, down_s);
+    L.wgate = upload(gate_s);
+    L.wup = upload(up_s);
+    L.wdown = upload(down_s);
+  }
+  L.router = upload(w);
+  const std::string base = fmt::format("{}layers.{}.mlp.experts.", c.weight_prefix, l);
+  std::vector<float> gate(size_t(ne * I * H)), up(size_t(ne * I * H)), down(size_t(ne * H * I));
+  if (ckpt_.has(base + "gate_up_proj")) {
+    DFLASH_USER_CHECK(ckpt_.has(base + "down_proj"), "checkpoint {}: {}gate_up_proj (fused experts) without {}down_proj",
+                      dir_, base, base);
+    ckpt_.expect(base + "gate_up_proj", {E, 2 * I, H});
+    ckpt_.expect(base + "down_proj", {E, H, I});
+    w.resize(size_t(ne * 2 * I * H));
+    if (ne > 0) ckpt_.read_rows(base + "gate_up_proj", e0, e0 + ne, w.data());
+    for (int64_t j = 0; j < ne; ++j) {
+      const float* g = &w[size_t(j * 2 * I * H)];
+      std::copy_n(g, I * H, &gate[size_t(j * I * H)]);
+      std::copy_n(g + I * H, I * H, &up[size_t(j * I * H)]);
+    }
+    if (ne > 0) ckpt_.read_rows(base + "down_proj", e0, e0 + ne, down.data());
+  } else {
+    DFLASH_USER_CHECK(ckpt_.has(base + "0.gate_proj.weight"),
+                      "checkpoint {}: layer {} has routed experts (config.json) but neither {}gate_up_proj (fused) "
+                      "nor {}0.gate_proj.weight (per expert) is in it",
+                      dir_, l, base, base);
+    for (int64_t j = 0; j < ne; ++j) {
+      const int64_t e = e0 + j;
+      r.rows(fmt::format("mlp.experts.{}.gate_proj", e), {I, H}, 0, I, w);
+      std::copy(w.begin(), w.end(), gate.begin() + j * I * H);
+      r.rows(fmt::format("mlp.experts.{}.up_proj", e), {I, H}, 0, I, w);
+      std::copy(w.begin(), w.end(), up.begin() + j * I * H);
+      r.rows(fmt::format("mlp.experts.{}.down_proj", e), {H, I}, 0, H, w);
+      std::copy(w.begin(), w.end(), down.begin() + j * H * I);
+    }
+  }
+  L.expert_gate = upload(gate);
+  L.expert_up = upload(up);
+  L.expert_down = upload(down);
 }
 
 template <typename T>
@@ -408,7 +476,8 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
 
   // one arena for the forward: the arrays below, then the token mixer's scratch (rewound after each layer)
   const size_t mixer = std::max(attention_scratch_bytes<T>(c, shard_, S),
-                                c.hybrid ? gated_deltanet_scratch_bytes<T>(c, shard_, S) : size_t(0));
+                                std::max(c.hybrid ? gated_deltanet_scratch_bytes<T>(c, shard_, S) : size_t(0),
+                                         c.experts > 0 ? moe_scratch_bytes<T>(c, shard_, S) : size_t(0)));
   reserve_activations(3 * Arena::footprint(sh * sizeof(T)) + 2 * Arena::footprint(s * size_t(ic) * sizeof(T)) +
                       Arena::footprint(s * sizeof(A)) + Arena::footprint(s * sizeof(int32_t)) +
                       (f32_scratch ? Arena::footprint(sh * sizeof(float)) : 0) + mixer);
@@ -465,10 +534,16 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
     // MLP: column-parallel gate/up over this rank's channels, row-parallel down + all-reduce
     part_timer.reset();
     be.rmsnorm_forward(ctx, h, rstd, x, L.post_norm.data(), S, H, eps);
-    shard_linear<T>(be, gate, h, L.wgate.data(), S, H, ic);
-    shard_linear<T>(be, up, h, L.wup.data(), S, H, ic);
-    be.swiglu_forward(ctx, up, gate, up, s * size_t(ic));
-    shard_linear<T>(be, part, up, L.wdown.data(), S, ic, H);
+    if (L.moe) {  // routed experts: this rank's experts' share, joined by the same all-reduce
+      moe_forward<T>(be, activations_, part, h, S, L, c, shard_, routing_);
+      const int64_t e0 = shard_.expert_begin, e1 = e0 + shard_.expert_count;
+      stats_.expert_rows += routing_.expert_start[size_t(e1)] - routing_.expert_start[size_t(e0)];
+    } else {
+      shard_linear<T>(be, gate, h, L.wgate.data(), S, H, ic);
+      shard_linear<T>(be, up, h, L.wup.data(), S, H, ic);
+      be.swiglu_forward(ctx, up, gate, up, s * size_t(ic));
+      shard_linear<T>(be, part, up, L.wdown.data(), S, ic, H);
+    }
     stats_.mlp_seconds += part_timer.seconds();
     timed_allreduce(part, sh, f32);
     be.residual_forward(ctx, x, x, part, sh);

@@ -58,6 +58,7 @@ struct TargetStats {
   // compute inside forward() by layer part (all-reduces excluded): the token mixer of Gated DeltaNet layers, of full
   // attention layers, and the MLP (its norm included)
   double linear_attention_seconds = 0, full_attention_seconds = 0, mlp_seconds = 0;
+  int64_t expert_rows = 0;  // MoE: (token, expert) rows this rank's experts computed, all layers (load balance)
 };
 
 // What an incremental forward carries between calls for one sequence on one rank, in the memory of the backend of

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <type_traits>
 
 #include "kernels/cpu/attention_tree.h"
@@ -17,7 +19,8 @@ template <typename T>
 size_t TargetLayer<T>::elements() const {
   size_t n = 0;
   for (const TargetWeight<T>* w : {&input_norm, &wq, &wk, &wv, &q_norm, &k_norm, &wo, &post_norm, &wgate, &wup, &wdown,
-                                   &w_qkv, &conv, &w_z, &w_b, &w_a, &a_log, &dt_bias, &gated_norm, &w_out})
+                                   &w_qkv, &conv, &w_z, &w_b, &w_a, &a_log, &dt_bias, &gated_norm, &w_out, &router,
+                                   &expert_gate, &expert_up, &expert_down})
     n += w->size();
   return n;
 }
@@ -174,6 +177,151 @@ void gated_deltanet_forward(kernels::Backend<T>& be, Arena& scratch, T* part, co
   shard_linear(be, part, o, L.w_out.data(), S, vd, H);
 }
 
+template <typename U>
+MoeRouting route_tokens(const U* logits, int S, int E, int k, bool norm_topk_prob, int ld) {
+  if (ld == 0) ld = E;
+  DFLASH_CHECK(S >= 0 && E >= 1 && k >= 1 && k <= E && ld >= E, "route_tokens: S {} E {} k {} ld {}", S, E, k, ld);
+  MoeRouting r;
+  r.S = S;
+  r.E = E;
+  r.k = k;
+  r.chosen.resize(size_t(S) * k);
+  r.weight.resize(size_t(S) * k);
+  std::vector<int> order(static_cast<size_t>(E));
+  std::vector<double> z(static_cast<size_t>(E));
+  for (int t = 0; t < S; ++t) {
+    // a NaN logit ranks below every number (and is never chosen while k numbers remain)
+    for (int e = 0; e < E; ++e) {
+      const double v = double(logits[size_t(t) * ld + e]);
+      z[size_t(e)] = std::isnan(v) ? -std::numeric_limits<double>::infinity() : v;
+    }
+    std::iota(order.begin(), order.end(), 0);
+    // the tie rule: equal logits go to the lower expert index (a strict total order, so the choice is unique)
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+      return z[size_t(a)] > z[size_t(b)] || (z[size_t(a)] == z[size_t(b)] && a < b);
+    });
+    // softmax over all E logits, in double from the largest
+    const double top = z[size_t(order[0])];
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += std::exp(z[size_t(e)] - top);
+    double chosen_sum = 0;
+    for (int j = 0; j < k; ++j) {
+      const int e = order[size_t(j)];
+      const double p = std::exp(z[size_t(e)] - top) / sum;
+      r.chosen[size_t(t) * k + j] = e;
+      r.weight[size_t(t) * k + j] = p;
+      chosen_sum += p;
+    }
+    if (norm_topk_prob)
+      for (int j = 0; j < k; ++j) r.weight[size_t(t) * k + j] /= chosen_sum;
+  }
+  // per expert, its tokens in ascending order (a counting sort over the choices)
+  r.expert_start.assign(size_t(E) + 1, 0);
+  for (int32_t e : r.chosen) ++r.expert_start[size_t(e) + 1];
+  for (int e = 0; e < E; ++e) r.expert_start[size_t(e) + 1] += r.expert_start[size_t(e)];
+  std::vector<int64_t> at(r.expert_start.begin(), r.expert_start.end() - 1);
+  r.tokens.resize(r.chosen.size());
+  r.token_weight.resize(r.chosen.size());
+  for (int t = 0; t < S; ++t) {
+    for (int j = 0; j < k; ++j) {
+      const size_t i = size_t(at[size_t(r.chosen[size_t(t) * k + j])]++);
+      r.tokens[i] = t;
+      r.token_weight[i] = r.weight[size_t(t) * k + j];
+    }
+  }
+  return r;
+}
+template MoeRouting route_tokens<float>(const float*, int, int, int, bool, int);
+template MoeRouting route_tokens<double>(const double*, int, int, int, bool, int);
+
+template <typename T>
+size_t moe_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
+  const size_t s = size_t(S), H = size_t(c.hidden), I = size_t(c.moe_intermediate);
+  const size_t E = size_t(c.experts) + (c.shared_expert_intermediate > 0), k = size_t(c.experts_per_token);
+  const size_t ic = c.shared_expert_intermediate > 0 ? size_t(shard.mlp_end - shard.mlp_begin) : 0;
+  // logits (and the shared expert's gate); one expert's gathered rows, gate, up, output (at most S rows: a token
+  // meets an expert once); the shared expert's gate and up
+  return footprint_of<T>({s * E, s * H, s * I, s * I, s * H, s * ic, s * ic}) + footprint_of<float>({s * E}) +
+         footprint_of<int32_t>({s * k});
+}
+
+template <typename T>
+void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, int S, const TargetLayer<T>& L,
+                 const QwenConfig& c, const TargetShard& shard, MoeRouting& routing) {
+  ExecContext& ctx = be.context();
+  ArenaScope scope(scratch);
+  const int H = c.hidden, E = c.experts, I = c.moe_intermediate, k = c.experts_per_token;
+  const bool shared = c.shared_expert_intermediate > 0;
+  const int E1 = E + (shared ? 1 : 0);  // router rows, then the shared expert's gate
+  const size_t s = size_t(S);
+  // router logits [S, E1] on the backend, the choice on the host (small: S·E1 values)
+  T* logits = scratch.alloc<T>(s * size_t(E1));
+  float* logits_f32 = scratch.alloc<float>(s * size_t(E1));
+  shard_linear(be, logits, h, L.router.data(), S, H, E1);
+  auto route = [&](const auto* host) {
+    routing = route_tokens(host, S, E, k, c.norm_topk_prob, E1);
+    if (shared) {
+      routing.shared_gate.resize(s);
+      for (int t = 0; t < S; ++t)
+        routing.shared_gate[size_t(t)] = 1.0 / (1.0 + std::exp(-double(host[size_t(t) * E1 + E])));
+    }
+  };
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    std::vector<T> host(s * size_t(E1));
+    be.download(ctx, host.data(), logits, host.size() * sizeof(T));
+    be.synchronize(ctx);
+    route(host.data());
+  } else {  // bf16: widened to fp32 (exact) on the device first
+    std::vector<float> host(s * size_t(E1));
+    be.convert_to_float(ctx, logits_f32, logits, host.size());
+    be.download(ctx, host.data(), logits_f32, host.size() * sizeof(float));
+    be.synchronize(ctx);
+    route(host.data());
+  }
+  const int ic = shared ? int(shard.mlp_end - shard.mlp_begin) : 0;
+  if (ic > 0) {
+    // the shared expert over this rank's channels (split like a dense MLP), each token's row scaled by its gate
+    T* sg = scratch.alloc<T>(s * size_t(ic));
+    T* su = scratch.alloc<T>(s * size_t(ic));
+    shard_linear(be, sg, h, L.wgate.data(), S, H, ic);
+    shard_linear(be, su, h, L.wup.data(), S, H, ic);
+    be.swiglu_forward(ctx, su, sg, su, s * size_t(ic));
+    shard_linear(be, part, su, L.wdown.data(), S, ic, H);
+    for (int t = 0; t < S; ++t) be.scale(ctx, part + size_t(t) * H, routing.shared_gate[size_t(t)], size_t(H));
+  } else {
+    be.zero(ctx, part, sizeof(T) * s * size_t(H));
+  }
+  const int e0 = shard.expert_begin, ne = shard.expert_count;
+  if (ne == 0) return;
+  // this rank's experts' token lists, one upload
+  const int64_t first = routing.expert_start[size_t(e0)], last = routing.expert_start[size_t(e0 + ne)];
+  if (last == first) return;
+  int32_t* rows = scratch.alloc<int32_t>(s * size_t(k));
+  be.upload(ctx, rows, routing.tokens.data() + first, size_t(last - first) * sizeof(int32_t));
+  T* xe = scratch.alloc<T>(s * size_t(H));    // [n, H] the expert's tokens' normed rows
+  T* gate = scratch.alloc<T>(s * size_t(I));  // [n, I]
+  T* up = scratch.alloc<T>(s * size_t(I));    // [n, I], then silu(gate) ⊙ up
+  T* ye = scratch.alloc<T>(s * size_t(H));    // [n, H] the expert's outputs, then weighted
+  const size_t ih = size_t(I) * size_t(H);
+  for (int j = 0; j < ne; ++j) {
+    const int e = e0 + j, n = routing.count(e);
+    if (n == 0) continue;
+    const int64_t at = routing.expert_start[size_t(e)];
+    be.gather_rows(ctx, xe, h, rows + (at - first), n, H);
+    shard_linear(be, gate, xe, L.expert_gate.data() + size_t(j) * ih, n, H, I);
+    shard_linear(be, up, xe, L.expert_up.data() + size_t(j) * ih, n, H, I);
+    be.swiglu_forward(ctx, up, gate, up, size_t(n) * size_t(I));
+    shard_linear(be, ye, up, L.expert_down.data() + size_t(j) * ih, n, I, H);
+    // weighted add back to the tokens' rows, one row at a time through the existing ops (scale, accumulate): a
+    // fused weighted scatter-add is the backend op this wants next (docs/target.md)
+    for (int i = 0; i < n; ++i) {
+      T* y = ye + size_t(i) * H;
+      be.scale(ctx, y, routing.token_weight[size_t(at + i)], size_t(H));
+      be.accumulate(ctx, part + size_t(routing.tokens[size_t(at + i)]) * H, y, size_t(H));
+    }
+  }
+}
+
 #define DFLASH_TARGET_LAYERS_INSTANTIATE(T)                                                                        \
   template struct TargetLayer<T>;                                                                                  \
   template void shard_linear<T>(kernels::Backend<T>&, T*, const T*, const T*, int, int, int);                      \
@@ -183,7 +331,10 @@ void gated_deltanet_forward(kernels::Backend<T>& be, Arena& scratch, T* part, co
                                      const int*);                                                                  \
   template size_t gated_deltanet_scratch_bytes<T>(const QwenConfig&, const TargetShard&, int);                     \
   template void gated_deltanet_forward<T>(kernels::Backend<T>&, Arena&, T*, const T*, int, const TargetLayer<T>&,  \
-                                          const QwenConfig&, const TargetShard&, T*, kernels::acc_t<T>*);
+                                          const QwenConfig&, const TargetShard&, T*, kernels::acc_t<T>*);  \
+  template size_t moe_scratch_bytes<T>(const QwenConfig&, const TargetShard&, int);                              \
+  template void moe_forward<T>(kernels::Backend<T>&, Arena&, T*, const T*, int, const TargetLayer<T>&,            \
+                               const QwenConfig&, const TargetShard&, MoeRouting&);
 DFLASH_TARGET_LAYERS_INSTANTIATE(float)
 DFLASH_TARGET_LAYERS_INSTANTIATE(double)
 #if DFLASH_CUDA_BACKEND

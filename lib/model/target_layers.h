@@ -49,6 +49,14 @@ struct TargetLayer {
   TargetWeight<T> a_log, dt_bias;  // [nv]
   TargetWeight<T> gated_norm;      // [dv] linear_attn.norm.weight (plain w)
   TargetWeight<T> w_out;           // [H, nv·dv] columns of out_proj
+  // Mixture of experts (Qwen3-MoE layers; then wgate/wup/wdown are empty): ne = shard.expert_count experts
+  // [expert_begin, expert_begin + ne) whole, I = moe_intermediate
+  bool moe = false;
+  TargetWeight<T> router;  // [E, H] mlp.gate.weight, every rank (replicated); with a shared expert [E + 1, H]:
+                           // its gate mlp.shared_expert_gate.weight [1, H] as the last row (one GEMM for both);
+                           // the shared expert's channels are in wgate/wup/wdown (split like a dense MLP)
+  TargetWeight<T> expert_gate, expert_up;      // [ne, I, H] gate_proj, up_proj of the held experts
+  TargetWeight<T> expert_down;                 // [ne, H, I] down_proj of the held experts
 
   size_t elements() const;  // of all the tensors above
 };
@@ -78,6 +86,37 @@ void gated_deltanet_forward(kernels::Backend<T>& be, Arena& scratch, T* part, co
                             T* conv_tail = nullptr, kernels::acc_t<T>* state = nullptr);
 template <typename T>
 size_t gated_deltanet_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S);
+
+// The router's choice for S tokens, made on the host from the router logits (identical on every TP rank: the
+// normed input is): per token the k experts of the largest logits — softmax is monotone, so these are the k largest
+// probabilities — in descending order, equal logits going to the lower expert index; their softmax probabilities
+// (over all E experts), divided by their sum when norm_topk_prob. Then, per expert, the tokens it serves in
+// ascending order with their weights. Computed in double.
+struct MoeRouting {
+  int S = 0, E = 0, k = 0;
+  std::vector<int32_t> chosen;       // [S, k] expert ids
+  std::vector<double> weight;        // [S, k] routing weights
+  std::vector<int64_t> expert_start;  // [E + 1] offsets into tokens / token_weight
+  std::vector<int32_t> tokens;        // [S·k] token ids, grouped by expert, ascending within an expert
+  std::vector<double> token_weight;   // [S·k] the matching weights
+  std::vector<double> shared_gate;    // [S] sigmoid(shared_expert_gate(h)) (MoE hybrids; else empty)
+  int count(int e) const { return int(expert_start[size_t(e) + 1] - expert_start[size_t(e)]); }
+};
+// logits [S, ld ≥ E] row-major (the first E columns are the router's), any floating type on the host.
+template <typename U>
+MoeRouting route_tokens(const U* logits, int S, int E, int k, bool norm_topk_prob, int ld = 0);
+
+// part[S, H] (=) this rank's share of the routed MLP of h [S, H]: Σ over its experts e and the tokens t routed to e
+// of weight(t, e) · down_e(silu(gate_e(h_t)) ⊙ up_e(h_t)), plus with a shared expert (MoE hybrids)
+// sigmoid(shared_expert_gate(h_t)) · this rank's channels of shared_expert(h_t); the caller all-reduces it (the
+// experts and channels of the other ranks add theirs). Router logits h · routerᵀ on the backend, the routing on the host (route_tokens), then per held
+// expert: gather its tokens' rows, three GEMMs, weighted add back. routing (out): the choice made. scratch: at
+// least moe_scratch_bytes<T>(...), rewound.
+template <typename T>
+void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, int S, const TargetLayer<T>& L,
+                 const QwenConfig& c, const TargetShard& shard, MoeRouting& routing);
+template <typename T>
+size_t moe_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S);
 
 // y[N, out] (=) x[N, in] · Wᵀ on the backend, tolerating an empty shard (out = 0: nothing) or an empty input
 // (in = 0: zeros)

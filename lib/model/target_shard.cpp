@@ -19,6 +19,7 @@ std::string TargetShard::describe() const {
                      linear.group_begin + linear.group_count, linear.member_begin,
                      linear.member_begin + linear.member_count, linear.replicated ? " (replicated)" : "");
   }
+  if (expert_count > 0) d += fmt::format(" experts [{},{})", expert_begin, expert_begin + expert_count);
   return d;
 }
 
@@ -102,10 +103,19 @@ TargetShard plan_target_shard(const QwenConfig& c, int tp, int rank, int mlp_gra
                "Gated DeltaNet value head; use target_tp ≤ {}",
                tp, c.linear_v_heads, c.linear_v_heads);
   TargetShard s = plan_heads(c, tp, rank);
-  const comm::Range mlp =
-      c.hybrid ? balanced_mlp(c, tp, rank, mlp_grain) : comm::shard_range(c.intermediate, mlp_grain, tp, rank);
+  // MoE hybrids have no dense MLP: the mlp range is the shared expert's channels, balanced the same way
+  QwenConfig channels = c;
+  if (c.shared_expert_intermediate > 0) channels.intermediate = c.shared_expert_intermediate;
+  const comm::Range mlp = channels.intermediate == 0 ? comm::Range{0, 0}
+                          : c.hybrid ? balanced_mlp(channels, tp, rank, mlp_grain)
+                                     : comm::shard_range(channels.intermediate, mlp_grain, tp, rank);
   s.mlp_begin = mlp.begin;
   s.mlp_end = mlp.end;
+  if (c.experts > 0) {  // whole experts, contiguous ranges in rank order; a rank may hold none when tp > experts
+    const comm::Range e = comm::shard_range(c.experts, 1, tp, rank);
+    s.expert_begin = int(e.begin);
+    s.expert_count = int(e.size());
+  }
   return s;
 }
 
@@ -122,7 +132,15 @@ ShardCost shard_cost(const QwenConfig& c, const TargetShard& s, int seq_len) {
   ShardCost cost;
   for (int l = 0; l < c.layers; ++l) {
     const bool lin = c.is_linear(l);
-    cost.weight_params += (lin ? lin_params : attn_params) + 3 * H * ic;
+    cost.weight_params += lin ? lin_params : attn_params;
+    if (c.is_moe(l)) {
+      const double held = 3.0 * H * c.moe_intermediate * s.expert_count;
+      cost.weight_params += double(c.experts) * H + held * c.experts_per_token / c.experts;
+      if (c.shared_expert_intermediate > 0) cost.weight_params += 3 * H * ic + H;  // shared expert and its gate
+      cost.expert_params += held;
+    } else {
+      cost.weight_params += 3 * H * ic;
+    }
     cost.mixer_flops += lin ? lin_core : attn_core;
   }
   return cost;

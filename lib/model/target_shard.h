@@ -3,7 +3,9 @@
 // ranks each KV head is replicated on a run of ranks that split its Q heads. Gated DeltaNet (Qwen3.5/3.6 linear
 // attention) follows the same rule with key heads as the groups and value heads as their members (the conv
 // channels of q, k and v go with their heads). The MLP intermediate dimension is split by shard_range with a tile
-// grain. docs/target.md states the rule with worked examples.
+// grain. Qwen3-MoE experts split whole (expert parallel inside the TP group): rank r holds the contiguous experts
+// shard_range(num_experts, 1, tp, r) (uneven counts allowed: 6 over 5 → 2,1,1,1,1), the router is replicated.
+// docs/target.md states the rule with worked examples.
 #include <cstdint>
 #include <string>
 
@@ -27,14 +29,19 @@ struct TargetShard {
   int q_begin = 0, q_count = 0;    // Q heads [q_begin, q_begin + q_count)
   int kv_begin = 0, kv_count = 0;  // KV heads [kv_begin, kv_begin + kv_count); every local Q head maps inside
   bool kv_replicated = false;      // kv_heads < tp: this rank's one KV head is also held by other ranks
-  int64_t mlp_begin = 0, mlp_end = 0;  // intermediate channels [mlp_begin, mlp_end) (may be empty)
+  int64_t mlp_begin = 0, mlp_end = 0;  // intermediate channels [mlp_begin, mlp_end) (may be empty); MoE
+                                       // hybrids: the shared expert's channels
   GroupedSplit linear;                 // Gated DeltaNet: groups = key heads, members = value heads (hybrid only)
-  std::string describe() const;        // "q heads [0,6) kv heads [0,2) mlp [0,128)" (+ " linear k [..) v [..)")
+  int expert_begin = 0, expert_count = 0;  // MoE: experts [expert_begin, expert_begin + expert_count) (may be none)
+  std::string describe() const;  // "q heads [0,6) kv heads [0,2) mlp [0,128)" (+ " linear k [..) v [..)", " experts [..)")
 };
 
 // What one rank computes per token of a forward over sequences of `seq_len`: how the split balances the work.
 struct ShardCost {
-  double weight_params = 0;  // linear weights held (= GEMM multiply-adds per token); norms and embedding excluded
+  // linear weights that a token multiplies (= GEMM multiply-adds per token); norms and embedding excluded. MoE
+  // layers count the router and the held experts' weights × k / E (the expected share under uniform routing).
+  double weight_params = 0;
+  double expert_params = 0;  // MoE: the expert weights this rank holds (all layers)
   double mixer_flops = 0;    // per token: causal attention scores + values (4·hd·heads·S/2) and the delta rule
   double flops_per_token() const { return 2 * weight_params + mixer_flops; }
 };

@@ -20,9 +20,14 @@ double RankMemory::total() const {
 
 int64_t target_rank_params(const model::QwenConfig& c, int tp) {
   double best = 0;
-  for (int r = 0; r < tp; ++r)
-    best = std::max(best, model::shard_cost(c, model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain), 1)
-                              .weight_params);
+  // the weights a rank stores: what a token multiplies, where MoE layers count only the k / E share of the held
+  // experts, plus the rest of the experts it holds (all of them sit in memory)
+  const double unused_share = c.experts > 0 ? 1.0 - double(c.experts_per_token) / c.experts : 0.0;
+  for (int r = 0; r < tp; ++r) {
+    const model::ShardCost cost =
+        model::shard_cost(c, model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain), 1);
+    best = std::max(best, cost.weight_params + cost.expert_params * unused_share);
+  }
   return int64_t(best);
 }
 

@@ -18,8 +18,10 @@ struct Expected {
 
 // What lib/model/target.cpp (TargetModel, load_target_vocab) reads, by name and full shape: dense Qwen3 layers, or
 // for the Qwen3.5/3.6 hybrids Gated DeltaNet layers (linear_attn.*) and gated attention (q_proj holds query and
-// output gate, 2·head_dim rows per head), under the config's weight prefix.
-std::vector<Expected> expected_tensors(const model::QwenConfig& c) {
+// output gate, 2·head_dim rows per head), and the routed experts of MoE layers, under the config's weight prefix.
+// MoE layers: `has` tells which of the two expert layouts the checkpoint holds.
+template <typename Has>
+std::vector<Expected> expected_tensors(const model::QwenConfig& c, Has has) {
   const int64_t H = c.hidden, hd = c.head_dim, V = c.vocab, I = c.intermediate;
   const std::string& pre = c.weight_prefix;
   std::vector<Expected> e = {{pre + "embed_tokens.weight", {V, H}}, {pre + "norm.weight", {H}}};
@@ -50,9 +52,33 @@ std::vector<Expected> expected_tensors(const model::QwenConfig& c) {
       layer("self_attn.v_proj", {c.kv_heads * hd, H});
       layer("self_attn.o_proj", {H, c.heads * hd});
     }
-    layer("mlp.gate_proj", {I, H});
-    layer("mlp.up_proj", {I, H});
-    layer("mlp.down_proj", {H, I});
+    if (!c.is_moe(l)) {
+      layer("mlp.gate_proj", {I, H});
+      layer("mlp.up_proj", {I, H});
+      layer("mlp.down_proj", {H, I});
+      continue;
+    }
+    // routed experts (docs/target.md, "Mixture of experts"): the router, then the experts fused and 3-D without
+    // a .weight suffix (released Qwen3.5/3.6 MoE BF16) or one tensor per expert (Qwen3-MoE, FP8 and re-saved copies)
+    const int64_t E = c.experts, MI = c.moe_intermediate;
+    layer("mlp.gate", {E, H});
+    if (has(fmt::format("{}layers.{}.mlp.experts.gate_up_proj", pre, l))) {
+      layer("mlp.experts.gate_up_proj", {E, 2 * MI, H}, "");
+      layer("mlp.experts.down_proj", {E, H, MI}, "");
+    } else {
+      for (int x = 0; x < c.experts; ++x) {
+        layer(fmt::format("mlp.experts.{}.gate_proj", x).c_str(), {MI, H});
+        layer(fmt::format("mlp.experts.{}.up_proj", x).c_str(), {MI, H});
+        layer(fmt::format("mlp.experts.{}.down_proj", x).c_str(), {H, MI});
+      }
+    }
+    if (c.shared_expert_intermediate > 0) {
+      const int64_t SI = c.shared_expert_intermediate;
+      layer("mlp.shared_expert.gate_proj", {SI, H});
+      layer("mlp.shared_expert.up_proj", {SI, H});
+      layer("mlp.shared_expert.down_proj", {H, SI});
+      layer("mlp.shared_expert_gate", {1, H});
+    }
   }
   return e;
 }
@@ -76,7 +102,7 @@ TargetWeightsSummary check_target_weights(const std::string& dir, const model::Q
   const io::Checkpoint ckpt(dir);  // reads model.safetensors(.index.json) and the headers it needs
   std::vector<std::string> problems;
   TargetWeightsSummary summary;
-  for (const Expected& e : expected_tensors(c)) {
+  for (const Expected& e : expected_tensors(c, [&](const std::string& name) { return ckpt.has(name); })) {
     if (!ckpt.has(e.name)) {
       problems.push_back(fmt::format("missing tensor {} (expected shape {})", e.name, shape_text(e.shape)));
       continue;

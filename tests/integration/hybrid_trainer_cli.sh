@@ -35,6 +35,21 @@ case "$case" in
     [[ -f "$out/run/drafter_final.safetensors" ]] || fail "no final weights"
     echo "PASS (learns)"
     ;;
+  moe_learns)
+    # mpi_launch/configs/tiny_moe.yaml as its header says: a random Qwen3-MoE target (6 experts top-2 over TP 5:
+    # 2,1,1,1,1 a rank; layer 0 dense), the drafter learns from its taps
+    "$build/apps/dflash_data" make-target --arch qwen3_moe --out "$out/target" --hidden 64 --layers 8 --heads 16 \
+      --kv-heads 8 --head-dim 16 --intermediate 128 --vocab 512 --experts 6 --experts-per-tok 2 \
+      --moe-intermediate 48 --mlp-only-layers 0 --seed 5
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny_moe.yaml" --set "target.path=$out/target" \
+      --set "data.path=$tiny/train.h5" --set "run.out_dir=$out/run" --set run.steps=30 --set log.every=10 \
+      | tee "$out/log"
+    mapfile -t l < <(losses "$out/run/metrics.jsonl")
+    [[ ${#l[@]} -eq 3 ]] || fail "expected 3 metrics records, got ${#l[@]}"
+    echo "mean loss of steps 1-10: ${l[0]}; 11-20: ${l[1]}; 21-30: ${l[2]}"
+    awk -v a="${l[0]}" -v b="${l[2]}" 'BEGIN { exit !(b < 0.95 * a) }' || fail "loss ${l[2]} is not 5% below ${l[0]}"
+    echo "PASS (moe_learns)"
+    ;;
   check)
     # no weights: the shipped config.json is all --check needs to print the plan (the tiny data stands in for the
     # data); the result is INCOMPLETE with exit code 2, never OK
@@ -87,7 +102,8 @@ case "$case" in
       [[ $rc -ne 0 && $rc -ne 124 ]] || fail "exit $rc: expected an error exit"
       grep -q -- "$pattern" "$out/log" || fail "no message matching '$pattern'"
     }
-    expect_error "--arch must be qwen3 (dense) or qwen3_5" "$d" make-target --arch qwen4 --out "$out/t0"
+    expect_error "--arch must be qwen3 (dense), qwen3_5 (Qwen3.5/3.6 hybrid), qwen3_moe" "$d" make-target --arch qwen4 \
+      --out "$out/t0"
     expect_error "linear_num_value_heads 5 is not a multiple of linear_num_key_heads 2" \
       "$d" make-target --arch qwen3_5 --out "$out/t1" --linear-k-heads 2 --linear-v-heads 5
     # a hybrid target whose config asks for yarn RoPE is refused by the trainer's --check, naming the file

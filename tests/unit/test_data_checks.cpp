@@ -6,6 +6,7 @@
 #include <functional>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "lib/config/config.h"
@@ -215,4 +216,31 @@ TEST_CASE("target check: wrong shapes, missing tensors, extra layers and a tied 
               .find("tensor model.layers.0.mlp.gate_proj.weight has shape [24, 16], config.json implies [20, 16]") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("target check: MoE targets, per-expert and fused expert layouts and the shared expert, pass; a missing "
+          "expert is named") {
+  // the transformers-made fixtures of tests/golden_moe (per-expert Qwen3-MoE, fused Qwen3-MoE, fused Qwen3.5 MoE
+  // with a shared expert under model.language_model.)
+  for (const char* name : {"per_expert", "fused", "qwen3_5_moe"}) {
+    const std::string dir = std::string(DFLASH_GOLDEN_MOE_DIR) + "/" + name;
+    INFO(dir);
+    const model::QwenConfig c = model::load_qwen_config(dir);
+    REQUIRE(c.experts > 0);
+    const TargetWeightsSummary s = check_target_weights(dir, c);
+    CHECK(s.tensors > 0);
+  }
+  // a per-expert checkpoint whose config.json asks for one expert more than it holds
+  const std::string src = std::string(DFLASH_GOLDEN_MOE_DIR) + "/per_expert";
+  const std::string dir = test::scratch_dir("target_check_moe").string();
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(src + "/" + f, dir + "/" + f, fs::copy_options::overwrite_existing);
+  const int experts = model::load_qwen_config(dir).experts;
+  edit_config(dir, [&](nlohmann::json& j) {
+    for (const char* k : {"num_experts", "num_local_experts"})
+      if (j.contains(k)) j[k] = experts + 1;
+  });
+  const std::string e = error_of([&] { check_target_weights(dir, model::load_qwen_config(dir)); });
+  CHECK(e.find(fmt::format("mlp.experts.{}.gate_proj.weight", experts)) != std::string::npos);
+  CHECK(e.find("has shape") != std::string::npos);  // the router holds E rows, config.json says E + 1
 }
