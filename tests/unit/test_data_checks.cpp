@@ -218,7 +218,7 @@ TEST_CASE("target check: wrong shapes, missing tensors, extra layers and a tied 
   }
 }
 
-TEST_CASE("target check: MoE targets, per-expert and fused expert layouts and the shared expert, pass; a missing "
+TEST_CASE("target check: MoE targets (per-expert and fused experts, a shared expert) pass, and a missing "
           "expert is named") {
   // the transformers-made fixtures of tests/golden_moe (per-expert Qwen3-MoE, fused Qwen3-MoE, fused Qwen3.5 MoE
   // with a shared expert under model.language_model.)
