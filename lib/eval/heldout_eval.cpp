@@ -115,4 +115,28 @@ std::string heldout_line(const HeldoutResult& r, int B, int top_k) {
                      r.step, x.loss, x.ce, x.kl, x.cap, x.acc, top_k, x.topk, x.tau, r.sequences, r.seconds);
 }
 
+std::vector<PacketPlan> HeldoutPackets::after_step(int64_t step, int d) const {
+  std::vector<PacketPlan> out;
+  if (!heldout_due(cfg_, step + 1)) return out;
+  for (int64_t i : heldout_sequences(count_, cfg_.layout.drafter_dp, d))
+    out.push_back(heldout_plan(cfg_, eval_, step, i));
+  return out;
+}
+
+HeldoutEval::HeldoutEval(const TrainConfig& cfg, const io::Dataset& eval, int block_size, int dp_rank)
+    : cfg_(cfg), block_size_(block_size),
+      sequences_(int64_t(heldout_sequences(heldout_count(cfg, eval), cfg.layout.drafter_dp, dp_rank).size())) {}
+
+EvalOutcome HeldoutEval::run(EvalContext& ctx) {
+  const HeldoutResult e = run_heldout_eval(ctx.drafter, ctx.dp, cfg_, ctx.next_step, sequences_, block_size_,
+                                           ctx.next_packet);
+  seconds_ += e.seconds;
+  EvalOutcome o;
+  o.report.line = heldout_line(e, block_size_, cfg_.loss.top_k);
+  o.report.metrics = heldout_record(e, block_size_);
+  o.metric = "eval_tau";
+  o.tau = heldout_tau(e);
+  return o;
+}
+
 }  // namespace dflash::train

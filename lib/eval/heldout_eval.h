@@ -19,9 +19,11 @@
 
 #include "lib/comm/transport.h"
 #include "lib/config/config.h"
+#include "lib/eval/evaluator.h"
 #include "lib/io/dataset.h"
 #include "lib/train/drafter_step.h"
 #include "lib/train/packet.h"
+#include "lib/train/stream_plan.h"
 
 namespace dflash::train {
 
@@ -55,5 +57,37 @@ nlohmann::ordered_json heldout_record(const HeldoutResult& r, int block_size);
 std::string heldout_line(const HeldoutResult& r, int block_size, int top_k);
 // The held-out tau of a result (mean tokens kept per block, teacher-forced).
 double heldout_tau(const HeldoutResult& r);
+
+// The held-out packets in the stream plan: after each step the eval is due at, drafter rank d's share of them.
+class HeldoutPackets : public ExtraPackets {
+ public:
+  HeldoutPackets(const TrainConfig& cfg, const io::Dataset& eval)
+      : cfg_(cfg), eval_(eval), count_(heldout_count(cfg, eval)) {}
+  int32_t kind() const override { return kEvalPacket; }
+  std::vector<PacketPlan> after_step(int64_t step, int d) const override;
+  io::Sequence read(const PacketPlan& p) const override { return eval_.read(p.seq_index, cfg_.data.max_seq_len); }
+
+ private:
+  const TrainConfig& cfg_;
+  const io::Dataset& eval_;
+  int64_t count_;
+};
+
+// The drafter side as a component: due after every eval.every steps unless the run stops after this step (its
+// packets are then dropped with the step's); every drafter rank runs it (the reduction is collective, also for a
+// rank with no held-out sequence of its own). Its τ is "eval_tau".
+class HeldoutEval : public Evaluator {
+ public:
+  // dp_rank: this drafter rank (its share of the sequences).
+  HeldoutEval(const TrainConfig& cfg, const io::Dataset& eval, int block_size, int dp_rank);
+  std::string name() const override { return "held-out eval"; }
+  bool due(int64_t next_step, bool stop) const override { return heldout_due(cfg_, next_step) && !stop; }
+  EvalOutcome run(EvalContext& ctx) override;
+
+ private:
+  const TrainConfig& cfg_;
+  int block_size_;
+  int64_t sequences_;  // this rank's
+};
 
 }  // namespace dflash::train

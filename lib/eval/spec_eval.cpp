@@ -77,10 +77,10 @@ struct SpecEvalTarget::Impl {
 SpecEvalTarget::SpecEvalTarget(const TrainConfig& cfg, const RunPlan& plan, model::TargetModel& target,
                                comm::Transport& tp, comm::Transport& world, const io::Dataset& prompts,
                                int drafter0_world_rank, Watchdog& watchdog)
-    : impl_(std::make_unique<Impl>(cfg, plan, target, tp, world, prompts, drafter0_world_rank, watchdog)) {}
+    : cfg_(cfg), impl_(std::make_unique<Impl>(cfg, plan, target, tp, world, prompts, drafter0_world_rank, watchdog)) {}
 SpecEvalTarget::~SpecEvalTarget() = default;
 
-bool SpecEvalTarget::run(int64_t next_step, Logger& log) {
+bool SpecEvalTarget::decode(int64_t next_step, Logger& log) {
   Impl& m = *impl_;
   uint8_t go = m.tp.rank() == 0 ? uint8_t(m.receive_weights()) : 0;
   m.tp.broadcast(&go, 1, 0);
@@ -131,6 +131,18 @@ std::string spec_eval_line(int64_t step, const nlohmann::ordered_json& t) {
                      step, t.at("tau").get<double>(), t.at("prompts").get<int64_t>(),
                      t.at("generated_tokens").get<int64_t>(), t.at("verify_forwards").get<int64_t>(),
                      fmt::join(t.at("kept_histogram").get<std::vector<int64_t>>(), ", "), t.at("seconds").get<double>());
+}
+
+EvalOutcome SpecEval::run(EvalContext& ctx) {
+  Timer t;
+  const nlohmann::ordered_json totals = spec_eval_exchange(ctx.world, ctx.drafter.params().flat, target_rank0_);
+  seconds_ += t.seconds();
+  EvalOutcome o;
+  o.report.line = spec_eval_line(ctx.next_step, totals);
+  o.report.metrics = spec_eval_record(ctx.next_step, totals);
+  o.metric = "spec_tau";
+  o.tau = totals.at("tau").get<double>();
+  return o;
 }
 
 }  // namespace dflash::train

@@ -23,6 +23,7 @@
 
 #include "lib/comm/transport.h"
 #include "lib/config/config.h"
+#include "lib/eval/evaluator.h"
 #include "lib/io/dataset.h"
 #include "lib/model/target.h"
 #include "lib/report/log.h"
@@ -40,7 +41,7 @@ bool spec_eval_due(const TrainConfig& cfg, int64_t next_step);
 int64_t spec_eval_prompt_count(const TrainConfig& cfg, const io::Dataset& prompts);
 
 // Target side, on every TP rank of the group that feeds drafter rank 0.
-class SpecEvalTarget {
+class SpecEvalTarget : public TargetEvaluator {
  public:
   // Collective over `tp` (loads the greedy head's lm_head shard; TP rank 0 also the embedding and lm_head).
   SpecEvalTarget(const TrainConfig& cfg, const RunPlan& plan, model::TargetModel& target, comm::Transport& tp,
@@ -48,10 +49,13 @@ class SpecEvalTarget {
   ~SpecEvalTarget();
   // After the packets of the step that ends at `next_step` steps (spec_eval_due): the exchange described above.
   // Collective over `tp`. Returns false when drafter rank 0 stopped before that step (nothing decoded).
-  bool run(int64_t next_step, Logger& log);
+  bool decode(int64_t next_step, Logger& log);
+  bool due(int64_t next_step) const override { return spec_eval_due(cfg_, next_step); }
+  void run(int64_t next_step, Logger& log) override { decode(next_step, log); }
 
  private:
   struct Impl;
+  const TrainConfig& cfg_;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -59,6 +63,20 @@ class SpecEvalTarget {
 // (SpecSummary::to_json). Blocks until the group has decoded every prompt.
 nlohmann::ordered_json spec_eval_exchange(comm::Transport& world, const std::vector<float>& weights,
                                           int target_rank0);
+
+// The drafter side as a component, on drafter rank 0 only: due after every eval.spec_every steps, also when the
+// run stops after this step (its target group waits for the weights). Its τ is "spec_tau".
+class SpecEval : public Evaluator {
+ public:
+  SpecEval(const TrainConfig& cfg, int target_rank0) : cfg_(cfg), target_rank0_(target_rank0) {}
+  std::string name() const override { return "speculative eval"; }
+  bool due(int64_t next_step, bool) const override { return spec_eval_due(cfg_, next_step); }
+  EvalOutcome run(EvalContext& ctx) override;
+
+ private:
+  const TrainConfig& cfg_;
+  int target_rank0_;
+};
 
 // {"step": N, "kind": "spec_eval", "spec_tau": ..., ...}: the totals with keys prefixed "spec_".
 nlohmann::ordered_json spec_eval_record(int64_t step, const nlohmann::ordered_json& totals);

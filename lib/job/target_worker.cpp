@@ -3,13 +3,52 @@
 #include "lib/comm/mpi_transport.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
-#include "lib/eval/heldout_eval.h"
-#include "lib/eval/spec_eval.h"
+#include "lib/eval/evals.h"
 #include "lib/job/workers.h"
 #include "lib/model/target.h"
 #include "lib/train/packet.h"
+#include "lib/train/stream_plan.h"
 
 namespace dflash::train {
+
+namespace {
+
+// The target's progress line after every log.every steps and the last: tokens/s, the all-reduce share of the
+// forward, the share of time blocked by the drafters (the send window full).
+class TargetProgress {
+ public:
+  TargetProgress(const TrainConfig& cfg, const RunPlan& plan, model::TargetModel& target, Logger& log)
+      : log_every_(cfg.log.every), total_steps_(plan.total_steps), target_(target), log_(log) {
+    target_.reset_stats();
+  }
+  int64_t* tokens() { return &tokens_; }
+  void blocked(double seconds) { blocked_ += seconds; }
+  void after_step(int64_t next_step) {
+    if (!((log_every_ > 0 && next_step % log_every_ == 0) || next_step == total_steps_)) return;
+    const double secs = interval_.seconds();
+    const auto& st = target_.stats();
+    log_.info("target: step {} | {:.0f} tok/s | forward {:.2f} s, all-reduce {:.0f}% of it | blocked by drafters "
+              "{:.0f}%",
+              next_step, tokens_ / secs, st.forward_seconds,
+              st.forward_seconds > 0 ? 100.0 * st.allreduce_seconds / st.forward_seconds : 0.0,
+              100.0 * blocked_ / secs);
+    interval_.reset();
+    tokens_ = 0;
+    blocked_ = 0;
+    target_.reset_stats();
+  }
+
+ private:
+  int log_every_;
+  int64_t total_steps_;
+  model::TargetModel& target_;
+  Logger& log_;
+  Timer interval_;
+  int64_t tokens_ = 0;
+  double blocked_ = 0;
+};
+
+}  // namespace
 
 void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                        const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log,
@@ -36,18 +75,25 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
            target.weight_bytes() / 1048576.0, target.precision(), target.backend_name(), load_timer.seconds(),
            fmt::join(plan.tap_ids, ","));
 
-  io::SequenceSchedule schedule(plan.num_sequences, cfg.layout.drafter_dp, cfg.optim.micro_batches,
-                                uint64_t(cfg.run.seed), cfg.data.shuffle, cfg.data.path);
+  // every packet of the stream, in the order the drafters expect them (lib/train/stream_plan.h)
+  const StreamPlan stream = make_stream_plan(cfg, plan, data, eval);
   // the packets' tensors on this rank's GPU when the data plane is NCCL (packet_memory), else on the host
   PacketSender sender(world, world_data, cfg.layout.packets_in_flight,
                       packet_memory(cfg.run.device == "cuda", comms.world_data()));
   const int H = plan.target.hidden, tap_width = int(plan.tap_ids.size()) * H;
   const std::vector<int> drafters = layout.drafters_of_group(layout.group);
-  // one packet: the target forward of `seq` (every TP rank), its slice streamed to drafter rank d
-  auto stream = [&](io::Sequence&& seq, PacketHeader h, int d) {
+  // one packet: the target forward of its sequence (every TP rank), its slice streamed to drafter rank d
+  auto stream_packet = [&](const PacketPlan& pp, int d, int64_t* tokens) {
+    io::Sequence seq = stream.read(pp);
+    PacketHeader h;
+    h.seq_index = pp.seq_index;
+    h.step = pp.step;
+    h.micro = pp.micro;
+    h.kind = pp.kind;
     h.seq_len = int32_t(seq.tokens.size());
     h.tap_width = tap_width;
     h.hidden = H;
+    if (tokens) *tokens += h.seq_len;
     FeaturePacket p = sender.blank(h);
     p.tokens = std::move(seq.tokens);
     p.loss_mask = std::move(seq.loss_mask);
@@ -56,59 +102,21 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
       target.forward(p.tokens.data(), h.seq_len, plan.tap_ids, p.taps.data(), p.final_hidden.data(), p.taps.memory());
     return sender.send(std::move(p), layout.drafter_world_rank(d), layout.tp_rank, tp.size());
   };
-  const int64_t heldout = eval.data ? heldout_count(cfg, *eval.data) : 0;
-  std::unique_ptr<SpecEvalTarget> spec;  // the group that feeds drafter rank 0
-  if (eval.prompts && layout.group == 0)
-    spec = std::make_unique<SpecEvalTarget>(cfg, plan, target, tp, world, *eval.prompts, layout.drafter_world_rank(0),
-                                            watchdog);
-  Timer interval;
-  int64_t interval_tokens = 0;
-  double interval_blocked = 0;
-  target.reset_stats();
+  // the target side of the evals (the speculative decode on the group that feeds drafter rank 0)
+  const std::vector<std::unique_ptr<TargetEvaluator>> evals =
+      make_target_evals(cfg, plan, layout, target, tp, world, eval, watchdog);
+  TargetProgress progress(cfg, plan, target, log);
   int64_t step = start_step;
   for (; step < plan.total_steps; ++step) {
     if (sender.stop_requested(tp)) break;  // the drafters stopped early (signal, --stop-after-steps, --dump-step)
-    for (int micro = 0; micro < cfg.optim.micro_batches; ++micro) {
-      for (int d : drafters) {
-        const int64_t index = schedule.sequence(step, micro, d);
-        io::Sequence seq = data.read(index, cfg.data.max_seq_len);
-        PacketHeader h;
-        h.seq_index = index;
-        h.step = step;
-        h.micro = micro;
-        interval_tokens += int64_t(seq.tokens.size());
-        interval_blocked += stream(std::move(seq), h, d);
-      }
-    }
-    // the held-out packets count as packets of this step (the stop protocol drops them with it)
-    if (heldout > 0 && heldout_due(cfg, step + 1)) {
-      for (int d : drafters)
-        for (int64_t i : heldout_sequences(heldout, cfg.layout.drafter_dp, d)) {
-          const PacketPlan pp = heldout_plan(cfg, *eval.data, step, i);
-          PacketHeader h;
-          h.seq_index = pp.seq_index;
-          h.step = pp.step;
-          h.micro = pp.micro;
-          h.kind = pp.kind;
-          interval_blocked += stream(eval.data->read(i, cfg.data.max_seq_len), h, d);
-        }
-    }
-    if (spec && spec_eval_due(cfg, step + 1)) {
-      spec->run(step + 1, log);
-    }
-    if ((step + 1) % cfg.log.every == 0 || step + 1 == plan.total_steps) {
-      const double secs = interval.seconds();
-      const auto& st = target.stats();
-      log.info("target: step {} | {:.0f} tok/s | forward {:.2f} s, all-reduce {:.0f}% of it | blocked by drafters "
-               "{:.0f}%",
-               step + 1, interval_tokens / secs, st.forward_seconds,
-               st.forward_seconds > 0 ? 100.0 * st.allreduce_seconds / st.forward_seconds : 0.0,
-               100.0 * interval_blocked / secs);
-      interval.reset();
-      interval_tokens = 0;
-      interval_blocked = 0;
-      target.reset_stats();
-    }
+    for (int micro = 0; micro < stream.micro_batches(); ++micro)
+      for (int d : drafters) progress.blocked(stream_packet(stream.train_packet(step, micro, d), d, progress.tokens()));
+    // the evals' packets count as packets of this step (the stop protocol drops them with it)
+    for (int d : drafters)
+      for (const PacketPlan& pp : stream.extras(step, d)) progress.blocked(stream_packet(pp, d, nullptr));
+    for (const auto& e : evals)
+      if (e->due(step + 1)) e->run(step + 1, log);
+    progress.after_step(step + 1);
   }
   std::vector<int> drafter_ranks;
   for (int d : drafters) drafter_ranks.push_back(layout.drafter_world_rank(d));

@@ -97,16 +97,17 @@ int run_without_mpi(const char* what, const std::function<int()>& body) {
   }
 }
 
-int dflash_mpi_main(int argc, char** argv) {
-  // the command line is read before MPI starts: --help, --export, --check and usage errors need no MPI, and
-  // under mpirun only the first rank prints
+namespace {
+
+// What runs without MPI: --help, --export, --print-key, --check and usage errors (under mpirun only the first rank
+// prints). Returns the exit code when the program ends here; else fills `options` for the MPI job.
+std::optional<int> run_before_mpi(int argc, char** argv, std::optional<ProgramOptions>& options) {
   const bool printer = launcher_rank() == 0;
   if (argc >= 2 && std::string(argv[1]) == "--export")
     return run_without_mpi("--export", [&] {
       const auto o = parse_export_options(argc, argv, printer);
       return o ? run_export(*o) : 0;
     });
-  std::optional<ProgramOptions> options;
   try {
     options = parse_program_options(argc, argv, printer);
   } catch (const std::exception& e) {
@@ -121,6 +122,131 @@ int dflash_mpi_main(int argc, char** argv) {
     });
   if (options->check)
     return run_without_mpi("--check", [&] { return run_check(load_config(options->config, options->sets)); });
+  return std::nullopt;
+}
+
+// run.device cuda: every rank binds a GPU of its node by node-local rank (several ranks may share one); the drafter
+// step and the target forward run on it (docs/backend.md). Then the data plane (lib/comm/data_plane.h): every rank
+// decides alike from the job's shape.
+comm::DataPlane bind_device_and_choose_plane(const TrainConfig& cfg, const comm::RankLayout& layout,
+                                             const std::string& who) {
+  const int local_rank = comm::node_local_rank(MPI_COMM_WORLD);
+  if (cfg.run.device == "cuda") {
+    const int gpu = kernels::bind_cuda_device(local_rank);
+    std::printf("%s: %s on GPU %d\n", who.c_str(),
+                layout.role == comm::Role::Drafter ? "drafter step" : "target forward", gpu);
+  }
+  return comm::choose_data_plane(cfg.layout.transport, cfg.run.device == "cuda", comm::nccl_built(),
+                                 comm::node_shape(MPI_COMM_WORLD));
+}
+
+// The in-training eval's files, opened on every rank at start-up (an error is every rank's: rank 0 prints it).
+struct EvalFiles {
+  std::optional<io::Dataset> data, prompts;
+  EvalFiles(const TrainConfig& cfg, int vocab, bool is_target) {
+    if (cfg.eval.every > 0) {
+      check_eval_file("eval.data", cfg.eval.data, "eval.every");
+      data.emplace(cfg.eval.data, vocab, /*scan_tokens=*/is_target);
+    }
+    if (cfg.eval.spec_every > 0) {
+      check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
+      prompts.emplace(cfg.eval.prompts, vocab);
+      spec_eval_prompt_count(cfg, *prompts);  // every prompt used has one
+    }
+  }
+  EvalInputs inputs() const { return {data ? &*data : nullptr, prompts ? &*prompts : nullptr}; }
+};
+
+void print_banner(const TrainConfig& cfg, const RunPlan& plan, int size) {
+  std::printf("%s\n", format_config_table(cfg).c_str());
+  const std::string resolved = write_resolved_config(cfg);
+  std::printf("dflash_mpi: %d ranks (%d target TP x %d groups + %d drafter DP), %lld steps of %d x %d "
+              "sequences; resolved config in %s\n",
+              size, cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp,
+              (long long)plan.total_steps, cfg.layout.drafter_dp, cfg.optim.micro_batches, resolved.c_str());
+  std::fflush(stdout);
+}
+
+// Every attempt (first run, resume, requeue) appends to the rank's log after a header saying who runs it; the
+// first drafter rank also prints to the console.
+std::unique_ptr<Logger> make_logger(const TrainConfig& cfg, const comm::RankLayout& layout, int rank,
+                                    const JobIdentity& me) {
+  const bool is_target = layout.role == comm::Role::Target;
+  LogIdentity id;
+  id.rank = rank;
+  id.role = comm::role_name(layout.role);
+  id.index = is_target ? layout.tp_rank : layout.dp_rank;
+  if (is_target && cfg.layout.target_groups > 1) id.group = layout.group;
+  const bool console = !is_target && layout.dp_rank == 0;
+  return std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console,
+                                  fmt::format("===== attempt: {} =====", describe(me)));
+}
+
+// Where the run starts: the first drafter rank resolves and verifies the checkpoint; every rank learns the step.
+struct Resume {
+  int64_t start_step = 0;
+  std::optional<LoadedCheckpoint> checkpoint;  // first drafter rank, when resuming
+  std::string dataset_identity;                // first drafter rank
+};
+
+Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                      const io::Dataset& data, const EvalFiles& eval, comm::Transport& world, Logger& log) {
+  Resume out;
+  const int first_drafter = layout.drafter_world_rank(0);
+  if (world.rank() == first_drafter) {
+    // one pass over the data: what would train nothing or the wrong thing is refused; its identity goes into
+    // every checkpoint and must match the one resumed from
+    const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+    check_data_facts(facts, cfg);
+    out.dataset_identity = facts.identity();
+    log.info("data: {}; {} trained tokens, {} anchor candidates", out.dataset_identity, facts.trained_tokens,
+             facts.anchor_candidates);
+    if (eval.data) {  // what would score nothing is refused as for data.path
+      TrainConfig as_data = cfg;
+      as_data.data.path = cfg.eval.data;
+      check_data_facts(scan_data_facts(*eval.data, plan.drafter.mask_token_id, cfg.data.max_seq_len), as_data);
+    }
+    const std::string dir = resolve_resume_dir(cfg);
+    if (!dir.empty()) {
+      out.checkpoint.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan, out.dataset_identity)));
+      DFLASH_USER_CHECK(!out.checkpoint->state.extra.contains("best"),
+                        "ckpt.resume = {}: the best checkpoint holds weights without optimizer state and is not "
+                        "for resuming; resume from a step_* checkpoint (ckpt.resume: auto)", dir);
+      out.start_step = out.checkpoint->state.step;
+      log.info("resuming from {} at step {}", dir, out.start_step);
+    } else if (cfg.ckpt.resume == "auto") {
+      log.info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
+    }
+  }
+  world.broadcast(&out.start_step, 1, first_drafter);
+  DFLASH_USER_CHECK(out.start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
+                    out.start_step, plan.total_steps);
+  return out;
+}
+
+// This rank's role: the target worker or the drafter worker (lib/job/workers.h).
+void run_my_role(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                 const comm::RoleComms& comms, const io::Dataset& data, const EvalFiles& eval, const Resume& resume,
+                 const ProgramOptions& options, Logger& log, Watchdog& watchdog) {
+  if (layout.role == comm::Role::Target) {
+    run_target_worker(cfg, plan, layout, comms, data, resume.start_step, log, watchdog, eval.inputs());
+    return;
+  }
+  DrafterRunOptions o;
+  o.start_step = resume.start_step;
+  o.resume = resume.checkpoint ? &*resume.checkpoint : nullptr;
+  o.stop_after = options.stop_after;
+  o.dump_dir = options.dump_dir;
+  o.dataset_identity = resume.dataset_identity;
+  o.eval.data = eval.inputs().data;
+  run_drafter_worker(cfg, plan, layout, comms, data, o, log, watchdog);
+}
+
+}  // namespace
+
+int dflash_mpi_main(int argc, char** argv) {
+  std::optional<ProgramOptions> options;
+  if (const std::optional<int> rc = run_before_mpi(argc, argv, options)) return *rc;
 
   dflash::comm::init_mpi(&argc, &argv);
   int rank = 0, size = 1;
@@ -133,19 +259,9 @@ int dflash_mpi_main(int argc, char** argv) {
     install_stop_signal_handlers();
     const TrainConfig cfg = load_config(options->config, options->sets);
     const comm::RankLayout layout = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
-                                                     cfg.layout.drafter_dp, size, rank);
+                                                           cfg.layout.drafter_dp, size, rank);
     who = layout.describe();
-    // run.device cuda: every rank binds a GPU of its node by node-local rank (several ranks may share one); the
-    // drafter step and the target forward run on it (docs/backend.md)
-    const int local_rank = comm::node_local_rank(MPI_COMM_WORLD);
-    if (cfg.run.device == "cuda") {
-      const int gpu = kernels::bind_cuda_device(local_rank);
-      std::printf("%s: %s on GPU %d\n", who.c_str(),
-                  layout.role == comm::Role::Drafter ? "drafter step" : "target forward", gpu);
-    }
-    // the data plane (lib/comm/data_plane.h): every rank decides alike from the job's shape
-    const comm::DataPlane plane = comm::choose_data_plane(cfg.layout.transport, cfg.run.device == "cuda",
-                                                          comm::nccl_built(), comm::node_shape(MPI_COMM_WORLD));
+    const comm::DataPlane plane = bind_device_and_choose_plane(cfg, layout, who);
     // nothing is written to out_dir before world rank 0 holds it (a refused job must not touch another's files)
     const JobIdentity me = current_job_identity();
     if (rank == 0) lock.emplace(cfg.run.out_dir, me);
@@ -156,36 +272,10 @@ int dflash_mpi_main(int argc, char** argv) {
     const bool is_target = layout.role == comm::Role::Target;
     const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/is_target);
     const RunPlan plan = make_run_plan(cfg, target, data.size());
-    // the in-training eval's files, opened on every rank at start-up (an error is every rank's: rank 0 prints it)
-    std::optional<io::Dataset> eval_data, eval_prompts;
-    if (cfg.eval.every > 0) {
-      check_eval_file("eval.data", cfg.eval.data, "eval.every");
-      eval_data.emplace(cfg.eval.data, target.vocab, /*scan_tokens=*/is_target);
-    }
-    if (cfg.eval.spec_every > 0) {
-      check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
-      eval_prompts.emplace(cfg.eval.prompts, target.vocab);
-      spec_eval_prompt_count(cfg, *eval_prompts);  // every prompt used has one
-    }
-    if (rank == 0) {
-      std::printf("%s\n", format_config_table(cfg).c_str());
-      const std::string resolved = write_resolved_config(cfg);
-      std::printf("dflash_mpi: %d ranks (%d target TP x %d groups + %d drafter DP), %lld steps of %d x %d "
-                  "sequences; resolved config in %s\n",
-                  size, cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp,
-                  (long long)plan.total_steps, cfg.layout.drafter_dp, cfg.optim.micro_batches, resolved.c_str());
-      std::fflush(stdout);
-    }
+    const EvalFiles eval(cfg, target.vocab, is_target);
+    if (rank == 0) print_banner(cfg, plan, size);
     comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, cfg.run.watchdog_seconds);
-    LogIdentity id;
-    id.rank = rank;
-    id.role = comm::role_name(layout.role);
-    id.index = is_target ? layout.tp_rank : layout.dp_rank;
-    if (is_target && cfg.layout.target_groups > 1) id.group = layout.group;
-    const bool console = !is_target && layout.dp_rank == 0;
-    // every attempt (first run, resume, requeue) appends to the rank's log after a header saying who runs it
-    log = std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console,
-                                   fmt::format("===== attempt: {} =====", describe(me)));
+    log = make_logger(cfg, layout, rank, me);
     if (lock && !lock->taken_over().empty()) log->warn("{}", lock->taken_over());
     // a rank blocked in one wait for run.watchdog_seconds says so and takes the job down
     Watchdog watchdog(cfg.run.watchdog_seconds, [&](const std::string& what, double waited) {
@@ -201,55 +291,8 @@ int dflash_mpi_main(int argc, char** argv) {
     WatchedTransport world(world_mpi, watchdog, "world");
     log->info("{} ranks ({}); config {} (hash {}); data plane {} (layout.transport {})", size, who, options->config,
               config_hash_hex(cfg), comm::data_plane_name(plane), cfg.layout.transport);
-
-    // the first drafter rank resolves and verifies the checkpoint to resume from; every rank learns its step
-    std::optional<LoadedCheckpoint> resumed;
-    int64_t start_step = 0;
-    const int first_drafter = layout.drafter_world_rank(0);
-    std::string dataset_identity;
-    if (rank == first_drafter) {
-      // one pass over the data: what would train nothing or the wrong thing is refused; its identity goes into
-      // every checkpoint and must match the one resumed from
-      const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
-      check_data_facts(facts, cfg);
-      dataset_identity = facts.identity();
-      log->info("data: {}; {} trained tokens, {} anchor candidates", dataset_identity, facts.trained_tokens,
-                facts.anchor_candidates);
-      if (eval_data) {  // what would score nothing is refused as for data.path
-        TrainConfig as_data = cfg;
-        as_data.data.path = cfg.eval.data;
-        check_data_facts(scan_data_facts(*eval_data, plan.drafter.mask_token_id, cfg.data.max_seq_len), as_data);
-      }
-      const std::string dir = resolve_resume_dir(cfg);
-      if (!dir.empty()) {
-        resumed.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan, dataset_identity)));
-        DFLASH_USER_CHECK(!resumed->state.extra.contains("best"),
-                          "ckpt.resume = {}: the best checkpoint holds weights without optimizer state and is not "
-                          "for resuming; resume from a step_* checkpoint (ckpt.resume: auto)", dir);
-        start_step = resumed->state.step;
-        log->info("resuming from {} at step {}", dir, start_step);
-      } else if (cfg.ckpt.resume == "auto") {
-        log->info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
-      }
-    }
-    world.broadcast(&start_step, 1, first_drafter);
-    DFLASH_USER_CHECK(start_step <= plan.total_steps, "the checkpoint is at step {}, past this run's {} steps",
-                 start_step, plan.total_steps);
-    if (is_target) {
-      EvalInputs eval;
-      eval.data = eval_data ? &*eval_data : nullptr;
-      eval.prompts = eval_prompts ? &*eval_prompts : nullptr;
-      run_target_worker(cfg, plan, layout, comms, data, start_step, *log, watchdog, eval);
-    } else {
-      DrafterRunOptions o;
-      o.start_step = start_step;
-      o.resume = resumed ? &*resumed : nullptr;
-      o.stop_after = options->stop_after;
-      o.dump_dir = options->dump_dir;
-      o.dataset_identity = dataset_identity;
-      o.eval.data = eval_data ? &*eval_data : nullptr;
-      run_drafter_worker(cfg, plan, layout, comms, data, o, *log, watchdog);
-    }
+    const Resume resume = resolve_resume(cfg, plan, layout, data, eval, world, *log);
+    run_my_role(cfg, plan, layout, comms, data, eval, resume, *options, *log, watchdog);
     world.barrier();
   } catch (const std::exception& e) {
     abort_world(rank, who, e.what(), log.get(), lock ? &*lock : nullptr);

@@ -7,6 +7,7 @@
 
 #include "lib/comm/layout.h"
 #include "lib/config/config.h"
+#include "lib/eval/evaluator.h"
 #include "lib/io/dataset.h"
 #include "lib/model/drafter_params.h"
 #include "lib/report/log.h"
@@ -16,15 +17,9 @@
 
 namespace dflash::train {
 
-// The in-training eval's inputs (docs/eval.md "During training"), opened and checked at start-up; null = off.
-struct EvalInputs {
-  const io::Dataset* data = nullptr;     // eval.data (eval.every > 0)
-  const io::Dataset* prompts = nullptr;  // eval.prompts (eval.spec_every > 0)
-};
-
-// Steps [start_step, plan.total_steps) of this rank's target group, or until its drafters ask it to stop. After
-// a step the held-out eval is due at, the group also streams its drafters' held-out packets; the group that feeds
-// drafter rank 0 runs the speculative eval when it is due (lib/eval/heldout_eval.h, spec_eval.h).
+// Steps [start_step, plan.total_steps) of this rank's target group, or until its drafters ask it to stop: the
+// packets of the stream plan (lib/train/stream_plan.h: each step's training packets, then the evals' extra ones),
+// then after each step the target side of every eval that is due (lib/eval/evals.h).
 void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                        const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log,
                        Watchdog& watchdog, const EvalInputs& eval = {});
@@ -38,14 +33,12 @@ struct DrafterRunOptions {
   EvalInputs eval;                            // the in-training eval (data only: prompts live on the targets)
 };
 
-// Steps [start_step, plan.total_steps) on this drafter rank, or fewer on a stop. The first drafter rank prints
-// progress, writes <out_dir>/metrics.jsonl, the checkpoints and, at the end, drafter_final.safetensors.
+// Steps [start_step, plan.total_steps) on this drafter rank, or fewer on a stop: after each step the reporter
+// (lib/report/reporter.h), the evals that are due (lib/eval/evals.h) and the checkpointer (lib/state/checkpointer.h).
+// The first drafter rank prints progress, writes <out_dir>/metrics.jsonl, the checkpoints and, at the end,
+// drafter_final.safetensors.
 void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                         const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& options,
                         Logger& log, Watchdog& watchdog);
-
-// Writes the drafter's fp32 weights (export names) to <out_dir>/drafter_final.safetensors via a temporary file and
-// a rename; returns the path.
-std::string write_final_weights(const std::string& out_dir, const model::DrafterParams<float>& params);
 
 }  // namespace dflash::train

@@ -130,4 +130,15 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
   return out.path();
 }
 
+void StepDumper::before(int64_t) {
+  if (!active()) return;
+  capture_ = StepCapture{};
+  start_weights_ = drafter_.params().flat;
+}
+
+std::string StepDumper::after(const StepResult& r) {
+  if (!active()) return "";
+  return write_step_dump(dir_, dp_, plan_, cfg_, r, capture_, drafter_.params(), start_weights_);
+}
+
 }  // namespace dflash::train

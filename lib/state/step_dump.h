@@ -24,4 +24,26 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
                             const TrainConfig& cfg, const StepResult& r, const StepCapture& capture,
                             const model::DrafterParams<float>& layout_of, const std::vector<float>& start_weights);
 
+// The trainer's --dump-step component: inactive when `dir` is empty. before(step) keeps the weights the step starts
+// from, capture() is what the step fills, after(r) writes the dump (collective over dp) and returns its path on
+// drafter rank 0 ("" elsewhere and when inactive). An active dumper stops the run after its one step.
+class StepDumper {
+ public:
+  StepDumper(std::string dir, comm::Transport& dp, const RunPlan& plan, const TrainConfig& cfg, DrafterStep& drafter)
+      : dir_(std::move(dir)), dp_(dp), plan_(plan), cfg_(cfg), drafter_(drafter) {}
+  bool active() const { return !dir_.empty(); }
+  void before(int64_t step);
+  StepCapture* capture() { return active() ? &capture_ : nullptr; }
+  std::string after(const StepResult& r);
+
+ private:
+  std::string dir_;
+  comm::Transport& dp_;
+  const RunPlan& plan_;
+  const TrainConfig& cfg_;
+  DrafterStep& drafter_;
+  StepCapture capture_;
+  std::vector<float> start_weights_;  // the weights the step starts from
+};
+
 }  // namespace dflash::train
