@@ -11,6 +11,7 @@
 // tokens exactly. Exit 0 on pass, 1 on mismatch.
 #include "lib/comm/mpi_transport.h"
 #include "tests/integration/mpi_test_main.h"
+#include "tests/integration/golden_compare.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,27 +30,7 @@ using namespace dflash;
 
 namespace {
 
-struct Diff {
-  double abs = 0, rel = 0;
-};
-
-Diff diff(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::fabs(double(b[i])));
-  }
-  DFLASH_CHECK(den > 0, "golden tensor is all zeros: the check would be meaningless");
-  return {num, num / den};
-}
-
-bool same_on_all_ranks(const std::vector<float>& v) {
-  std::vector<float> root(v);
-  MPI_Bcast(root.data(), int(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
-  int differs = std::memcmp(root.data(), v.data(), v.size() * sizeof(float)) != 0, any = 0;
-  MPI_Allreduce(&differs, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any == 0;
-}
+using test::same_on_all_ranks;
 
 double max_over_ranks(double x) {
   double m = 0;
@@ -92,16 +73,16 @@ int run(int argc, char** argv) {
     std::vector<int32_t> tokens(tok_f.begin(), tok_f.end());
     std::vector<float> taps(size_t(S) * L * H), final_hidden(size_t(S) * H);
     target.forward(tokens.data(), S, all_layers, taps.data(), final_hidden.data());
-    Diff worst;
+    test::GoldenDiff worst;
     int worst_layer = -1;
     for (int l = 0; l < L; ++l) {
       std::vector<float> ours(size_t(S) * H);
       for (int i = 0; i < S; ++i) std::copy_n(&taps[(size_t(i) * L + l) * H], H, &ours[size_t(i) * H]);
-      const Diff d = diff(ours.data(), &hf_layers[size_t(l) * S * H], ours.size());
+      const test::GoldenDiff d = test::golden_diff(ours.data(), &hf_layers[size_t(l) * S * H], ours.size());
       worst.abs = std::max(worst.abs, d.abs);
       if (d.rel > worst.rel) worst.rel = d.rel, worst_layer = l;
     }
-    const Diff df = diff(final_hidden.data(), hf_final.data(), final_hidden.size());
+    const test::GoldenDiff df = test::golden_diff(final_hidden.data(), hf_final.data(), final_hidden.size());
     // logits of the last R rows in double from the fp32 final state and the checkpoint's head
     std::vector<float> logits(size_t(R) * V);
     const float* W = vocab.lm_head();
@@ -113,7 +94,7 @@ int run(int argc, char** argv) {
         logits[size_t(r) * V + v] = float(acc);
       }
     }
-    const Diff dl = diff(logits.data(), hf_logits.data(), logits.size());
+    const test::GoldenDiff dl = test::golden_diff(logits.data(), hf_logits.data(), logits.size());
     const bool identical = same_on_all_ranks(taps) && same_on_all_ranks(final_hidden);
 
     // the same tokens fed in pieces (1, 2, 20, 1, the rest) through forward_cached
@@ -125,7 +106,7 @@ int run(int argc, char** argv) {
       target.forward_cached(&tokens[size_t(b)], n, cache, &pieces[size_t(b) * H]);
       b += n;
     }
-    const Diff dc = diff(pieces.data(), hf_final.data(), pieces.size());
+    const test::GoldenDiff dc = test::golden_diff(pieces.data(), hf_final.data(), pieces.size());
 
     model::GenerateOptions gen;
     gen.max_new_tokens = int(hf_greedy.size());

@@ -13,6 +13,7 @@
 // position, a full forward per new token) must equal transformers' generate() tokens exactly. Exit 0 on pass, 1 on mismatch.
 #include "lib/comm/mpi_transport.h"
 #include "tests/integration/mpi_test_main.h"
+#include "tests/integration/golden_compare.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,23 +32,7 @@ using namespace dflash;
 
 namespace {
 
-double rel_err(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::fabs(double(b[i])));
-  }
-  DFLASH_CHECK(den > 0, "golden tensor is all zeros: the check would be meaningless");
-  return num / den;
-}
-
-bool same_on_all_ranks(const std::vector<float>& v) {
-  std::vector<float> root(v);
-  MPI_Bcast(root.data(), int(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
-  int differs = std::memcmp(root.data(), v.data(), v.size() * sizeof(float)) != 0, any = 0;
-  MPI_Allreduce(&differs, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any == 0;
-}
+using test::same_on_all_ranks;
 
 int run(int argc, char** argv) {
   int rank = 0, world = 1;
@@ -86,10 +71,10 @@ int run(int argc, char** argv) {
       std::vector<float> ours(size_t(S) * H);
       for (int i = 0; i < S; ++i)
         std::copy_n(&taps[(size_t(i) * L + l) * H], H, &ours[size_t(i) * H]);
-      const double e = rel_err(ours.data(), &hf_layers[size_t(l) * S * H], ours.size());
+      const double e = test::golden_diff(ours.data(), &hf_layers[size_t(l) * S * H], ours.size()).rel;
       if (e > worst) worst = e, worst_layer = l;
     }
-    const double ef = rel_err(final_hidden.data(), hf_final.data(), final_hidden.size());
+    const double ef = test::golden_diff(final_hidden.data(), hf_final.data(), final_hidden.size()).rel;
     const bool identical = same_on_all_ranks(taps) && same_on_all_ranks(final_hidden);
 
     // incremental: the same tokens fed in pieces (1, 2, 61, 1, the rest: shorter than the conv
@@ -102,7 +87,7 @@ int run(int argc, char** argv) {
       target.forward_cached(&tokens[size_t(b)], n, cache, &pieces[size_t(b) * H]);
       b += n;
     }
-    const double ec = rel_err(pieces.data(), hf_final.data(), pieces.size());
+    const double ec = test::golden_diff(pieces.data(), hf_final.data(), pieces.size()).rel;
     const bool cache_ok = cache.length == S && ec <= tol;
 
     // greedy continuation through the code regenerate uses (GreedyHead over this rank's lm_head rows)
