@@ -277,7 +277,11 @@ __global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Pa
   const int M = tiles.M, n_tiles = tiles.n_tiles();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, m0 = warp * 16;
 
-  if (n_tiles > 0) load_tile<D, BC>(k_s[0], v_s[0], tiles.tile(0));
+  TileRows cur{};  // the tile in use; the next one is found once, when it is prefetched
+  if (n_tiles > 0) {
+    cur = tiles.tile(0);
+    load_tile<D, BC>(k_s[0], v_s[0], cur);
+  }
   cp_async_commit_group();
   MmaFragA qa[D / 16];
   load_a_rows<D>(qa, [&](int m) { return q + tiles.q_offset(m); }, m0, M);
@@ -291,7 +295,11 @@ __global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Pa
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t & 1;
-    if (t + 1 < n_tiles) load_tile<D, BC>(k_s[stage ^ 1], v_s[stage ^ 1], tiles.tile(t + 1));
+    TileRows next = cur;
+    if (t + 1 < n_tiles) {
+      next = tiles.tile(t + 1);
+      load_tile<D, BC>(k_s[stage ^ 1], v_s[stage ^ 1], next);
+    }
     cp_async_commit_group();
     cp_async_wait_group<1>();  // tile t has landed (this thread's copies), then everyone's
     __syncthreads();
@@ -301,7 +309,7 @@ __global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Pa
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
       for (int e = 0; e < 4; ++e) sc[n].reg[e] *= scale_log2;
-    const KeyTile kt = tiles.tile(t).kt;
+    const KeyTile kt = cur.kt;
     if (kt.masked) {
 #pragma unroll
       for (int n = 0; n < BC / 8; ++n)
@@ -336,6 +344,7 @@ __global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Pa
       for (int e = 0; e < 4; ++e) o[n].reg[e] *= alpha[e >> 1];
     mma_p_tile<D, BC>(o, sc, v_s[stage]);
     __syncthreads();  // every warp is done with this stage before tile t + 2 overwrites it
+    cur = next;
   }
   cp_async_wait_all();
 
@@ -377,7 +386,8 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
   const int M = tiles.M, n_tiles = tiles.n_tiles();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, m0 = warp * 16;
 
-  load_tile<D, BC>(k_s[0], v_s[0], tiles.tile(0));
+  TileRows cur = tiles.tile(0);  // the tile in use; the next one is found once, when it is prefetched
+  load_tile<D, BC>(k_s[0], v_s[0], cur);
   cp_async_commit_group();
   MmaFragA qa[D / 16], da[D / 16];
   load_a_rows<D>(qa, [&](int m) { return q + tiles.q_offset(m); }, m0, M);
@@ -397,7 +407,11 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t & 1;
-    if (t + 1 < n_tiles) load_tile<D, BC>(k_s[stage ^ 1], v_s[stage ^ 1], tiles.tile(t + 1));
+    TileRows next = cur;
+    if (t + 1 < n_tiles) {
+      next = tiles.tile(t + 1);
+      load_tile<D, BC>(k_s[stage ^ 1], v_s[stage ^ 1], next);
+    }
     cp_async_commit_group();
     cp_async_wait_group<1>();
     __syncthreads();
@@ -407,7 +421,7 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
       for (int e = 0; e < 4; ++e) p[n].reg[e] = exp2f(p[n].reg[e] * scale_log2 - lse2[e >> 1]);
-    const KeyTile kt = tiles.tile(t).kt;
+    const KeyTile kt = cur.kt;
     if (kt.masked) {
 #pragma unroll
       for (int n = 0; n < BC / 8; ++n)
@@ -421,6 +435,7 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
         ds[n].reg[e] = cuda_math::attention_dscore(p[n].reg[e], ds[n].reg[e], dl[e >> 1]);
     mma_p_tile<D, BC>(acc, ds, k_s[stage]);  // dQ += dS K
     __syncthreads();
+    cur = next;
   }
   cp_async_wait_all();
 
@@ -507,14 +522,14 @@ __device__ void load_query_chunk(const ChunkStage<D>& cs, const DFlashAttentionS
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < kQueryChunk * kChunks; i += blockDim.x) {
     const int r = i / kChunks, c = i % kChunks;
-    bf16* dq_dst = cs.q.chunk(r, c);
+    bf16* q_dst = cs.q.chunk(r, c);
     bf16* do_dst = cs.dout.chunk(r, c);
     if (r < n) {
       const size_t off = rows.offset(m_first + r) + size_t(c) * 8;
-      cp_async_cg(dq_dst, q + off);
+      cp_async_cg(q_dst, q + off);
       cp_async_cg(do_dst, dout + off);
     } else {
-      *reinterpret_cast<uint4*>(dq_dst) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(q_dst) = make_uint4(0u, 0u, 0u, 0u);
       *reinterpret_cast<uint4*>(do_dst) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
