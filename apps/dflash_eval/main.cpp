@@ -33,6 +33,7 @@
 #include "lib/eval/spec_tree.h"
 #include "lib/model/target.h"
 #include "lib/eval/drafter_source.h"
+#include "lib/preflight/target_identity.h"
 
 using namespace dflash;
 
@@ -109,6 +110,15 @@ int evaluate(const Args& a, comm::Transport& tp) {
   DFLASH_USER_CHECK(dc.vocab == c.vocab && dc.hidden == c.hidden,
                     "--drafter {}: vocab {} / hidden {} do not match the target {} (vocab {}, hidden {})", src.dir,
                     dc.vocab, dc.hidden, target_dir, c.vocab, c.hidden);
+  // a checkpoint trained against another target of the same shape: allowed (measuring a drafter on a sibling
+  // target is a real question), but said, since τ then measures the transfer, not the training
+  if (root && !src.target_identity.empty()) {
+    const std::string here = train::target_identity(target_dir);
+    if (here != src.target_identity)
+      std::fprintf(stderr, "dflash_eval: warning: --drafter %s was trained against a target with identity '%s'; "
+                   "--target %s has '%s' (another fine-tune or revision): tau measures the drafter on a different "
+                   "target\n", src.dir.c_str(), src.target_identity.c_str(), target_dir.c_str(), here.c_str());
+  }
   for (int id : src.drafter.info.target_layer_ids)
     DFLASH_USER_CHECK(id < c.layers, "--drafter {}: target_layer_ids has {}, the target has {} layers", src.dir, id,
                       c.layers);
@@ -119,7 +129,8 @@ int evaluate(const Args& a, comm::Transport& tp) {
   so.eos_id = int32_t(a.integer("eos", -1));
   so.vocab_limit = int(a.integer("vocab-limit", dc.mask_token_id == c.vocab - 1 ? c.vocab - 1 : 0));
   const int64_t limit = a.integer("limit", 0);
-  DFLASH_USER_CHECK(so.max_new_tokens >= 1, "--max-new-tokens {}: must be >= 1", so.max_new_tokens);
+  DFLASH_USER_CHECK(a.integer("max-new-tokens", 128) >= 1 && a.integer("max-new-tokens", 128) <= (1 << 20),
+                    "--max-new-tokens {}: must be in [1, 1048576]", a.integer("max-new-tokens", 128));
   DFLASH_USER_CHECK(so.eos_id < c.vocab, "--eos {}: not a token id of the target (vocab {})", so.eos_id, c.vocab);
   DFLASH_USER_CHECK(so.vocab_limit >= 0 && so.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}]",
                     so.vocab_limit, c.vocab);
@@ -142,6 +153,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
   io::Dataset prompts(a.str("prompts", ""), c.vocab);
   const int64_t n = model::check_prompts(prompts, limit);
   DFLASH_USER_CHECK(n > 0, "{}: no prompts", prompts.path());
+  model::check_generation_fits(c, target_dir, prompts, n, so.max_new_tokens, dc.block_size, "--max-new-tokens");
 
   model::TargetVocab vocab;
   std::unique_ptr<model::DrafterProposer> drafter;
@@ -226,16 +238,20 @@ int evaluate(const Args& a, comm::Transport& tp) {
       j["speedup_vs_greedy"] = sum.seconds > 0 ? greedy_seconds / sum.seconds : 0.0;
     }
     if (a.has("teacher-forced")) {
-      j["teacher_forced_tau"] = forced_all.value();
+      // means over no anchor are undefined: null, not 0
+      j["teacher_forced_tau"] = forced_all.n > 0 ? nlohmann::json(forced_all.value()) : nlohmann::json(nullptr);
       j["teacher_forced_anchors"] = forced_all.n;
-      j["teacher_forced_tau_visited"] = forced_visited.value();
+      j["teacher_forced_tau_visited"] =
+          forced_visited.n > 0 ? nlohmann::json(forced_visited.value()) : nlohmann::json(nullptr);
     }
     const nlohmann::json tt = training_tau(src);
     j["training_tau"] = tt.is_null() ? nlohmann::json(nullptr) : tt["tau"];
     if (a.has("out")) write_file_atomic(a.str("out", ""), j.dump(2) + "\n");
-    std::printf("eval: tau %.3f (speculative, %lld verify forwards) | training tau %s | %.3f target forwards per "
+    std::printf("eval: tau %s (speculative, %lld verify forwards) | training tau %s | %.3f target forwards per "
                 "token | %.1f tokens/s%s | acceptance by position %s%s\n",
-                sum.tau(), (long long)sum.verifies,
+                sum.verifies > 0 ? fmt::format("{:.3f}", sum.tau()).c_str()
+                                 : "undefined (no verify ran: every prompt ended before a draft was verified)",
+                (long long)sum.verifies,
                 tt.is_null() ? "n/a" : fmt::format("{:.3f} (step {})", tt["tau"].get<double>(),
                                                    tt["step"].get<int64_t>()).c_str(),
                 j["target_forwards_per_token"].get<double>(), j["tokens_per_second"].get<double>(),

@@ -229,8 +229,14 @@ TrainConfig load_config_text(const std::string& yaml_text, const std::vector<std
 
 TrainConfig load_config(const std::string& file, const std::vector<std::string>& sets) {
   if (file.empty()) return load_from(YAML::Node(), "", sets);
-  if (!std::filesystem::is_regular_file(file))
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec))
+    fail(file, "is a directory, not a config file (give the path of a YAML file in it, e.g. " + file +
+               "/config.yaml; mpi_launch/configs/ has examples)");
+  if (!std::filesystem::exists(file, ec))
     fail(file, "config file not found (give the path of a YAML file; mpi_launch/configs/ has examples)");
+  if (!std::filesystem::is_regular_file(file, ec))
+    fail(file, "not a regular file (a FIFO, socket or device): give the path of a YAML file");
   YAML::Node root;
   try {
     root = YAML::LoadFile(file);
@@ -255,6 +261,7 @@ void resolve_paths_against(TrainConfig& cfg, const std::filesystem::path& config
   resolve("data.path", cfg.data.path);
   resolve("eval.data", cfg.eval.data);
   resolve("eval.prompts", cfg.eval.prompts);
+  resolve("report.tensorboard", cfg.report.tensorboard);
   if (cfg.ckpt.resume != "none" && cfg.ckpt.resume != "auto") resolve("ckpt.resume", cfg.ckpt.resume);
 }
 

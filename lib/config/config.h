@@ -22,6 +22,7 @@ struct RunSection {
   std::string precision = "auto";     // auto (cpu: fp32, cuda: bf16) | fp32 | bf16: the drafter's activations
   int64_t steps = 0;                  // optimizer steps; 0 = as many as data.epochs allows
   double watchdog_seconds = 1800;     // a rank blocked this long in one wait aborts the job; 0 = off
+  bool start_over = false;            // a fresh start moves an earlier run's files aside (lib/state/out_dir_guard.h)
 };
 
 struct LayoutSection {
@@ -107,6 +108,14 @@ struct EvalSection {
   int max_new_tokens = 64;            // tokens generated per prompt
 };
 
+// Followers that mirror metrics.jsonl into the ecosystem's viewers (docs/reporting.md); the trainer only records the
+// settings, the launch scripts start the follower (dflash-prep report) when one is set.
+struct ReportSection {
+  std::string tensorboard;            // event-file folder for TensorBoard; "" = none
+  std::string wandb;                  // W&B project; "" = none
+  bool wandb_offline = false;         // W&B offline mode (sync later with `wandb sync`)
+};
+
 // Where a key's value came from, for the resolved-config table.
 enum class ConfigSource { kDefault, kFile, kSet };
 
@@ -121,6 +130,7 @@ struct TrainConfig {
   CkptSection ckpt;
   LogSection log;
   EvalSection eval;
+  ReportSection report;
 
   std::string file;                              // YAML file it was loaded from ("" when none)
   std::map<std::string, ConfigSource> source;    // per dotted key; absent = default

@@ -43,6 +43,9 @@ const ValueRange kNonNeg{0, kInf, false, false};      // >= 0
 const ValueRange kAtLeast1{1, kInf, false, false};    // >= 1
 const ValueRange kUnitOpen{0, 1, false, true};        // [0, 1)
 const ValueRange kUnit{0, 1, false, false};           // [0, 1]
+// [lo, hi]: sizes get a ceiling far above any real model (Qwen3.5-397B: hidden 4096, 64 layers, head_dim 256), so
+// a typo like 1e9 is refused by name here instead of overflowing a size or ending in std::bad_alloc
+constexpr ValueRange within(double lo, double hi) { return ValueRange{lo, hi, false, false}; }
 
 #define FIELD(member) [](TrainConfig& c) -> FieldRef { return &c.member; }
 
@@ -83,31 +86,34 @@ std::vector<ConfigKey> build_schema() {
       unhashed(key("run.watchdog_seconds", T::kFloat, FIELD(run.watchdog_seconds), kNonNeg,
                    "a rank blocked this long in one wait (message, collective) logs what it waits on and aborts the "
                    "job; 0 = off")),
+      unhashed(key("run.start_over", T::kBool, FIELD(run.start_over), kAny,
+                   "a run starting at step 0 over an earlier run in out_dir moves its checkpoints, final weights and "
+                   "metrics to out_dir/superseded/<time>/ instead of refusing (nothing is deleted)")),
       // layout
-      key("layout.target_tp", T::kInt, FIELD(layout.target_tp), kAtLeast1, "ranks per target tensor-parallel group"),
-      key("layout.target_groups", T::kInt, FIELD(layout.target_groups), kAtLeast1,
+      key("layout.target_tp", T::kInt, FIELD(layout.target_tp), within(1, 4096), "ranks per target tensor-parallel group"),
+      key("layout.target_groups", T::kInt, FIELD(layout.target_groups), within(1, 4096),
           "target groups; world size = target_tp * target_groups + drafter_dp"),
-      key("layout.drafter_dp", T::kInt, FIELD(layout.drafter_dp), kAtLeast1, "drafter data-parallel ranks"),
+      key("layout.drafter_dp", T::kInt, FIELD(layout.drafter_dp), within(1, 4096), "drafter data-parallel ranks"),
       unhashed(choice("layout.transport", FIELD(layout.transport), {"auto", "mpi", "nccl"},
                       "data plane (packets, TP and DP all-reduce): mpi (anywhere), nccl (one GPU per rank) or "
                       "auto (nccl when run.device is cuda and every rank has its own GPU)")),
-      unhashed(key("layout.packets_in_flight", T::kInt, FIELD(layout.packets_in_flight), kAtLeast1,
+      unhashed(key("layout.packets_in_flight", T::kInt, FIELD(layout.packets_in_flight), within(1, 64),
                    "packets a target group may run ahead of each drafter rank (back-pressure)")),
       // target
       unhashed(required(key("target.path", T::kString, FIELD(target.path), kAny,
                             "Hugging Face model directory (config.json + *.safetensors)"))),
       key("target.target_layer_ids", T::kIntList, FIELD(target.target_layer_ids), kNonNeg,
           "tapped decoder layers (output of layer l); empty = round(1 + i*(L-4)/(n_taps-1))"),
-      key("target.n_taps", T::kInt, FIELD(target.n_taps), kAtLeast1, "number of tapped target layers"),
+      key("target.n_taps", T::kInt, FIELD(target.n_taps), within(1, 256), "number of tapped target layers"),
       // drafter
-      key("drafter.layers", T::kInt, FIELD(drafter.layers), kAtLeast1, "drafter decoder layers"),
-      key("drafter.hidden", T::kInt, FIELD(drafter.hidden), kNonNeg, "hidden size; 0 = the target's"),
-      key("drafter.heads", T::kInt, FIELD(drafter.heads), kNonNeg, "attention (query) heads; 0 = the target's"),
-      key("drafter.kv_heads", T::kInt, FIELD(drafter.kv_heads), kNonNeg, "key/value heads; 0 = the target's"),
-      key("drafter.head_dim", T::kInt, FIELD(drafter.head_dim), kNonNeg, "head dimension; 0 = the target's"),
-      key("drafter.intermediate", T::kInt, FIELD(drafter.intermediate), kNonNeg,
+      key("drafter.layers", T::kInt, FIELD(drafter.layers), within(1, 256), "drafter decoder layers"),
+      key("drafter.hidden", T::kInt, FIELD(drafter.hidden), within(0, 65536), "hidden size; 0 = the target's"),
+      key("drafter.heads", T::kInt, FIELD(drafter.heads), within(0, 1024), "attention (query) heads; 0 = the target's"),
+      key("drafter.kv_heads", T::kInt, FIELD(drafter.kv_heads), within(0, 1024), "key/value heads; 0 = the target's"),
+      key("drafter.head_dim", T::kInt, FIELD(drafter.head_dim), within(0, 1024), "head dimension; 0 = the target's"),
+      key("drafter.intermediate", T::kInt, FIELD(drafter.intermediate), within(0, 1 << 20),
           "MLP intermediate size; 0 = the target's"),
-      key("drafter.block_size", T::kInt, FIELD(drafter.block_size), ValueRange{2, kInf, false, false},
+      key("drafter.block_size", T::kInt, FIELD(drafter.block_size), within(2, 1024),
           "block size B: the anchor token + B-1 predicted positions"),
       key("drafter.rope_theta", T::kFloat, FIELD(drafter.rope_theta), kNonNeg, "RoPE base; 0 = the target's"),
       key("drafter.rms_eps", T::kFloat, FIELD(drafter.rms_eps), kNonNeg, "RMSNorm epsilon; 0 = the target's"),
@@ -120,7 +126,7 @@ std::vector<ConfigKey> build_schema() {
       key("drafter.init_std", T::kFloat, FIELD(drafter.init_std), kPositive,
           "std of the normal init of the trained projections"),
       // loss
-      key("loss.chunk_size", T::kInt, FIELD(loss.chunk_size), kAtLeast1,
+      key("loss.chunk_size", T::kInt, FIELD(loss.chunk_size), within(1, 1 << 20),
           "positions per vocab chunk; loss memory is O(chunk_size * vocab)"),
       choice("loss.mode", FIELD(loss.mode), {"recompute", "fused"},
              "recompute: logits recomputed in backward (3 vocab GEMMs); fused: d(logits) in forward (2)"),
@@ -129,10 +135,10 @@ std::vector<ConfigKey> build_schema() {
       key("loss.kl_temperature", T::kFloat, FIELD(loss.kl_temperature), kPositive, "temperature of the KL term"),
       key("loss.cap_weight", T::kFloat, FIELD(loss.cap_weight), kNonNeg,
           "weight of the confidence-aware penalty (confident wrong argmax)"),
-      unhashed(key("loss.top_k", T::kInt, FIELD(loss.top_k), kAtLeast1, "k of the top-k hit metric")),
+      unhashed(key("loss.top_k", T::kInt, FIELD(loss.top_k), within(1, 1024), "k of the top-k hit metric")),
       key("loss.decay_gamma", T::kFloat, FIELD(loss.decay_gamma), kNonNeg,
           "position weight exp(-(k-1)/gamma); 0 = 7 for B=16, 4 for B=8, 7*B/16 otherwise"),
-      key("loss.anchors_per_seq", T::kInt, FIELD(loss.anchors_per_seq), kAtLeast1,
+      key("loss.anchors_per_seq", T::kInt, FIELD(loss.anchors_per_seq), within(1, 1 << 20),
           "anchors sampled per sequence per step (fewer when the loss mask allows fewer)"),
       // optim
       key("optim.lr", T::kFloat, FIELD(optim.lr), kPositive, "peak learning rate (AdamW)"),
@@ -144,14 +150,14 @@ std::vector<ConfigKey> build_schema() {
           "linear warmup over this fraction of the steps, then cosine decay"),
       key("optim.min_lr_ratio", T::kFloat, FIELD(optim.min_lr_ratio), kUnit, "cosine floor as a fraction of lr"),
       key("optim.grad_clip", T::kFloat, FIELD(optim.grad_clip), kNonNeg, "clip the global gradient norm; 0 = off"),
-      key("optim.micro_batches", T::kInt, FIELD(optim.micro_batches), kAtLeast1,
+      key("optim.micro_batches", T::kInt, FIELD(optim.micro_batches), within(1, 1 << 16),
           "sequences per drafter rank per optimizer step"),
       // data
       unhashed(required(key("data.path", T::kString, FIELD(data.path), kAny,
                             "HDF5 dataset: tokens, offsets, loss_mask (data/README.md)"))),
       key("data.shuffle", T::kBool, FIELD(data.shuffle), kAny, "epoch-seeded shuffle; false = file order"),
       key("data.epochs", T::kInt, FIELD(data.epochs), kAtLeast1, "passes over the dataset"),
-      key("data.max_seq_len", T::kInt, FIELD(data.max_seq_len), kNonNeg,
+      key("data.max_seq_len", T::kInt, FIELD(data.max_seq_len), within(0, 1 << 24),
           "truncate longer sequences to this many tokens; 0 = no limit"),
       // ckpt
       unhashed(key("ckpt.every", T::kInt, FIELD(ckpt.every), kNonNeg, "save every N steps and at the end; 0 = off")),
@@ -175,8 +181,15 @@ std::vector<ConfigKey> build_schema() {
                    "real speculative decoding tau after every N steps; 0 = off; needs eval.prompts")),
       unhashed(key("eval.spec_prompts", T::kInt, FIELD(eval.spec_prompts), kAtLeast1,
                    "prompts decoded per speculative eval (the first N of eval.prompts)")),
-      unhashed(key("eval.max_new_tokens", T::kInt, FIELD(eval.max_new_tokens), kAtLeast1,
+      unhashed(key("eval.max_new_tokens", T::kInt, FIELD(eval.max_new_tokens), within(1, 1 << 20),
                    "tokens generated per prompt in the speculative eval")),
+      // report (followers started by the launch scripts; none of it changes the training math)
+      unhashed(key("report.tensorboard", T::kString, FIELD(report.tensorboard), kAny,
+                   "TensorBoard event folder the launch scripts' follower writes from metrics.jsonl; empty = none")),
+      unhashed(key("report.wandb", T::kString, FIELD(report.wandb), kAny,
+                   "W&B project the launch scripts' follower logs metrics.jsonl to; empty = none")),
+      unhashed(key("report.wandb_offline", T::kBool, FIELD(report.wandb_offline), kAny,
+                   "W&B offline mode (no network; `wandb sync` later)")),
   };
 }
 
@@ -191,7 +204,7 @@ const std::vector<ConfigKey>& config_schema() {
 
 const std::vector<std::string>& config_sections() {
   static const std::vector<std::string> sections = {"run",  "layout", "target", "drafter", "loss",
-                                                    "optim", "data",  "ckpt",   "log", "eval"};
+                                                    "optim", "data",  "ckpt",   "log", "eval", "report"};
   return sections;
 }
 

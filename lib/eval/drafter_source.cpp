@@ -13,8 +13,11 @@ DrafterSource load_drafter_source(const std::string& path) {
   DFLASH_USER_CHECK(fs::is_directory(path),
                     "--drafter {}: not a directory (give a run folder, a checkpoint step_* folder or an exported "
                     "drafter folder)", path);
-  if (fs::exists(fs::path(path) / "config.json") && fs::exists(fs::path(path) / "model.safetensors"))
-    return DrafterSource{"export", path, -1, model::load_exported_drafter(path)};
+  if (fs::exists(fs::path(path) / "config.json") && fs::exists(fs::path(path) / "model.safetensors")) {
+    model::ExportedDrafter d = model::load_exported_drafter(path);
+    model::require_finite_weights(d.config, d.params, (fs::path(path) / "model.safetensors").string());
+    return DrafterSource{"export", path, -1, std::move(d), ""};
+  }
   std::string step_dir = path;
   if (!fs::exists(fs::path(path) / "state.json")) {
     step_dir = find_latest_checkpoint(path);
@@ -29,8 +32,10 @@ DrafterSource load_drafter_source(const std::string& path) {
                     "`dflash_data export --target-layer-ids ...` and evaluate the exported folder", source);
   const model::DrafterExportInfo info = model::parse_export_info(ck.state.extra.at("export"), source);
   model::validate_export_info(info, ck.drafter);
+  model::require_finite_weights(ck.drafter, ck.params, (fs::path(step_dir) / "model.safetensors").string());
   return DrafterSource{"checkpoint", step_dir, ck.state.step,
-                       model::ExportedDrafter{ck.drafter, std::move(ck.params), info, io::DType::F32}};
+                       model::ExportedDrafter{ck.drafter, std::move(ck.params), info, io::DType::F32},
+                       ck.state.target};
 }
 
 }  // namespace dflash::train

@@ -12,6 +12,7 @@ struct DrafterSource {
   std::string dir;   // the folder read (for a run folder: its newest complete checkpoint)
   int64_t step = -1; // checkpoints: the optimizer step
   model::ExportedDrafter drafter;  // config, fp32 weights, target facts (target_layer_ids)
+  std::string target_identity;     // checkpoints: the target it was trained against ("" when not recorded)
 };
 
 // Reads and verifies one of the three; a folder that is none of them is a user error naming it and the choices.

@@ -198,7 +198,14 @@ nlohmann::ordered_json SpecSummary::to_json() const {
   nlohmann::ordered_json j;
   j["prompts"] = prompts;
   j["block_size"] = block_size;
-  j["tau"] = tau();
+  // τ is kept tokens per verify forward: undefined (null, never 0, which is outside 1..B) without one
+  if (verifies > 0) {
+    j["tau"] = tau();
+  } else {
+    j["tau"] = nullptr;
+    j["tau_undefined"] = "no verify forward ran: every prompt ended (eos, or max_new_tokens reached by the first "
+                         "token) before a draft was verified";
+  }
   j["generated_tokens"] = generated;
   j["verify_forwards"] = verifies;
   j["target_forwards"] = target_forwards;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include <fmt/format.h>
@@ -125,10 +126,17 @@ nlohmann::ordered_json spec_eval_record(int64_t step, const nlohmann::ordered_js
   return j;
 }
 
+// τ of a result (null when no verify ran: NaN, which no best checkpoint takes).
+static double tau_of(const nlohmann::ordered_json& t) {
+  return t.at("tau").is_null() ? std::nan("") : t.at("tau").get<double>();
+}
+
 std::string spec_eval_line(int64_t step, const nlohmann::ordered_json& t) {
-  return fmt::format("spec eval step {} | tau {:.3f} (speculative, {} prompts, {} tokens, {} verify forwards) | "
+  return fmt::format("spec eval step {} | tau {} (speculative, {} prompts, {} tokens, {} verify forwards) | "
                      "kept histogram [{}] | {:.2f} s",
-                     step, t.at("tau").get<double>(), t.at("prompts").get<int64_t>(),
+                     step, t.at("tau").is_null() ? std::string("undefined (no verify ran)")
+                                                 : fmt::format("{:.3f}", tau_of(t)),
+                     t.at("prompts").get<int64_t>(),
                      t.at("generated_tokens").get<int64_t>(), t.at("verify_forwards").get<int64_t>(),
                      fmt::join(t.at("kept_histogram").get<std::vector<int64_t>>(), ", "), t.at("seconds").get<double>());
 }
@@ -141,7 +149,7 @@ EvalOutcome SpecEval::run(EvalContext& ctx) {
   o.report.line = spec_eval_line(ctx.next_step, totals);
   o.report.metrics = spec_eval_record(ctx.next_step, totals);
   o.metric = "spec_tau";
-  o.tau = totals.at("tau").get<double>();
+  o.tau = tau_of(totals);
   return o;
 }
 

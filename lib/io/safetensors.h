@@ -61,6 +61,8 @@ class SafetensorsFile {
   void read_cols(const std::string& name, int64_t col_begin, int64_t col_end, float* out) const;
   // the whole tensor as fp32
   std::vector<float> read(const std::string& name) const;
+  // the tensor's stored bytes (t.end - t.begin of them, in its dtype), mapped: for hashing, not for math
+  const uint8_t* raw_bytes(const TensorInfo& t) const { return span(t); }
 
  private:
   const uint8_t* span(const TensorInfo& t) const { return data_ + t.begin; }
@@ -88,6 +90,8 @@ class Checkpoint {
   std::vector<float> read(const std::string& name) const;
   // throws unless the tensor exists with exactly this shape, naming the checkpoint, tensor and both shapes
   const TensorInfo& expect(const std::string& name, const std::vector<int64_t>& shape) const;
+  // the tensor's stored bytes (info(name).end - begin of them), mapped: for hashing, not for math
+  const uint8_t* raw_bytes(const std::string& name) const { return file(name).raw_bytes(info(name)); }
 
  private:
   const SafetensorsFile& file(const std::string& name) const;

@@ -45,7 +45,21 @@ std::optional<ProgramOptions> parse_program_options(int argc, char** argv, bool 
       ->allow_extra_args(false);
   app.add_option("--stop-after-steps", o.stop_after,
                  "run K steps from the start (or the resumed step), write a checkpoint, exit")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            long long k = 0;
+            size_t used = 0;
+            try {
+              k = std::stoll(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != v.size() || k < 1)
+              return "--stop-after-steps " + v + ": give a whole number of steps >= 1 (the run stops after that many "
+                                                 "steps from its start or resumed step)";
+            return "";
+          },
+          "K >= 1"));
   app.add_option("--dump-step", o.dump_dir,
                  "run one step; write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors");
   app.add_flag("--check", o.check, "(no mpirun) validate everything the job would read, print the plan, run nothing");

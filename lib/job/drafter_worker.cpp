@@ -114,7 +114,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   const bool writer = layout.dp_rank == 0;
   const std::unique_ptr<Reporter> reporter = make_reporter(cfg, plan, writer, opt.start_step, log, t, trainer);
   Checkpointer ckpt(cfg, plan, {writer, opt.dump_dir.empty(), opt.start_step, best_checkpoint_metric(cfg),
-                                opt.dataset_identity});
+                                opt.identity});
   log_if(log, ckpt.best_notice());
   const std::vector<std::unique_ptr<Evaluator>> evals = make_drafter_evals(cfg, plan, layout, opt.eval);
   StepDumper dumper(opt.dump_dir, t.dp, plan, cfg, trainer);

@@ -12,6 +12,9 @@
 #include <memory>
 #include <optional>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "kernels/backend.h"
 #include "lib/comm/data_plane.h"
 #include "lib/comm/layout.h"
@@ -28,12 +31,17 @@
 #include "lib/job/signals.h"
 #include "lib/job/workers.h"
 #include "lib/model/drafter_export.h"
+#include "lib/model/generate.h"
 #include "lib/model/qwen_config.h"
 #include "lib/model/target.h"
 #include "lib/model/target_shard.h"
+#include "lib/preflight/memory_plan.h"
+#include "lib/state/out_dir_guard.h"
 #include "lib/preflight/data_facts.h"
 #include "lib/preflight/run_check.h"
 #include "lib/preflight/target_check.h"
+#include "lib/preflight/target_identity.h"
+#include "lib/preflight/tokenizer_check.h"
 #include "lib/report/log.h"
 #include "lib/state/checkpointing.h"
 #include "lib/train/run_plan.h"
@@ -143,7 +151,8 @@ comm::DataPlane bind_device_and_choose_plane(const TrainConfig& cfg, const comm:
 // The in-training eval's files, opened on every rank at start-up (an error is every rank's: rank 0 prints it).
 struct EvalFiles {
   std::optional<io::Dataset> data, prompts;
-  EvalFiles(const TrainConfig& cfg, int vocab, bool is_target) {
+  EvalFiles(const TrainConfig& cfg, const RunPlan& plan, bool is_target) {
+    const int vocab = plan.target.vocab;
     if (cfg.eval.every > 0) {
       check_eval_file("eval.data", cfg.eval.data, "eval.every");
       data.emplace(cfg.eval.data, vocab, /*scan_tokens=*/is_target);
@@ -151,7 +160,9 @@ struct EvalFiles {
     if (cfg.eval.spec_every > 0) {
       check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
       prompts.emplace(cfg.eval.prompts, vocab);
-      spec_eval_prompt_count(cfg, *prompts);  // every prompt used has one
+      const int64_t n = spec_eval_prompt_count(cfg, *prompts);  // every prompt used has one
+      model::check_generation_fits(plan.target, cfg.target.path, *prompts, n, cfg.eval.max_new_tokens,
+                                   plan.drafter.block_size, "eval.max_new_tokens");
     }
   }
   EvalInputs inputs() const { return {data ? &*data : nullptr, prompts ? &*prompts : nullptr}; }
@@ -182,11 +193,45 @@ std::unique_ptr<Logger> make_logger(const TrainConfig& cfg, const comm::RankLayo
                                   fmt::format("===== attempt: {} =====", describe(me)));
 }
 
+// Before any rank allocates: the ranks that share a machine add up what the memory plan says each holds (the CPU
+// backend: everything in host memory) and the first of them refuses a sum above the machine's memory, naming every
+// rank's need, so absurd sizes end in a message instead of std::bad_alloc or the OOM killer. With run.device: cuda
+// the host holds little (weights and activations are on the GPUs): --check compares the per-GPU plan with the cards.
+void check_node_memory(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                       const io::Dataset& data, int rank) {
+  if (cfg.run.device == "cuda") return;
+  int64_t longest = 0;
+  for (size_t i = 1; i < data.offsets().size(); ++i) longest = std::max(longest, data.offsets()[i] - data.offsets()[i - 1]);
+  const GpuMemoryPlan mem = gpu_memory_plan(memory_plan_inputs(cfg, plan, longest));
+  const bool is_target = layout.role == comm::Role::Target;
+  double need = is_target ? mem.target.total() : mem.drafter.total();
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int node_rank = 0, node_size = 1;
+  MPI_Comm_rank(node, &node_rank);
+  MPI_Comm_size(node, &node_size);
+  std::vector<double> needs(node_size);
+  std::vector<int> ranks(node_size);
+  MPI_Gather(&need, 1, MPI_DOUBLE, needs.data(), 1, MPI_DOUBLE, 0, node);
+  MPI_Gather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, 0, node);
+  MPI_Comm_free(&node);
+  if (node_rank != 0) return;
+  std::vector<std::pair<std::string, double>> named;
+  for (int i = 0; i < node_size; ++i)
+    named.push_back({fmt::format("world rank {} ({})", ranks[i], comm::role_name(
+                         comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp,
+                                                layout.world_size, ranks[i]).role)), needs[i]});
+  char host[256] = "this machine";
+  gethostname(host, sizeof host - 1);
+  const std::string refusal = memory_does_not_fit(named, machine_memory_bytes(), host);
+  DFLASH_USER_CHECK(refusal.empty(), "{}", refusal);
+}
+
 // Where the run starts: the first drafter rank resolves and verifies the checkpoint; every rank learns the step.
 struct Resume {
   int64_t start_step = 0;
   std::optional<LoadedCheckpoint> checkpoint;  // first drafter rank, when resuming
-  std::string dataset_identity;                // first drafter rank
+  RunIdentity identity;                        // first drafter rank
 };
 
 Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
@@ -198,8 +243,17 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
     // every checkpoint and must match the one resumed from
     const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
     check_data_facts(facts, cfg);
-    out.dataset_identity = facts.identity();
-    log.info("data: {}; {} trained tokens, {} anchor candidates", out.dataset_identity, facts.trained_tokens,
+    out.identity.dataset = facts.identity();
+    out.identity.target = target_identity(cfg.target.path);
+    // what --check verifies of the tokenizer, every job verifies too: a tokenizer that cannot produce the data or
+    // disagrees with the target trains the wrong thing silently
+    const TokenizerCheck tok = check_tokenizer(read_tokenizer_facts(cfg.target.path), cfg.target.path,
+                                               plan.target.vocab, facts.max_token, plan.drafter.mask_token_id);
+    DFLASH_USER_CHECK(tok.errors.empty(), "tokenizer, target and data disagree (dflash_mpi CONFIG --check shows the "
+                      "same):\n  {}", fmt::format("{}", fmt::join(tok.errors, "\n  ")));
+    for (const std::string& n : tok.notes) log.info("tokenizer: {}", n);
+    log.info("target: {}", out.identity.target);
+    log.info("data: {}; {} trained tokens, {} anchor candidates", out.identity.dataset, facts.trained_tokens,
              facts.anchor_candidates);
     if (eval.data) {  // what would score nothing is refused as for data.path
       TrainConfig as_data = cfg;
@@ -208,7 +262,13 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
     }
     const std::string dir = resolve_resume_dir(cfg);
     if (!dir.empty()) {
-      out.checkpoint.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan, out.dataset_identity)));
+      out.checkpoint.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan, out.identity)));
+      for (const auto& [what, recorded] : {std::pair<const char*, const std::string&>{"dataset", out.checkpoint->state.dataset},
+                                           {"target", out.checkpoint->state.target}})
+        if (recorded.empty())
+          log.warn("resuming from {}: the checkpoint records no {} identity (written by an older dflash_mpi), so "
+                   "resuming on another {} would not be noticed; make sure {} is the one it was trained with", dir,
+                   what, what, std::string(what) == "dataset" ? "data.path" : "target.path");
       DFLASH_USER_CHECK(!out.checkpoint->state.extra.contains("best"),
                         "ckpt.resume = {}: the best checkpoint holds weights without optimizer state and is not "
                         "for resuming; resume from a step_* checkpoint (ckpt.resume: auto)", dir);
@@ -237,7 +297,7 @@ void run_my_role(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLa
   o.resume = resume.checkpoint ? &*resume.checkpoint : nullptr;
   o.stop_after = options.stop_after;
   o.dump_dir = options.dump_dir;
-  o.dataset_identity = resume.dataset_identity;
+  o.identity = resume.identity;
   o.eval.data = eval.inputs().data;
   run_drafter_worker(cfg, plan, layout, comms, data, o, log, watchdog);
 }
@@ -264,7 +324,11 @@ int dflash_mpi_main(int argc, char** argv) {
     const comm::DataPlane plane = bind_device_and_choose_plane(cfg, layout, who);
     // nothing is written to out_dir before world rank 0 holds it (a refused job must not touch another's files)
     const JobIdentity me = current_job_identity();
-    if (rank == 0) lock.emplace(cfg.run.out_dir, me);
+    std::string out_dir_notice;
+    if (rank == 0) {
+      lock.emplace(cfg.run.out_dir, me);
+      out_dir_notice = guard_out_dir(cfg);  // an earlier run's weights are never replaced by a fresh start
+    }
     const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
     if (rank == 0) check_target_weights(cfg.target.path, target);  // headers only: every rank would fail alike
     MPI_Barrier(MPI_COMM_WORLD);
@@ -272,11 +336,13 @@ int dflash_mpi_main(int argc, char** argv) {
     const bool is_target = layout.role == comm::Role::Target;
     const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/is_target);
     const RunPlan plan = make_run_plan(cfg, target, data.size());
-    const EvalFiles eval(cfg, target.vocab, is_target);
+    check_node_memory(cfg, plan, layout, data, rank);
+    const EvalFiles eval(cfg, plan, is_target);
     if (rank == 0) print_banner(cfg, plan, size);
     comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, cfg.run.watchdog_seconds);
     log = make_logger(cfg, layout, rank, me);
     if (lock && !lock->taken_over().empty()) log->warn("{}", lock->taken_over());
+    if (!out_dir_notice.empty()) log->warn("{}", out_dir_notice);
     // a rank blocked in one wait for run.watchdog_seconds says so and takes the job down
     Watchdog watchdog(cfg.run.watchdog_seconds, [&](const std::string& what, double waited) {
       const std::string message = fmt::format(

@@ -12,6 +12,7 @@
 #include "lib/model/drafter_params.h"
 #include "lib/report/log.h"
 #include "lib/state/checkpoint.h"
+#include "lib/state/checkpointing.h"
 #include "lib/train/run_plan.h"
 #include "lib/train/watchdog.h"
 
@@ -29,7 +30,7 @@ struct DrafterRunOptions {
   const LoadedCheckpoint* resume = nullptr;  // on drafter rank 0 when resuming: weights + optimizer state
   int64_t stop_after = 0;                     // > 0: stop (with a checkpoint) after this many steps of this run
   std::string dump_dir;                       // non-empty: run one step, write its dump there, stop
-  std::string dataset_identity;               // on drafter rank 0: DataFacts::identity(), recorded in checkpoints
+  RunIdentity identity;                       // on drafter rank 0: the data's and the target's, recorded in checkpoints
   EvalInputs eval;                            // the in-training eval (data only: prompts live on the targets)
 };
 

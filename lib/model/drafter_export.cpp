@@ -1,5 +1,6 @@
 #include "lib/model/drafter_export.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -102,8 +103,19 @@ nlohmann::ordered_json drafter_config_json(const DrafterConfig& cfg, const Draft
   return j;
 }
 
+void require_finite_weights(const DrafterConfig& cfg, const DrafterParams<float>& params, const std::string& source) {
+  for (const ParamInfo& p : drafter_param_layout(cfg)) {
+    const float* w = params.flat.data() + p.offset;
+    for (size_t i = 0; i < p.numel; ++i)
+      DFLASH_USER_CHECK(std::isfinite(w[i]),
+                        "{}: tensor {} has {} at flat index {} (of {}): the weights diverged; use an earlier "
+                        "checkpoint (ckpt/step_*) or ckpt/best", source, p.name, w[i], i, p.numel);
+  }
+}
+
 void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params, const DrafterExportInfo& info,
                     const std::string& out_dir, DType dtype) {
+  require_finite_weights(cfg, params, "export");
   DFLASH_USER_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export: dtype must be F32 or BF16, got {}",
                dtype_name(dtype));
   const nlohmann::ordered_json config = drafter_config_json(cfg, info, dtype);

@@ -32,6 +32,10 @@ void validate_export_info(const DrafterExportInfo& info, const DrafterConfig& cf
 // The config.json object for this drafter (key order as written).
 nlohmann::ordered_json drafter_config_json(const DrafterConfig& cfg, const DrafterExportInfo& info, DType dtype);
 
+// Refuses weights with a NaN or an infinity, naming `source`, the tensor and the first bad index: a diverged drafter
+// is neither exported nor evaluated (its proposals would be garbage, not a measurement).
+void require_finite_weights(const DrafterConfig& cfg, const DrafterParams<float>& params, const std::string& source);
+
 // Writes out_dir/model.safetensors (dtype F32 or BF16, bf16 rounded to nearest even) and out_dir/config.json,
 // each through a temporary name and a rename; creates out_dir.
 void export_drafter(const DrafterConfig& cfg, const DrafterParams<float>& params, const DrafterExportInfo& info,

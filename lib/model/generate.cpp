@@ -99,6 +99,9 @@ std::vector<int32_t> greedy_generate(TargetModel& target, GreedyHead& head, cons
 }
 
 std::vector<int32_t> prompt_of(const io::Sequence& sequence, const std::string& source) {
+  if (sequence.tokens.empty())
+    throw Error(fmt::format("{}: sequence {} has no tokens (length 0), so it has no prompt; drop empty rows when "
+                            "making the prompts file", source, sequence.index));
   size_t n = 0;
   while (n < sequence.tokens.size() && sequence.loss_mask[n] == 0) ++n;
   if (n == 0)
@@ -113,6 +116,23 @@ int64_t check_prompts(const io::Dataset& prompts, int64_t limit) {
   const int64_t n = limit > 0 ? std::min(limit, prompts.size()) : prompts.size();
   for (int64_t i = 0; i < n; ++i) prompt_of(prompts.read(i), prompts.path());
   return n;
+}
+
+void check_generation_fits(const QwenConfig& target, const std::string& target_dir, const io::Dataset& prompts,
+                           int64_t n, int64_t max_new_tokens, int extra, const std::string& what) {
+  if (target.max_position_embeddings <= 0) return;  // the config does not say; nothing to hold it to
+  int64_t longest = 0, which = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = int64_t(prompt_of(prompts.read(i), prompts.path()).size());
+    if (len > longest) longest = len, which = i;
+  }
+  const int64_t need = longest + max_new_tokens + extra;
+  DFLASH_USER_CHECK(need <= target.max_position_embeddings,
+                    "{} = {}: prompt {} of {} has {} tokens, so decoding reaches position {} (+ {} for the last "
+                    "verify), past the target's max_position_embeddings {} ({}/config.json); give at most {} new tokens",
+                    what, max_new_tokens, which, prompts.path(), longest, longest + max_new_tokens, extra,
+                    target.max_position_embeddings, target_dir,
+                    std::max<int64_t>(0, target.max_position_embeddings - longest - extra));
 }
 
 RegenerateStats regenerate_dataset(TargetModel& target, GreedyHead& head, const io::Dataset& prompts,

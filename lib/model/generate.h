@@ -62,6 +62,12 @@ std::vector<int32_t> prompt_of(const io::Sequence& sequence, const std::string& 
 // prompt (prompt_of); throws on the first that has none, naming it.
 int64_t check_prompts(const io::Dataset& prompts, int64_t limit = 0);
 
+// Refuses a generation that cannot fit the target's positions: the longest of the first n prompts + max_new_tokens
+// + extra (the drafter block a speculative verify appends; 0 for plain greedy) beyond max_position_embeddings, naming
+// `what` (the key or option), the prompt and the largest value that fits. No bound when config.json has none.
+void check_generation_fits(const QwenConfig& target, const std::string& target_dir, const io::Dataset& prompts,
+                           int64_t n, int64_t max_new_tokens, int extra, const std::string& what);
+
 struct RegenerateStats {
   int64_t sequences = 0;      // written so far
   int64_t prompt_tokens = 0;  // loss_mask 0

@@ -1,8 +1,13 @@
 #include "lib/preflight/memory_plan.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
+
+#include "lib/config/config.h"
+#include "lib/train/run_plan.h"
 
 #include "lib/comm/shard.h"
 #include "lib/model/drafter.h"
@@ -31,6 +36,22 @@ int64_t target_rank_params(const model::QwenConfig& c, int tp) {
   return int64_t(best);
 }
 
+MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const RunPlan& plan, int64_t longest) {
+  MemoryPlanInputs m;
+  m.target = plan.target;
+  m.target_rank_params = target_rank_params(plan.target, cfg.layout.target_tp);
+  m.target_tp = cfg.layout.target_tp;
+  m.drafter = plan.drafter;
+  m.max_seq_len = int(cfg.data.max_seq_len > 0 ? std::min<int64_t>(cfg.data.max_seq_len, longest) : longest);
+  m.anchors_per_seq = cfg.loss.anchors_per_seq;
+  m.chunk_size = cfg.loss.chunk_size;
+  m.kl = cfg.loss.kl_weight != 0;
+  m.cuda = cfg.run.device == "cuda";
+  m.bf16 = cfg.run.compute_precision() == "bf16";
+  m.packets_in_flight = cfg.layout.packets_in_flight;
+  return m;
+}
+
 GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   const double act = in.bf16 ? 2 : 4;  // bytes of an activation / compute weight (drafter and target alike)
   const double S = in.max_seq_len, H = in.drafter.hidden, V = in.drafter.vocab;
@@ -56,7 +77,7 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
       {fmt::format("MLP gate, up ({})", tp_name), S * mlp_local * 2 * act},
       {fmt::format("packets: taps + final hidden (fp32) x {}", in.packets_in_flight + 1),
        S * th * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
-      {"cuBLASLt workspace", 32.0 * (1 << 20)},
+      {"cuBLASLt workspace", in.cuda ? 32.0 * (1 << 20) : 0.0},
   };
   if (in.bf16) p.target.items.push_back({"fp32 scratch: embedding upload, all-reduce sum, outputs", S * th * 4});
 
@@ -65,7 +86,9 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   const double N = in.anchors_per_seq, T = N * (d.block_size - 1), C = in.chunk_size;
   p.drafter.role = "drafter DP rank";
   p.drafter.items = {
-      {"target embedding + lm_head (frozen, bf16)", 2 * V * H * 2},
+      // the CUDA backend holds both frozen matrices in bf16; the CPU backend in fp32, one when they are tied
+      in.cuda ? MemoryItem{"target embedding + lm_head (frozen, bf16)", 2 * V * H * 2}
+              : MemoryItem{"target embedding + lm_head (frozen, fp32)", V * H * 4 * (t.tie_word_embeddings ? 1 : 2)},
       {"weights: compute copy + fp32 master", P * (in.bf16 ? 2 : 0) + P * 4},
       {"gradients (fp32)", P * 4},
       {"AdamW moments (fp32)", P * 8},
@@ -78,7 +101,7 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
       {fmt::format("packets: taps + final hidden (fp32) x {}", in.packets_in_flight + 1),
        S * H * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
       {"packet in the compute type (bf16 only)", in.bf16 ? S * H * (d.n_taps + 1) * 2 : 0.0},
-      {"cuBLASLt workspace", 32.0 * (1 << 20)},
+      {"cuBLASLt workspace", in.cuda ? 32.0 * (1 << 20) : 0.0},
   };
   return p;
 }
@@ -89,7 +112,8 @@ std::string format_gpu_memory_plan(const GpuMemoryPlan& plan,
   std::string out;
   for (const RankMemory* r : {&plan.target, &plan.drafter}) {
     out += fmt::format("  {}\n", r->role);
-    for (const MemoryItem& i : r->items) out += fmt::format("    {:<56} {}\n", i.what, gb(i.bytes));
+    for (const MemoryItem& i : r->items)
+      if (i.bytes > 0) out += fmt::format("    {:<56} {}\n", i.what, gb(i.bytes));  // none: not on this backend
     out += fmt::format("    {:<56} {}\n", "total", gb(r->total()));
   }
   const double worst = std::max(plan.target.total(), plan.drafter.total());
@@ -102,6 +126,34 @@ std::string format_gpu_memory_plan(const GpuMemoryPlan& plan,
 
 std::vector<std::pair<std::string, double>> default_gpus() {
   return {{"RTX PRO 6000 Blackwell", 95e9}, {"H200", 141e9}};
+}
+
+double machine_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    double kib = 0;
+    if (fields >> key >> kib && key == "MemTotal:") return kib * 1024;
+  }
+  return 0;
+}
+
+std::string memory_does_not_fit(const std::vector<std::pair<std::string, double>>& ranks, double available,
+                                const std::string& machine) {
+  double sum = 0;
+  std::string each;
+  for (const auto& [who, bytes] : ranks) {
+    sum += bytes;
+    each += fmt::format("\n  {:<44} {:10.2f} GB", who, bytes / 1e9);
+  }
+  if (available <= 0 || sum <= available) return "";
+  return fmt::format("the memory plan does not fit {}: its ranks need {:.2f} GB, it has {:.2f} GB (dflash_mpi CONFIG "
+                     "--check prints the plan item by item):{}\n  fix: smaller drafter or loss sizes "
+                     "(loss.chunk_size, loss.anchors_per_seq, data.max_seq_len), fewer ranks on this machine, more "
+                     "target TP ranks, or run.device: cuda",
+                     machine, sum / 1e9, available / 1e9, each);
 }
 
 }  // namespace dflash::train

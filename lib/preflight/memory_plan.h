@@ -1,13 +1,17 @@
 #pragma once
-// What one GPU of a run.device: cuda job holds, item by item, computed from the run plan before anything is
-// allocated: `dflash_mpi --check` prints it next to the cards users have, so a configuration that cannot fit is
-// refused in seconds instead of failing with an out-of-memory error an hour into the job.
+// What one rank of a job holds, item by item (one GPU with run.device: cuda, host memory on the CPU backend),
+// computed from the run plan before anything is allocated: `dflash_mpi --check` prints it next to the cards users
+// have (or this machine's memory), and the job checks it on every node before it allocates, so a configuration that
+// cannot fit is refused in seconds, naming the numbers, instead of failing with an out-of-memory error (or
+// std::bad_alloc) an hour into the job.
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "lib/config/config.h"
 #include "lib/model/drafter_config.h"
 #include "lib/model/qwen_config.h"
+#include "lib/train/run_plan.h"
 
 namespace dflash::train {
 
@@ -35,7 +39,11 @@ struct MemoryPlanInputs {
   bool bf16 = true;                // run.precision: bf16 activations and target weights (fp32 drafter master
                                    // weights either way) or fp32
   int packets_in_flight = 2;
+  bool cuda = true;                // false: the CPU backend (everything fp32 in host memory, no cuBLASLt workspace)
 };
+
+// The inputs from a run's config and plan; longest: the longest sequence of the data (before data.max_seq_len).
+MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const RunPlan& plan, int64_t longest);
 
 struct GpuMemoryPlan {
   RankMemory target, drafter;
@@ -54,5 +62,13 @@ std::string format_gpu_memory_plan(const GpuMemoryPlan& plan,
 
 // The cards the seed's run is planned for: RTX PRO 6000 Blackwell (95 GB usable of 96) and H200 (141 GB).
 std::vector<std::pair<std::string, double>> default_gpus();
+
+// Physical memory of this machine in bytes (MemTotal of /proc/meminfo; 0 when unknown).
+double machine_memory_bytes();
+
+// "" when `ranks` (what each rank on one machine needs, with its name) fit `available` bytes; else the refusal,
+// naming each rank's need, the sum, the machine and the fix.
+std::string memory_does_not_fit(const std::vector<std::pair<std::string, double>>& ranks, double available,
+                                const std::string& machine);
 
 }  // namespace dflash::train

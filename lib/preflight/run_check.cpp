@@ -1,6 +1,7 @@
 #include "lib/preflight/run_check.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -11,11 +12,13 @@
 #include "lib/eval/spec_eval.h"
 #include "lib/io/dataset.h"
 #include "lib/model/drafter_params.h"
+#include "lib/model/generate.h"
 #include "lib/model/qwen_config.h"
 #include "lib/preflight/data_facts.h"
 #include "lib/preflight/memory_plan.h"
 #include "lib/preflight/signal_margin.h"
 #include "lib/preflight/target_check.h"
+#include "lib/preflight/target_identity.h"
 #include "lib/preflight/tokenizer_check.h"
 #include "lib/state/checkpoint.h"
 #include "lib/state/checkpointing.h"
@@ -59,6 +62,8 @@ int run_check(const TrainConfig& cfg) {
   if (cfg.eval.spec_every > 0) {
     check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
     const io::Dataset prompts(cfg.eval.prompts, target.vocab);
+    model::check_generation_fits(target, cfg.target.path, prompts, spec_eval_prompt_count(cfg, prompts),
+                                 cfg.eval.max_new_tokens, plan.drafter.block_size, "eval.max_new_tokens");
     eval_lines += fmt::format("  eval prompts   {}: {} prompts x {} new tokens every {} steps (speculative tau)\n",
                               cfg.eval.prompts, spec_eval_prompt_count(cfg, prompts), cfg.eval.max_new_tokens,
                               cfg.eval.spec_every);
@@ -70,14 +75,28 @@ int run_check(const TrainConfig& cfg) {
                     fmt::format("{}", fmt::join(tok.errors, "\n  ")));
   const size_t drafter_params = model::drafter_param_count(plan.drafter);  // counted, not allocated
   std::printf("%s\n", format_config_table(cfg).c_str());
-  auto size = [](double bytes) {
-    return bytes >= 1024.0 * 1024 * 1024 ? fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024))
-                                         : fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
-  };
-  // the largest TP rank's linear weights (the embedding is read per forward, not held)
-  const double target_params = double(target_rank_params(target, cfg.layout.target_tp));
+  // the memory plan, computed before anything would be allocated: what cannot fit is refused (after the plan is
+  // printed, so the user sees which item is too large)
+  const MemoryPlanInputs m = memory_plan_inputs(cfg, plan, facts.longest);
+  const GpuMemoryPlan mem = gpu_memory_plan(m);
+  const double fuller = std::max(mem.target.total(), mem.drafter.total());
+  const double here = machine_memory_bytes();
+  std::string does_not_fit;
+  if (cfg.run.device == "cuda") {
+    double largest_card = 0;
+    for (const auto& [name, bytes] : default_gpus()) largest_card = std::max(largest_card, bytes);
+    if (fuller > largest_card)
+      does_not_fit = fmt::format("the fuller GPU needs {:.1f} GB, more than any card listed (the largest has {:.0f} "
+                                 "GB): smaller loss.chunk_size / loss.anchors_per_seq / data.max_seq_len, more target "
+                                 "TP ranks, or a smaller drafter",
+                                 fuller / 1e9, largest_card / 1e9);
+  } else if (here > 0 && fuller > here) {
+    does_not_fit = memory_does_not_fit({{"one rank (the fuller role)", fuller}}, here, "this machine");
+  }
 
-  if (has_weights)
+  if (!does_not_fit.empty())
+    std::printf("check: DOES NOT FIT (the memory plan below)\n");
+  else if (has_weights)
     std::printf("check: OK\n");
   else
     std::printf("check: INCOMPLETE: %s holds config.json but no model.safetensors(.index.json): the plan below comes "
@@ -114,25 +133,19 @@ int run_check(const TrainConfig& cfg) {
   std::printf("%s", eval_lines.c_str());
   std::printf("  data identity  %s (recorded in checkpoints; a resume on other data is refused)\n",
               facts.identity().c_str());
-  std::printf("  memory (fp32)  target shard ~%s per TP rank; drafter rank: embedding + lm_head %s, weights + "
-              "grads + AdamW %s, loss scratch %s\n",
-              size(target_params * 4).c_str(),
-              size(double(target.vocab) * target.hidden * 4 * (target.tie_word_embeddings ? 1 : 2)).c_str(),
-              size(double(drafter_params) * 4 * 4).c_str(), size(2.0 * cfg.loss.chunk_size * target.vocab * 4).c_str());
   if (cfg.run.device == "cuda") {
-    MemoryPlanInputs m;
-    m.target = target;
-    m.target_rank_params = int64_t(target_params);
-    m.target_tp = cfg.layout.target_tp;
-    m.drafter = plan.drafter;
-    m.max_seq_len = int(cfg.data.max_seq_len > 0 ? std::min<int64_t>(cfg.data.max_seq_len, facts.longest) : facts.longest);
-    m.anchors_per_seq = cfg.loss.anchors_per_seq;
-    m.chunk_size = cfg.loss.chunk_size;
-    m.kl = cfg.loss.kl_weight != 0;
-    m.bf16 = cfg.run.compute_precision() == "bf16";
-    m.packets_in_flight = cfg.layout.packets_in_flight;
     std::printf("  per-GPU memory (run.device cuda, %s activations, S = %d):\n%s", m.bf16 ? "bf16" : "fp32",
-                m.max_seq_len, format_gpu_memory_plan(gpu_memory_plan(m), default_gpus()).c_str());
+                m.max_seq_len, format_gpu_memory_plan(mem, default_gpus()).c_str());
+  } else {
+    // the CPU backend: all ranks in host memory; the single-node launch puts the whole world on one machine
+    const int target_ranks = cfg.layout.target_tp * cfg.layout.target_groups;
+    const double node = target_ranks * mem.target.total() + cfg.layout.drafter_dp * mem.drafter.total();
+    std::printf("  host memory (CPU backend, fp32, S = %d):\n%s", m.max_seq_len,
+                format_gpu_memory_plan(mem, {}).c_str());
+    std::printf("  one machine    %d target x %.2f GB + %d drafter x %.2f GB = %.2f GB for the whole job on one node "
+                "(this machine has %.2f GB); #SBATCH --mem=%.0fG for single_node.sbatch\n",
+                target_ranks, mem.target.total() / 1e9, cfg.layout.drafter_dp, mem.drafter.total() / 1e9, node / 1e9,
+                here / 1e9, std::ceil(node * 1.15 / (1024.0 * 1024 * 1024)) + 1);
   }
   const SignalMargin margin = recommend_signal_margin(cfg.run.out_dir);
   if (margin.measured) {
@@ -146,11 +159,15 @@ int run_check(const TrainConfig& cfg) {
   }
   const std::string resume = resolve_resume_dir(cfg);
   if (!resume.empty()) {
-    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan, facts.identity()));
+    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan, RunIdentity{facts.identity(), has_weights ? target_identity(cfg.target.path) : ""}));
     std::printf("  resume         %s (step %lld) verified\n", resume.c_str(), (long long)c.state.step);
   } else {
     std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
                                                                    : "none: would start at step 0");
+  }
+  if (!does_not_fit.empty()) {
+    std::fprintf(stderr, "dflash_mpi --check: DOES NOT FIT: %s\n", does_not_fit.c_str());
+    return 3;
   }
   return has_weights ? 0 : 2;
 }

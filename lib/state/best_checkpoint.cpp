@@ -18,18 +18,12 @@ namespace fs = std::filesystem;
 
 std::string best_checkpoint_dir(const std::string& out_dir) { return (fs::path(out_dir) / "ckpt" / "best").string(); }
 
-BestCheckpoint::BestCheckpoint(const std::string& out_dir, std::string metric, bool fresh_start)
+BestCheckpoint::BestCheckpoint(const std::string& out_dir, std::string metric)
     : out_dir_(out_dir), metric_(std::move(metric)) {
   const std::string dir = best_checkpoint_dir(out_dir);
   std::error_code ec;
   fs::remove_all(dir + ".partial", ec);  // a save a crash interrupted
   if (!fs::exists(dir, ec)) return;
-  if (fresh_start) {
-    fs::remove_all(dir, ec);
-    DFLASH_USER_CHECK(!ec, "cannot delete {} (an earlier run's best checkpoint): {}", dir, ec.message());
-    notice_ = fmt::format("deleted {}: an earlier run's (this one starts at step 0)", dir);
-    return;
-  }
   try {
     const TrainingState s = read_checkpoint_state(dir);
     const auto& b = s.extra.value("best", nlohmann::json::object());

@@ -24,9 +24,10 @@ std::string best_checkpoint_dir(const std::string& out_dir);
 
 class BestCheckpoint {
  public:
-  // metric: "spec_tau" or "eval_tau". A run that starts at step 0 deletes an earlier run's best; a resumed run
-  // keeps the best it finds when it was chosen by the same metric (its value is the one to beat).
-  BestCheckpoint(const std::string& out_dir, std::string metric, bool fresh_start);
+  // metric: "spec_tau" or "eval_tau". The best it finds (a resumed run's, or one a requeued attempt left before its
+  // first step checkpoint) is kept; chosen by the same metric, its value is the one to beat. Never deleted here: a
+  // fresh start over an earlier run's best is refused or moves it aside first (lib/state/out_dir_guard.h).
+  BestCheckpoint(const std::string& out_dir, std::string metric);
   // When value > the best so far: writes the weights as the new best and returns true.
   bool offer(double value, const model::DrafterConfig& drafter, const model::DrafterParams<float>& params, TrainingState state);
   const std::string& metric() const { return metric_; }

@@ -167,6 +167,7 @@ std::string state_json_text(const model::DrafterConfig& drafter, const model::Ad
   j["drafter"] = model::drafter_config_to_json(drafter);
   j["config_hash"] = s.config_hash;
   if (!s.dataset.empty()) j["dataset"] = s.dataset;
+  if (!s.target.empty()) j["target"] = s.target;
   nlohmann::ordered_json rngs = nlohmann::ordered_json::array();
   for (const auto& r : s.rng)
     rngs.push_back({{"rank", r.rank}, {"seed", r.seed}, {"stream", r.stream}, {"counter", r.counter}});
@@ -209,6 +210,7 @@ TrainingState parse_state(const std::string& text, const std::string& file, mode
   if (drafter) *drafter = c;
   s.config_hash = get<std::string>(j, "config_hash", file);
   if (j.contains("dataset")) s.dataset = get<std::string>(j, "dataset", file);
+  if (j.contains("target")) s.target = get<std::string>(j, "target", file);
   DFLASH_USER_CHECK(j.contains("rng") && j.at("rng").is_array(), "checkpoint {}: 'rng' must be a list", file);
   for (const auto& r : j.at("rng"))
     s.rng.push_back({get<int>(r, "rank", file), get<uint64_t>(r, "seed", file), get<uint64_t>(r, "stream", file),
@@ -324,6 +326,11 @@ void compare(const std::string& dir, const TrainingState& s, const model::Drafte
                     "silently changes what the data cursor points at; resume with the original data, or start a new "
                     "run (ckpt.resume: none, another run.out_dir)",
                     dir, s.dataset, x.dataset);
+  DFLASH_USER_CHECK(s.target.empty() || x.target.empty() || s.target == x.target,
+                    "checkpoint {}: trained against the target '{}', this run's target.path is '{}': a different "
+                    "target (another fine-tune or revision of the same shape) gives other features; resume with the "
+                    "original target, or start a new run (ckpt.resume: none, another run.out_dir)",
+                    dir, s.target, x.target);
 }
 
 // ---- tensors -----------------------------------------------------------------------------------------------
@@ -468,6 +475,13 @@ std::string find_latest_checkpoint(const std::string& out_dir) {
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
     if (it->complete) return it->path.string();
   return "";
+}
+
+std::vector<std::string> list_complete_checkpoints(const std::string& out_dir) {
+  std::vector<std::string> out;
+  for (const StepDir& d : list_step_dirs(out_dir))
+    if (d.complete) out.push_back(d.path.string());
+  return out;
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& dir, const CheckpointExpectation& expected) {

@@ -52,6 +52,7 @@ struct TrainingState {
   CheckpointLayout layout;
   std::string config_hash;      // config_hash_hex(cfg): "0x" + 16 hex digits
   std::string dataset;          // the training data's identity (shape + content hash); "" in older checkpoints
+  std::string target;           // the target folder's identity (lib/preflight/target_identity.h); "" in older ones
   std::vector<RankRng> rng;     // whatever ranks the trainer records, in its order
   nlohmann::json extra = nlohmann::json::object();  // opaque to this module (export reads extra["export"])
 };
@@ -72,6 +73,8 @@ std::string checkpoint_dir(const std::string& out_dir, int64_t step);
 // Path of the newest `out_dir/ckpt/step_*` directory that has DONE; "" when there is none. Directories without DONE
 // and names that are not step_<8+ digits> are ignored. Does not read the files (load_checkpoint verifies them).
 std::string find_latest_checkpoint(const std::string& out_dir);
+// Every complete step checkpoint under out_dir/ckpt, oldest first.
+std::vector<std::string> list_complete_checkpoints(const std::string& out_dir);
 
 // What this run is: load_checkpoint refuses a checkpoint that differs in any of these, naming the field.
 struct CheckpointExpectation {
@@ -79,6 +82,7 @@ struct CheckpointExpectation {
   model::DrafterConfig drafter;
   std::string config_hash;
   std::string dataset;  // compared when both this and the checkpoint's are not empty
+  std::string target;   // the same
 };
 
 struct LoadedCheckpoint {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/io/safetensors.h"
@@ -13,7 +14,7 @@ namespace dflash::train {
 
 Checkpointer::Checkpointer(const TrainConfig& cfg, const RunPlan& plan, CheckpointerSettings s)
     : cfg_(cfg), plan_(plan), s_(std::move(s)) {
-  if (s_.writer && !s_.best_metric.empty()) best_.emplace(cfg.run.out_dir, s_.best_metric, s_.start_step == 0);
+  if (s_.writer && !s_.best_metric.empty()) best_.emplace(cfg.run.out_dir, s_.best_metric);
 }
 
 bool Checkpointer::due(int every, int64_t next_step, bool last, bool stop, bool save_on_stop) {
@@ -28,7 +29,7 @@ bool Checkpointer::due(int64_t next_step, bool last, bool stop) const {
 std::string Checkpointer::save(int64_t next_step, DrafterStep& drafter) {
   Timer t;
   const std::string dir = save_checkpoint(cfg_.run.out_dir, plan_.drafter, drafter.params(), drafter.optimizer(),
-                                          training_state(cfg_, plan_, next_step, s_.dataset_identity));
+                                          training_state(cfg_, plan_, next_step, s_.identity));
   const auto removed = prune_checkpoints(cfg_.run.out_dir, cfg_.ckpt.keep);
   return fmt::format("checkpoint: {} ({:.2f} s){}", dir, t.seconds(),
                      removed.empty() ? "" : fmt::format("; removed {} older", removed.size()));
@@ -42,7 +43,7 @@ std::string Checkpointer::offer_best(int64_t next_step, const std::string& metri
                                      DrafterStep& drafter) {
   if (!best_ || best_->metric() != metric) return "";
   Timer t;
-  if (!best_->offer(tau, plan_.drafter, drafter.params(), training_state(cfg_, plan_, next_step, s_.dataset_identity)))
+  if (!best_->offer(tau, plan_.drafter, drafter.params(), training_state(cfg_, plan_, next_step, s_.identity)))
     return "";
   return fmt::format("best checkpoint: {} = step {} ({} {:.4f}, {:.2f} s)", best_checkpoint_dir(cfg_.run.out_dir),
                      next_step, best_->metric(), tau, t.seconds());
@@ -71,12 +72,13 @@ void restore_drafter(comm::Transport& dp, DrafterStep& drafter, const LoadedChec
 }
 
 std::string write_final_weights(const std::string& out_dir, const model::DrafterParams<float>& params) {
-  const std::string path = out_dir + "/drafter_final.safetensors", tmp = path + ".partial";
+  const std::string path = out_dir + "/drafter_final.safetensors";
   std::vector<io::TensorToWrite> tensors;
   for (const model::ParamInfo& p : params.layout)
     tensors.push_back(io::tensor_from(p.name, io::DType::F32, p.shape, params.data(p)));
-  io::write_safetensors(tmp, tensors, {{"format", "pt"}});
-  DFLASH_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}", tmp, path);
+  AtomicOutput file(path);  // the old file or the complete new one under this name, never a torn one
+  io::write_safetensors(file.partial(), tensors, {{"format", "pt"}});
+  file.commit();
   return path;
 }
 

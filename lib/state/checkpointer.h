@@ -11,6 +11,7 @@
 #include "lib/config/config.h"
 #include "lib/state/best_checkpoint.h"
 #include "lib/state/checkpoint.h"
+#include "lib/state/checkpointing.h"
 #include "lib/train/drafter_step.h"
 #include "lib/train/run_plan.h"
 
@@ -19,9 +20,9 @@ namespace dflash::train {
 struct CheckpointerSettings {
   bool writer = false;          // this rank writes (drafter rank 0)
   bool save_on_stop = true;     // a stop (signal, --stop-after-steps) saves; false for --dump-step
-  int64_t start_step = 0;       // 0: a fresh run (an earlier run's best is deleted)
+  int64_t start_step = 0;       // 0: a fresh run
   std::string best_metric;      // "spec_tau" | "eval_tau" | "" (no best checkpoint)
-  std::string dataset_identity; // recorded in every checkpoint
+  RunIdentity identity;         // recorded in every checkpoint
 };
 
 class Checkpointer {

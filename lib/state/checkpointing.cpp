@@ -4,18 +4,17 @@
 
 namespace dflash::train {
 
-CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPlan& plan,
-                                                 const std::string& dataset_identity) {
+CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPlan& plan, const RunIdentity& id) {
   CheckpointExpectation e;
   e.layout = {cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp, cfg.optim.micro_batches};
   e.drafter = plan.drafter;
   e.config_hash = config_hash_hex(cfg);
-  e.dataset = dataset_identity;
+  e.dataset = id.dataset;
+  e.target = id.target;
   return e;
 }
 
-TrainingState training_state(const TrainConfig& cfg, const RunPlan& plan, int64_t next_step,
-                                 const std::string& dataset_identity) {
+TrainingState training_state(const TrainConfig& cfg, const RunPlan& plan, int64_t next_step, const RunIdentity& id) {
   TrainingState s;
   s.step = next_step;
   s.data.epoch = next_step / plan.steps_per_epoch;
@@ -23,7 +22,8 @@ TrainingState training_state(const TrainConfig& cfg, const RunPlan& plan, int64_
   s.data.shuffle_seed = uint64_t(cfg.run.seed);
   s.layout = checkpoint_expectation(cfg, plan).layout;
   s.config_hash = config_hash_hex(cfg);
-  s.dataset = dataset_identity;
+  s.dataset = id.dataset;
+  s.target = id.target;
   for (int r = 0; r < cfg.layout.drafter_dp; ++r) s.rng.push_back({r, uint64_t(cfg.run.seed), uint64_t(r), uint64_t(next_step)});
   s.extra["export"] = model::export_info_json({plan.tap_ids, plan.target.layers, plan.target.max_position_embeddings});
   return s;

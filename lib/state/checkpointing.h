@@ -9,18 +9,22 @@
 
 namespace dflash::train {
 
-// Layout, drafter shape, config hash and the dataset's identity (DataFacts::identity(); "" = not compared): a
-// checkpoint that differs in any of them is refused.
-CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPlan& plan,
-                                                 const std::string& dataset_identity = "");
+// What a run is made of besides its config: recorded in every checkpoint, compared on resume ("" = not compared).
+struct RunIdentity {
+  std::string dataset;  // DataFacts::identity()
+  std::string target;   // target_identity(target.path)
+};
 
-// The training state after `next_step` steps: data cursor, layout, config hash, dataset identity, every drafter
+// Layout, drafter shape, config hash and the identities: a checkpoint that differs in any of them is refused.
+CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPlan& plan, const RunIdentity& id = {});
+
+// The training state after `next_step` steps: data cursor, layout, config hash, the identities, every drafter
 // rank's RNG key and
 // the export facts (tap layer ids, target layers) so that a checkpoint can be exported on its own.
 // Randomness is counter-based (lib/core/rng.h): rank r's anchors at step s come from (seed, step s, slot), so its
 // recorded state is {seed, stream = r, counter = next_step}.
 TrainingState training_state(const TrainConfig& cfg, const RunPlan& plan, int64_t next_step,
-                                 const std::string& dataset_identity = "");
+                             const RunIdentity& id = {});
 
 // ckpt.resume: "none" → "", "auto" → the newest complete checkpoint in run.out_dir ("" when none), else the path.
 std::string resolve_resume_dir(const TrainConfig& cfg);

@@ -66,7 +66,7 @@ case "$case" in
       fail "the plan does not show the 27B target"
     grep -q "5 layers, 32 Q / 8 KV heads x 128, I 17408, block 16" "$out/log" || fail "wrong drafter shape"
     grep -q "mpirun -np 8 (5 target TP x 1 groups + 3 drafter DP)" "$out/log" || fail "no rank count"
-    grep -q "target shard ~18.34 GiB per TP rank" "$out/log" || fail "wrong target shard size"
+    grep -q "weights (bf16)  *9.84 GB" "$out/log" || fail "wrong target shard size"
     grep -q "per-GPU memory (run.device cuda" "$out/log" || fail "no per-GPU memory plan"
     grep -q "fits on H200" "$out/log" || fail "the memory plan does not show the H200 verdict"
     [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"

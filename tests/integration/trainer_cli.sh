@@ -275,6 +275,84 @@ case "$case" in
       "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=50 --set log.every=2
     ! grep -q "step 4/50" "$out/log" || fail "training went on after the failed write"
     ;;
+  out_dir_guard)
+    # a finished run's out_dir: a fresh start is refused and touches nothing; run.start_over moves the earlier run
+    # to superseded/ (deletes nothing); a requeue (ckpt.resume auto) that finds only ckpt/best keeps it
+    hashes() { (cd "$1" && sha256sum drafter_final.safetensors ckpt/step_00000004/model.safetensors); }
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4 \
+      --set ckpt.every=2 >"$out/first.log"
+    before="$(hashes "$out/run")"
+    expect_error "run.out_dir = $out/run holds an earlier run (ckpt/step_00000002, ckpt/step_00000004, drafter_final.safetensors, metrics.jsonl)" \
+      "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4
+    grep -q "set run.start_over: true to move" "$out/log" || fail "the refusal does not name the way out"
+    [[ "$(hashes "$out/run")" == "$before" ]] || fail "the refused start changed the earlier run's weights"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=4 \
+      --set ckpt.every=2 --set run.start_over=true >"$out/again.log"
+    grep -q "run.start_over: the earlier run's ckpt, drafter_final.safetensors, metrics.jsonl moved to $out/run/superseded/" \
+      "$out/run/logs/rank_00.log" || fail "no start_over notice in rank 0's log"
+    aside=$(ls -d "$out/run/superseded/"*)
+    [[ "$(hashes "$aside")" == "$before" ]] || fail "the superseded copy is not the earlier run"
+    [[ -f "$out/run/ckpt/step_00000004/DONE" && -f "$out/run/drafter_final.safetensors" ]] || fail "no new run"
+    mkdir -p "$out/requeue/ckpt" && cp -r "$out/run/ckpt/step_00000004" "$out/requeue/ckpt/best"
+    best="$(sha256sum <"$out/requeue/ckpt/best/model.safetensors")"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 \
+      --set "run.out_dir=$out/requeue" --set ckpt.resume=auto >"$out/requeue.log"
+    [[ -f "$out/requeue/ckpt/best/DONE" && "$(sha256sum <"$out/requeue/ckpt/best/model.safetensors")" == "$best" ]] ||
+      fail "the requeued run did not keep ckpt/best"
+    echo "PASS (out_dir_guard): refused, moved aside with start_over, best kept on requeue"
+    ;;
+  bounds)
+    # absurd sizes are refused by name; sizes within the bounds that no machine holds are refused by the memory
+    # plan, in --check (exit 3, after the plan) and in the job before any allocation (never std::bad_alloc)
+    expect_error "key 'drafter.layers' must be in \[1, 256\], got 100000" "$bin" "$src/mpi_launch/configs/tiny.yaml" \
+      "${common[@]}" --set drafter.layers=100000 --check
+    big=(--set drafter.layers=256 --set drafter.intermediate=1048576)
+    rc=0
+    "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${big[@]}" --check >"$out/big.log" 2>&1 || rc=$?
+    [[ $rc -eq 3 ]] || { cat "$out/big.log"; fail "--check of a plan no machine holds exited $rc, expected 3"; }
+    grep -q "check: DOES NOT FIT (the memory plan below)" "$out/big.log" || fail "no DOES NOT FIT header"
+    grep -q "does not fit this machine: its ranks need" "$out/big.log" || fail "no refusal naming the numbers"
+    grep -q "check: OK" "$out/big.log" && fail "--check said OK for a plan that does not fit"
+    expect_error "the fuller GPU needs .* GB, more than any card listed" "$bin" "$src/mpi_launch/configs/tiny.yaml" \
+      "${common[@]}" "${big[@]}" --set run.device=cuda --check
+    expect_error "the memory plan does not fit .*: its ranks need" "$mpirun_sh" -np 8 "$bin" \
+      "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${big[@]}"
+    grep -q "bad_alloc" "$out/log" && fail "the job ended in std::bad_alloc"
+    # the speculative eval's generation cannot run past the target's positions (40960 in the tiny target)
+    expect_error "eval.max_new_tokens = 1000000: must be in \[1, 1048576\]\|eval.max_new_tokens = 1000000: prompt .* past the target's max_position_embeddings 40960" \
+      "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set eval.spec_every=1 \
+      --set "eval.prompts=$tiny/prompts.h5" --set eval.max_new_tokens=1000000 --check
+    # unclear before: a folder given as the config, --stop-after-steps 0
+    expect_error "$out: is a directory, not a config file" "$bin" "$out" --check
+    expect_error "give a whole number of steps >= 1" "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" \
+      --stop-after-steps 0
+    ;;
+  start_checks)
+    # the job runs --check's tokenizer checks itself, and a checkpoint records its target: a resume against a
+    # different target of the same shape (one weight byte changed) is refused, naming both identities
+    mkdir -p "$out/tok" && cp "$tiny/target/"* "$out/tok/"
+    echo '{"model": {"vocab": {"a": 0, "b": 1, "c": 2}}, "added_tokens": [{"id": 3, "special": true}]}' \
+      >"$out/tok/tokenizer.json"
+    expect_error "tokenizer, target and data disagree" "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" \
+      "${common[@]}" --set "target.path=$out/tok" --set run.steps=2
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 \
+      --set ckpt.every=2 --set run.out_dir="$out/run2" >"$out/run2.log"
+    grep -q '"target": "91 tensors, [0-9]* parameters, sampled content 0x[0-9a-f]\{16\}"' \
+      "$out/run2/ckpt/step_00000002/state.json" || fail "state.json lacks the target identity"
+    mkdir -p "$out/other" && cp "$tiny/target/"* "$out/other/"
+    python3 - "$out/other/model.safetensors" <<'PY'
+import struct, sys
+with open(sys.argv[1], "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    f.seek(8 + n + 2)
+    b = f.read(1)
+    f.seek(8 + n + 2)
+    f.write(bytes([b[0] ^ 0x01]))
+PY
+    expect_error "trained against the target '91 tensors, .*', this run's target.path is '91 tensors" "$mpirun_sh" -np 8 \
+      "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 --set run.out_dir="$out/run2" \
+      --set "target.path=$out/other" --set ckpt.resume=auto
+    ;;
   watchdog)
     # SIGSTOP of one drafter rank: the ranks waiting on it log, within run.watchdog_seconds (8 s here: above the
     # longest legitimate wait of this tiny run on a loaded 2-core machine), which rank they are and what they wait

@@ -147,7 +147,7 @@ TEST_CASE("config: wrong types, enum values, ranges and cross-key rules are erro
   CHECK_HAS(error_of(kRequired + "run:\n  device: gpu\n"), "key 'run.device' is 'gpu'; allowed: cpu, cuda");
   CHECK_HAS(error_of(kRequired + "loss:\n  mode: fast\n"), "key 'loss.mode' is 'fast'; allowed: recompute, fused");
   CHECK_HAS(error_of(kRequired + "drafter:\n  layers: 2\n  layer_types: [full, local]\n"), "element 'drafter.layer_types[1]' is 'local'; allowed: full, sliding");
-  CHECK_HAS(error_of(kRequired + "drafter:\n  block_size: 0\n"), "key 'drafter.block_size' must be >= 2, got 0");
+  CHECK_HAS(error_of(kRequired + "drafter:\n  block_size: 0\n"), "key 'drafter.block_size' must be in [2, 1024], got 0");
   CHECK_HAS(error_of(kRequired + "optim:\n  lr: 0\n"), "key 'optim.lr' must be > 0, got 0");
   CHECK_HAS(error_of(kRequired + "optim:\n  beta2: 1.0\n"), "key 'optim.beta2' must be in [0, 1)");
   CHECK_HAS(error_of(kRequired + "target:\n  target_layer_ids: [1, 2]\n"), "target.target_layer_ids has 2 entries but target.n_taps is 5");
