@@ -13,6 +13,7 @@ cd "$root"
 if [[ ! -f runs/tiny_data/train.h5 ]]; then
   bash data/make_tiny.sh "$build" runs/tiny_data
 fi
-# a checkpoint every 200 steps (and at the end), so the result can be exported: dflash_mpi --export
+# a checkpoint every 200 steps (and at the end), so the result can be exported: dflash_mpi --export. Run again, it
+# trains again: run.start_over moves the previous run to runs/tiny/superseded/<time>/ (nothing is deleted)
 DFLASH_BIN="$build/apps/dflash_mpi" bash mpi_launch/run_local.sh -np 8 mpi_launch/configs/tiny.yaml \
-  --set ckpt.every=200 "$@"
+  --set ckpt.every=200 --set run.start_over=true "$@"
