@@ -22,6 +22,8 @@ struct RunSection {
   std::string precision = "auto";     // auto (cpu: fp32, cuda: bf16) | fp32 | bf16: the drafter's activations
   int64_t steps = 0;                  // optimizer steps; 0 = as many as data.epochs allows
   double watchdog_seconds = 1800;     // a rank blocked this long in one wait aborts the job; 0 = off
+  double watchdog_floor_seconds = 600;  // the bound never drops below this once it follows the steps
+  double watchdog_step_multiple = 20;   // after the first steps: this x the slowest step; 0 = watchdog_seconds fixed
   bool start_over = false;            // a fresh start moves an earlier run's files aside (lib/state/out_dir_guard.h)
 };
 

@@ -86,6 +86,11 @@ std::vector<ConfigKey> build_schema() {
       unhashed(key("run.watchdog_seconds", T::kFloat, FIELD(run.watchdog_seconds), kNonNeg,
                    "a rank blocked this long in one wait (message, collective) logs what it waits on and aborts the "
                    "job; 0 = off")),
+      unhashed(key("run.watchdog_floor_seconds", T::kFloat, FIELD(run.watchdog_floor_seconds), kNonNeg,
+                   "the watchdog's bound never drops below this once it follows the steps")),
+      unhashed(key("run.watchdog_step_multiple", T::kFloat, FIELD(run.watchdog_step_multiple), kNonNeg,
+                   "after the first steps the watchdog's bound is this x the slowest step seen (at least "
+                   "watchdog_floor_seconds, at most watchdog_seconds); 0 = watchdog_seconds throughout")),
       unhashed(key("run.start_over", T::kBool, FIELD(run.start_over), kAny,
                    "a run starting at step 0 over an earlier run in out_dir moves its checkpoints, final weights and "
                    "metrics to out_dir/superseded/<time>/ instead of refusing (nothing is deleted)")),

@@ -130,6 +130,11 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
     const bool stop_after = opt.stop_after > 0 && next_step - opt.start_step >= opt.stop_after;
     const bool stop = r.stop_requested || stop_after || dumper.active(), last = next_step == plan.total_steps;
     reporter->after_step(r, next_step, last, stop);
+    // an eval or a save (on drafter rank 0, which the others then wait for) is long by nature: the watchdog holds
+    // this step and the next to run.watchdog_seconds instead of a multiple of the steps (every rank knows the cadence)
+    bool long_step = Checkpointer::due(cfg.ckpt.every, next_step, last, stop, opt.dump_dir.empty());
+    for (const auto& e : evals) long_step = long_step || e->due(next_step, stop);
+    if (long_step) watchdog.relax(2);
     EvalContext ctx{next_step, trainer, t.dp, t.world, next_packet};
     for (const auto& e : evals) {
       if (!e->due(next_step, stop)) continue;
@@ -142,6 +147,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
       log.warn("stopping after step {} on {} (checkpoint written); continue with ckpt.resume=auto", next_step,
                stop_signal() ? signal_name(stop_signal()) : "another drafter rank's signal");
     if (stop) break;
+    watchdog.step_done();
   }
   const int dropped = receiver->finish(next_step, layout.target_world_rank(layout.group, 0));
   const double run_seconds = run_timer.seconds();

@@ -6,6 +6,7 @@
 #include "lib/eval/evals.h"
 #include "lib/job/workers.h"
 #include "lib/model/target.h"
+#include "lib/state/checkpointer.h"
 #include "lib/train/packet.h"
 #include "lib/train/stream_plan.h"
 
@@ -114,9 +115,15 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
     // the evals' packets count as packets of this step (the stop protocol drops them with it)
     for (int d : drafters)
       for (const PacketPlan& pp : stream.extras(step, d)) progress.blocked(stream_packet(pp, d, nullptr));
+    // around an eval or a checkpoint save the drafters are slow to take packets: those steps (up to the packets in
+    // flight ahead of them) are held to run.watchdog_seconds, not to a multiple of the steps
+    bool long_step = Checkpointer::due(cfg.ckpt.every, step + 1, step + 1 == plan.total_steps, false, true);
+    for (const auto& e : evals) long_step = long_step || e->due(step + 1);
+    if (long_step) watchdog.relax(cfg.layout.packets_in_flight + 2);
     for (const auto& e : evals)
       if (e->due(step + 1)) e->run(step + 1, log);
     progress.after_step(step + 1);
+    watchdog.step_done();
   }
   std::vector<int> drafter_ranks;
   for (int d : drafters) drafter_ranks.push_back(layout.drafter_world_rank(d));

@@ -1,5 +1,6 @@
 #include "lib/job/trainer.h"
 
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +38,7 @@
 #include "lib/model/target_shard.h"
 #include "lib/preflight/memory_plan.h"
 #include "lib/state/out_dir_guard.h"
+#include "lib/train/heartbeat.h"
 #include "lib/preflight/data_facts.h"
 #include "lib/preflight/run_check.h"
 #include "lib/preflight/target_check.h"
@@ -343,16 +345,28 @@ int dflash_mpi_main(int argc, char** argv) {
     log = make_logger(cfg, layout, rank, me);
     if (lock && !lock->taken_over().empty()) log->warn("{}", lock->taken_over());
     if (!out_dir_notice.empty()) log->warn("{}", out_dir_notice);
-    // a rank blocked in one wait for run.watchdog_seconds says so and takes the job down
+    // a rank blocked in one wait longer than the bound (which follows the steps: lib/train/watchdog.h) says so,
+    // with every rank's heartbeat (which names a stopped rank), and takes the job down
     Watchdog watchdog(cfg.run.watchdog_seconds, [&](const std::string& what, double waited) {
+      timeval tv{};
+      gettimeofday(&tv, nullptr);
+      const std::string ranks = diagnose_heartbeats(
+          cfg.run.out_dir, size, double(tv.tv_sec) + 1e-6 * double(tv.tv_usec), /*stale_after=*/5.0, [&](int r) {
+            const comm::RankLayout l = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
+                                                              cfg.layout.drafter_dp, size, r);
+            return l.role == comm::Role::Target ? fmt::format("target group {} tp {}", l.group, l.tp_rank)
+                                                : fmt::format("drafter dp {}", l.dp_rank);
+          });
       const std::string message = fmt::format(
-          "watchdog: world rank {} has waited {:.0f} s for the {} (run.watchdog_seconds = {}): a rank is stopped "
-          "or stalled (SIGSTOP, a hung device, a dead link); aborting the job",
-          rank, waited, what, cfg.run.watchdog_seconds);
+          "watchdog: world rank {} has waited {:.0f} s for the {} (bound {}): a rank is stopped or stalled "
+          "(SIGSTOP, a hung device, a dead link); aborting the job. Heartbeats:{}",
+          rank, waited, what, watchdog.bound_reason(), ranks);
       report_error(who, message, log.get());
       sleep(2);  // the other ranks' watchdogs, which fire about now, report their waits too: the stall's shape
       abort_now(lock ? &*lock : nullptr);
     });
+    watchdog.follow_steps(cfg.run.watchdog_floor_seconds, cfg.run.watchdog_step_multiple);
+    watchdog.beat_to(heartbeat_path(cfg.run.out_dir, rank));
     comm::MpiTransport world_mpi(MPI_COMM_WORLD);
     WatchedTransport world(world_mpi, watchdog, "world");
     log->info("{} ranks ({}); config {} (hash {}); data plane {} (layout.transport {})", size, who, options->config,

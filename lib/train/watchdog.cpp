@@ -1,8 +1,14 @@
 #include "lib/train/watchdog.h"
 
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "lib/train/packet.h"
 
@@ -77,18 +83,100 @@ void Watchdog::stop() {
   armed_at_ = -1;
 }
 
+void Watchdog::follow_steps(double floor_seconds, double multiple) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  floor_ = floor_seconds, multiple_ = multiple;
+}
+
+void Watchdog::step_done() {
+  if (!on()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const double now = now_seconds();
+  if (relaxed_ > 0)
+    --relaxed_;
+  else if (last_step_at_ >= 0)
+    slowest_step_ = std::max(slowest_step_, now - last_step_at_);
+  last_step_at_ = now;
+}
+
+void Watchdog::relax(int steps) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  relaxed_ = std::max(relaxed_, steps);
+}
+
+double Watchdog::bound_locked() const {
+  if (multiple_ <= 0 || slowest_step_ <= 0 || relaxed_ > 0) return timeout_;
+  return std::min(timeout_, std::max(floor_, multiple_ * slowest_step_));
+}
+
+double Watchdog::bound() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bound_locked();
+}
+
+std::string Watchdog::bound_reason() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const double b = bound_locked();
+  if (multiple_ <= 0) return fmt::format("{:.0f} s (run.watchdog_seconds)", b);
+  if (slowest_step_ <= 0) return fmt::format("{:.0f} s (run.watchdog_seconds, before the first steps)", b);
+  if (relaxed_ > 0) return fmt::format("{:.0f} s (run.watchdog_seconds, around an eval or a checkpoint save)", b);
+  if (b == timeout_)
+    return fmt::format("{:.0f} s (run.watchdog_seconds; {:g} x the slowest step {:.1f} s is more)", b, multiple_,
+                       slowest_step_);
+  if (b == floor_)
+    return fmt::format("{:.0f} s (run.watchdog_floor_seconds; {:g} x the slowest step {:.1f} s is less)", b,
+                       multiple_, slowest_step_);
+  return fmt::format("{:.0f} s ({:g} x the slowest step so far, {:.1f} s: run.watchdog_step_multiple)", b, multiple_,
+                     slowest_step_);
+}
+
+void Watchdog::beat_to(std::string path) {
+  if (!on()) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  heartbeat_ = std::move(path);
+  const std::string what = armed_at_ < 0 ? std::string() : what_;
+  const double waited = armed_at_ < 0 ? 0.0 : now_seconds() - armed_at_;
+  lock.unlock();
+  write_heartbeat(what, waited);  // the first one now: a rank stopped before the watch thread's first tick has one
+}
+
+void Watchdog::write_heartbeat(const std::string& what, double waited) const {
+  // best effort, no fsync: a lost heartbeat only makes a stall report less precise
+  timeval tv{};
+  gettimeofday(&tv, nullptr);
+  nlohmann::json j;
+  j["pid"] = int(getpid());
+  j["alive"] = double(tv.tv_sec) + 1e-6 * double(tv.tv_usec);
+  j["waiting"] = what.empty() ? nlohmann::json(nullptr) : nlohmann::json(what);
+  j["waited"] = waited;
+  const std::string tmp = heartbeat_ + ".tmp", text = j.dump() + "\n";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), heartbeat_.c_str());
+  }
+}
+
 void Watchdog::watch() {
-  // checks a few times per timeout (at least once a second), so a stall is reported within ~1.25 timeouts
+  // checks a few times per bound (at least once a second), so a stall is reported within ~1.25 bounds; the
+  // heartbeat goes out on the same tick
   const auto period = std::chrono::duration<double>(std::min(1.0, timeout_ / 4));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!quit_) {
     wake_.wait_for(lock, period);
-    if (quit_ || armed_at_ < 0) continue;
-    const double waited = now_seconds() - armed_at_;
-    if (waited < timeout_) continue;
+    if (quit_) continue;
+    const double waited = armed_at_ < 0 ? 0.0 : now_seconds() - armed_at_;
+    if (!heartbeat_.empty()) {
+      const std::string what = armed_at_ < 0 ? std::string() : what_;
+      lock.unlock();
+      write_heartbeat(what, waited);
+      lock.lock();
+      if (quit_) continue;
+    }
+    if (armed_at_ < 0 || now_seconds() - armed_at_ < bound_locked()) continue;
+    const double waited_now = now_seconds() - armed_at_;
     const std::string what = what_;
     lock.unlock();
-    on_stall_(what, waited);
+    on_stall_(what, waited_now);
     return;  // on_stall normally ends the process; if it returns, report once
   }
 }

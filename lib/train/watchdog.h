@@ -4,6 +4,12 @@
 // nothing logged. Every blocking wait of the trainer goes through WatchedTransport, which arms the watchdog with
 // a description of the wait; a background thread that finds one wait armed longer than the timeout calls
 // on_stall (the trainer logs rank + operation, then aborts the MPI world).
+//
+// The bound follows the run (follow_steps): before the first step it is the configured timeout (start-up loads the
+// target); after it, max(floor, multiple x the slowest step seen, evals and checkpoint saves included), never above
+// the configured timeout. The same thread writes a heartbeat file about once a second (beat_to: when it was alive,
+// what the rank waits on): a rank whose heartbeat stops is stopped (SIGSTOP, killed, its node gone), not waiting,
+// which is how a stall report names the rank that stopped instead of only the ranks waiting on it (heartbeat.h).
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -46,17 +52,38 @@ class Watchdog {
   bool on() const { return timeout_ > 0; }
   double timeout() const { return timeout_; }
 
+  // The bound follows the steps: after the first step_done(), max(floor, multiple x slowest interval between two
+  // step_done() calls), capped by timeout(). multiple <= 0: the fixed timeout(). Call before the first wait.
+  void follow_steps(double floor_seconds, double multiple);
+  // One step (or one pass of the target's loop) ended: the time since the previous call is a step's duration.
+  void step_done();
+  // The next `steps` step_done() intervals are long by nature (an eval, a checkpoint save, the ranks waiting on
+  // one): they are held to timeout() and not counted as steps.
+  void relax(int steps);
+  // The bound a wait is held to now, and how it was derived ("1800 s (run.watchdog_seconds, before the first
+  // step)", "300 s (the floor; 20 x the slowest step 0.4 s is less)").
+  double bound() const;
+  std::string bound_reason() const;
+  // Write the heartbeat to `path` about once a second (created by the watch thread; "" = none).
+  void beat_to(std::string path);
+
  private:
   void start(std::string what);
   void stop();
   void watch();
+  double bound_locked() const;
+  void write_heartbeat(const std::string& what, double waited) const;
 
   double timeout_;
   std::function<void(const std::string&, double)> on_stall_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::string what_;
   double armed_at_ = -1;  // steady-clock seconds when the current wait began; < 0 = none
+  double floor_ = 0, multiple_ = 0;  // follow_steps
+  double last_step_at_ = -1, slowest_step_ = 0;
+  int relaxed_ = 0;
+  std::string heartbeat_;
   bool quit_ = false;
   std::thread thread_;
 };

@@ -390,6 +390,9 @@ PY
     # the ranks blocked directly on rank 6 (targets sending to it, drafters in the all-reduce with it) report within
     # the 2 s every reporting rank waits before it aborts
     grep -q "on the drafter DP group\|rank 6 of the world" "$out/stalls" || fail "no watchdog line names a wait on rank 6"
+    # and the heartbeats name the stopped rank itself (its own watchdog cannot speak)
+    grep -h "world rank 6 (.*): STOPPED: no heartbeat for [0-9]* s" "$out/run/logs/"rank_0[0-57].log ||
+      fail "no watchdog report names rank 6 as stopped"
     (( took <= 40 )) || fail "the job took ${took} s to end after the stall (watchdog 8 s)"
     echo "PASS (watchdog): job ended ${took} s after SIGSTOP of rank 6, exit $rc"
     ;;

@@ -3,11 +3,17 @@
 // tests/integration/trainer_cli.sh, case watchdog.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <chrono>
 #include <mutex>
 #include <thread>
 
+#include "lib/train/heartbeat.h"
 #include "lib/train/watchdog.h"
 
 using namespace dflash::train;
@@ -72,4 +78,65 @@ TEST_CASE("watchdog: tag names of the trainer's messages") {
   CHECK(tag_name(7101) == "packet header");
   CHECK(tag_name(7103) == "packet loss mask");
   CHECK(tag_name(42) == "tag 42");
+}
+
+TEST_CASE("watchdog: the bound follows the steps, with a floor and a cap; evals and saves are held to the cap") {
+  Watchdog w(100, [](const std::string&, double) {});
+  w.follow_steps(0.5, 4);
+  CHECK(w.bound() == 100);  // before the first steps: run.watchdog_seconds
+  CHECK(w.bound_reason().find("before the first steps") != std::string::npos);
+  w.step_done();
+  std::this_thread::sleep_for(50ms);
+  w.step_done();
+  CHECK(w.bound() == 0.5);  // 4 x ~0.05 s is below the floor
+  CHECK(w.bound_reason().find("run.watchdog_floor_seconds") != std::string::npos);
+  std::this_thread::sleep_for(300ms);
+  w.step_done();
+  CHECK(w.bound() >= 4 * 0.3);  // 4 x the slowest step
+  CHECK(w.bound() < 4 * 0.3 + 1.5);
+  w.relax(1);  // an eval: held to the cap, and not counted as a step
+  CHECK(w.bound() == 100);
+  std::this_thread::sleep_for(400ms);
+  w.step_done();
+  CHECK(w.bound() < 4 * 0.4);  // the relaxed 0.4 s interval did not become the slowest step
+  Watchdog fixed(100, [](const std::string&, double) {});
+  fixed.follow_steps(0.5, 0);  // multiple 0: the fixed bound
+  fixed.step_done();
+  std::this_thread::sleep_for(20ms);
+  fixed.step_done();
+  CHECK(fixed.bound() == 100);
+}
+
+TEST_CASE("watchdog: a wait past the bound that follows the steps is reported; heartbeats say what the rank does") {
+  Stalls stalls;
+  const std::string dir = (std::filesystem::temp_directory_path() / ("dflash_hb_" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir + "/logs");
+  {
+    Watchdog w(30, [&](const std::string& what, double s) { stalls(what, s); });
+    w.follow_steps(0.3, 2);
+    w.beat_to(heartbeat_path(dir, 1));
+    w.step_done();
+    std::this_thread::sleep_for(20ms);
+    w.step_done();
+    auto g = w.arm([] { return std::string("all-reduce of 8 floats on the drafter DP group"); });
+    std::this_thread::sleep_for(1500ms);  // the bound is the 0.3 s floor, not 30 s
+  }
+  {
+    std::lock_guard<std::mutex> lock(stalls.mutex);
+    CHECK(stalls.count == 1);
+    CHECK(stalls.what == "all-reduce of 8 floats on the drafter DP group");
+  }
+  // rank 0: a heartbeat 20 s old (stopped); rank 1: the watchdog's own (waiting); rank 2: alive, not waiting;
+  // rank 3: none
+  const double now = double(std::time(nullptr));
+  std::ofstream(heartbeat_path(dir, 0)) << "{\"alive\": " << std::to_string(now - 20) << ", \"waiting\": null}\n";
+  std::ofstream(heartbeat_path(dir, 2)) << "{\"alive\": " << std::to_string(now) << ", \"waiting\": null}\n";
+  const std::string d = diagnose_heartbeats(dir, 4, now, 5.0, [](int r) { return r == 0 ? "target" : "drafter"; });
+  CHECK(d.find("world rank 0 (target): STOPPED: no heartbeat for 20 s") != std::string::npos);
+  CHECK(d.find("world rank 1 (drafter): waits") != std::string::npos);
+  CHECK(d.find("for the all-reduce of 8 floats on the drafter DP group") != std::string::npos);
+  CHECK(d.find("world rank 2 (drafter): alive and not in a wait") != std::string::npos);
+  CHECK(d.find("world rank 3 (drafter): no readable heartbeat") != std::string::npos);
+  CHECK(d.find("STOPPED") < d.find("waits"));  // the suspects come first
+  std::filesystem::remove_all(dir);
 }
