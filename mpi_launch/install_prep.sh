@@ -1,27 +1,36 @@
 #!/usr/bin/env bash
-# Installs dflash_prep's Python packages (pinned) into virtual environments. Idempotent: an environment that
-# already holds its requirements file's packages is left alone.
-# Usage: bash mpi_launch/install_prep.sh          data/prep/requirements.txt -> $DFLASH_PREP_VENV
-#                                                 (default data/prep/.venv; no torch: ~45 s, 320 MB)
-#        bash mpi_launch/install_prep.sh --serve  the same, and data/prep/requirements-serve.txt (torch +
-#                                                 transformers[serving], a real OpenAI-compatible server on CPU for
-#                                                 the test data_prep_regenerate_serve) -> $DFLASH_PREP_SERVE_VENV
-#                                                 (default data/prep/.venv-serve; ~2-4 min, 5.7 GB: PyPI's torch is
-#                                                 the CUDA build). DFLASH_PREP_SERVE=0 skips this part.
-# Then: data/prep/dflash-prep tokenize ...        (the wrapper runs the tool in the first environment)
+# Installs the dflash-prep package (data/prep: pyproject.toml, its pinned dependencies in data/prep/requirements*.txt)
+# into virtual environments, editable: the environment runs this checkout's code, so editing it needs no
+# reinstall; $VENV/bin/dflash-prep is its console script. Idempotent: an environment whose stamp matches the
+# package's files (pyproject.toml, the requirements files, this checkout's path, the extras) is left alone.
+# Usage: bash mpi_launch/install_prep.sh [--serve] [--report]
+#          (always)  data/prep -> $DFLASH_PREP_VENV (default data/prep/.venv; no torch: ~45 s, 320 MB)
+#          --report  the [report] extra too, in the same environment (tensorboard, wandb: ~30 s, 275 MB)
+#          --serve   data/prep[serve] -> $DFLASH_PREP_SERVE_VENV (default data/prep/.venv-serve): torch +
+#                    transformers[serving], a real OpenAI-compatible server on CPU for the test
+#                    data_prep_regenerate_serve (~2-4 min, 5.7 GB: PyPI's torch is the CUDA build).
+#                    DFLASH_PREP_SERVE=0 skips this part.
+# Then: data/prep/.venv/bin/dflash-prep tokenize ...   (or data/prep/dflash-prep, the wrapper, or put
+#       data/prep/.venv/bin on PATH; dflash_data import-prompts finds it there)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ $# -gt 1 || ($# -eq 1 && "$1" != "--serve") ]]; then
-  echo "usage: $0 [--serve]" >&2
-  exit 2
-fi
+pkg="$root/data/prep"
+serve=0 report=0
+for a in "$@"; do
+  case "$a" in
+    --serve) serve=1 ;;
+    --report) report=1 ;;
+    *) echo "usage: $0 [--serve] [--report]" >&2; exit 2 ;;
+  esac
+done
 
-# install VENV REQUIREMENTS: makes VENV when missing, installs REQUIREMENTS unless its stamp says they are there
+# install VENV EXTRAS: makes VENV when missing, installs the package with EXTRAS (e.g. "[serve]") unless the stamp
+# says it is there
 install() {
-  local venv="$1" req="$2"
+  local venv="$1" extras="$2"
   local stamp="$venv/.requirements.sha256" want
-  want="$(cat "$root/data/prep/requirements.txt" "$req" | sha256sum | cut -d' ' -f1)"
-  if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  want="$( (cd "$pkg" && cat pyproject.toml requirements*.txt; echo "$pkg $extras") | sha256sum | cut -d' ' -f1)"
+  if [[ -x "$venv/bin/python" && -x "$venv/bin/dflash-prep" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     echo "install_prep: $venv is up to date"
     return
   fi
@@ -32,16 +41,19 @@ install() {
       exit 1
     }
   fi
-  "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req"
+  # pip >= 21.3 installs a pyproject.toml package editable (PEP 660); Debian's python3 venv may bring an older one
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q "pip>=23" >/dev/null
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$pkg$extras"
+  "$venv/bin/dflash-prep" --help >/dev/null   # the console script runs: the install is usable
   echo "$want" >"$stamp"
-  echo "install_prep: installed $req into $venv in $((SECONDS - start)) s"
+  echo "install_prep: installed $pkg$extras into $venv in $((SECONDS - start)) s"
 }
 
-install "${DFLASH_PREP_VENV:-$root/data/prep/.venv}" "$root/data/prep/requirements.txt"
-if [[ "${1:-}" == "--serve" ]]; then
+install "${DFLASH_PREP_VENV:-$pkg/.venv}" "$([[ $report == 1 ]] && echo "[report]" || true)"
+if [[ $serve == 1 ]]; then
   if [[ "${DFLASH_PREP_SERVE:-1}" == 0 ]]; then
     echo "install_prep: DFLASH_PREP_SERVE=0: no serving environment (data_prep_regenerate_serve will be skipped)"
   else
-    install "${DFLASH_PREP_SERVE_VENV:-$root/data/prep/.venv-serve}" "$root/data/prep/requirements-serve.txt"
+    install "${DFLASH_PREP_SERVE_VENV:-$pkg/.venv-serve}" "[serve]"
   fi
 fi

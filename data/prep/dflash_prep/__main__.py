@@ -1,14 +1,16 @@
-"""python -m dflash_prep {tokenize,prompts,regenerate,check} ...  (data/README.md, "Preparing chat data")."""
+"""dflash-prep {tokenize,prompts,regenerate,check,report} ...  (data/README.md, "Preparing chat data").
+The console script 'dflash-prep' of the installed package, also 'python -m dflash_prep'."""
 import argparse
 import os
 import sys
+import traceback
 
 
 def check_run(args) -> int:
     from . import check
     from .render import load_tokenizer
+    target = check.read_target(args.target)   # first: its errors need no slow tokenizer load
     tok = load_tokenizer(args.tokenizer)
-    target = check.read_target(args.target)
     errors = check.check_tokenizer(tok, args.tokenizer, target)
     notes = [f"tokenizer {args.tokenizer}: {len(tok)} tokens, eos {tok.eos_token!r} ({tok.eos_token_id}); target "
              f"{args.target}: vocab_size {target.vocab}, eos ids {sorted(target.eos_ids)}"]
@@ -33,8 +35,32 @@ def check_run(args) -> int:
 
 
 def main(argv=None) -> int:
+    """Runs a command. Errors end the run with one message and exit code 1, never a traceback: the commands raise
+    SystemExit with their message, OutputError for a file that cannot be written; any other OSError is reported
+    with its file; anything else is a bug, reported as one (DFLASH_PREP_TRACEBACK=1 shows the traceback)."""
+    from .atomic import OutputError
+    try:
+        return _run(argv)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: say so in one line instead of a traceback the user cannot act on
+        if os.environ.get("DFLASH_PREP_TRACEBACK") == "1":
+            traceback.print_exc()
+        print(f"error: internal error in dflash-prep ({type(e).__name__}: {e}); please report it with the command "
+              "and input (DFLASH_PREP_TRACEBACK=1 shows where it happened)", file=sys.stderr)
+    return 1
+
+
+def _run(argv) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")   # no "PyTorch was not found" advisory
-    from . import prompts_cmd, regenerate, tokenize_cmd
+    from . import prompts_cmd, regenerate, report, tokenize_cmd
+    from .options import non_negative_int
     p = argparse.ArgumentParser(prog="dflash-prep", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("tokenize", help="chat jsonl -> HDF5 tokens + assistant-only loss masks")
@@ -47,8 +73,9 @@ def main(argv=None) -> int:
     c = sub.add_parser("check", help="tokenizer vs target model (vocab size, special ids), data vs both")
     c.add_argument("--tokenizer", required=True, help="the tokenizer's model directory")
     c.add_argument("--target", required=True, help="the target's model directory (config.json)")
-    c.add_argument("--mask-token-id", type=int, help="the drafter's mask_token_id")
+    c.add_argument("--mask-token-id", type=non_negative_int, help="the drafter's mask_token_id")
     c.add_argument("--data", nargs="*", default=[], help="HDF5 training files to scan")
+    report.add_parser(sub)   # metrics.jsonl -> TensorBoard / W&B (the [report] extra; docs/reporting.md)
     args = p.parse_args(argv)
     if args.command == "tokenize":
         return tokenize_cmd.run(args)
@@ -56,6 +83,8 @@ def main(argv=None) -> int:
         return prompts_cmd.run(args)
     if args.command == "regenerate":
         return regenerate.run(args)
+    if args.command == "report":
+        return report.run(args)
     return check_run(args)
 
 

@@ -12,16 +12,17 @@ The prompt of a row, from the first of these keys it has:
 An optional top-level "system" string becomes a system turn before it (not with "messages").
 Any bad row fails the whole run with file:line: key: what is wrong, and nothing is written.
 """
-import json
 import sys
 
 import numpy as np
 
 from . import check
-from .atomic import atomic_output
+from .atomic import atomic_output, check_output_path
 from .h5out import DatasetWriter
+from .jsonfile import json_type, short
+from .options import positive_int
 from .render import load_tokenizer
-from .rows import CHAT_ROLES, Reject, _text_of, json_object_arg, read_lines, require_input_files
+from .rows import CHAT_ROLES, Reject, _text_of, json_object_arg, load_row_json, read_lines, require_input_files
 
 PROMPT_KEYS = ("messages", "turns", "prompt", "question")
 MAX_PRINTED_ERRORS = 20
@@ -37,21 +38,21 @@ def add_arguments(p):
                    "'{\"enable_thinking\": false}'")
     p.add_argument("--target", help="the target's model directory (config.json): checks the tokenizer against it "
                    "and every token id against its vocab_size")
-    p.add_argument("--max-len", type=int, default=0, help="longest prompt in tokens: longer rows are errors "
-                   "(0: no limit)")
+    p.add_argument("--max-len", type=positive_int, help="longest prompt in tokens: longer rows are errors "
+                   "(default: no limit)")
 
 
 def _string(obj: dict, key: str) -> str:
     v = obj[key]
     if not isinstance(v, str) or not v.strip():
-        raise Reject("bad_field", f"'{key}' must be a non-empty string, got {json.dumps(v)[:60]}")
+        raise Reject("bad_field", f"'{key}' must be a non-empty string, got {short(v, 60)}")
     return v
 
 
 def prompt_messages(obj) -> list:
     """The chat messages of one row's prompt; raises Reject naming the key."""
     if not isinstance(obj, dict):
-        raise Reject("bad_json", "a row must be a JSON object")
+        raise Reject("bad_json", f"a row must be a JSON object, got a {json_type(obj)}")
     key = next((k for k in PROMPT_KEYS if k in obj), None)
     if key is None:
         raise Reject("unknown_format", "none of the keys " + ", ".join(f"'{k}'" for k in PROMPT_KEYS)
@@ -78,7 +79,7 @@ def prompt_messages(obj) -> list:
         t = obj["turns"]
         if not isinstance(t, list) or not t or not isinstance(t[0], str) or not t[0].strip():
             raise Reject("bad_field", f"'turns' must be a list whose first item is a non-empty string, got "
-                         f"{json.dumps(t)[:60]}")
+                         f"{short(t, 60)}")
         msgs.append({"role": "user", "content": t[0]})
     else:
         msgs.append({"role": "user", "content": _string(obj, key)})
@@ -97,31 +98,28 @@ def encode_prompt(tok, obj, template_kwargs: dict) -> np.ndarray:
 def run(args) -> int:
     template_kwargs = json_object_arg(args.template_kwargs, "--template-kwargs")
     require_input_files(args.inputs)
+    check_output_path(args.out, "--out", args.inputs)
+    target = check.read_target(args.target) if args.target else None   # first: its errors need no tokenizer
     tok = load_tokenizer(args.tokenizer)
     if tok.chat_template is None:
         raise SystemExit(f"error: the tokenizer in {args.tokenizer} has no chat template (tokenizer_config.json "
                          "'chat_template' or chat_template.jinja); prompts need the target's template")
     vocab = None
     if args.target:
-        target = check.read_target(args.target)
         vocab = target.vocab
         errors = check.check_tokenizer(tok, args.tokenizer, target)
         if errors:
             raise SystemExit("error: " + "\nerror: ".join(errors))
     errors, lengths = [], []
     with atomic_output(args.out) as partial:
-        writer = DatasetWriter(partial)
+        writer = DatasetWriter(partial, args.out)
         try:
             for path in args.inputs:
                 for n, line in read_lines(path):
                     try:
                         if isinstance(line, Reject):
                             raise line
-                        try:
-                            obj = json.loads(line)
-                        except json.JSONDecodeError as e:
-                            raise Reject("bad_json", f"not valid JSON ({e.msg} at column {e.colno})") from None
-                        ids = encode_prompt(tok, obj, template_kwargs)
+                        ids = encode_prompt(tok, load_row_json(line), template_kwargs)
                         if args.max_len and len(ids) > args.max_len:
                             raise Reject("too_long", f"{len(ids)} tokens > --max-len {args.max_len}")
                         if vocab is not None and len(ids) and int(ids.max()) >= vocab:

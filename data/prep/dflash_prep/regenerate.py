@@ -1,133 +1,88 @@
 """dflash_prep regenerate: replace the assistant turns of chat rows with the target's own generations, through
-any OpenAI-compatible server (vLLM, SGLang, transformers serve: POST /v1/chat/completions).
+any OpenAI-compatible server (vLLM, SGLang, transformers serve: POST /v1/chat/completions), or several
+(--server repeated: the rows are spread over them, dispatch.py).
 
 Per row, turn by turn: the prompt is the row's system/user turns with the earlier assistant turns already
 replaced; each assistant turn is generated anew; a row ending in a user turn gets one more generated answer
 (prompt-only data works). Sampling defaults to greedy (temperature 0): DFlash trains on the target's own greedy
-answers.
+answers. Rows with tool calls are refused: a new assistant turn would no longer match the tool results after it.
 
-Resume: every finished row is appended to OUT.journal as one JSON line {"key": <input line number>, ...} in one
-write() call; a run that is killed loses only the rows in flight (a torn last line is cut off on resume). Running
-the same command again skips the keys already there. When every row is done, OUT is written sorted by key
-(atomically) and the journal removed; then, with --h5, OUT is tokenized like 'dflash-prep tokenize'.
+Failures (client.py): a server's unusable answers are retried, then the row is tried on the other servers, then
+it is recorded as failed (bad_response, with each server's URL and fault) and the run goes on; a server that is
+down is left out and its rows go to the others; the run stops only when no server is left.
+
+Resume (journal.py): every finished row is appended to OUT.journal; running the same command again skips the
+rows already there (so failed and rejected rows are tried again). When every row is done, OUT is written sorted
+by key, i.e. in input order (atomically), and the journal removed; then, with --h5, OUT is tokenized like
+'dflash-prep tokenize'.
 """
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import json
 import os
-import random
 import sys
 import time
-import urllib.error
-import urllib.request
 
-from .atomic import atomic_output, fsync_path, write_text_atomic
+from .atomic import OutputError, check_output_path, write_text_atomic
+from .client import BadAnswer, Client, ServerDown
+from .dispatch import AllServersDown, Dispatcher, Server
+from .journal import Journal
+from .options import non_negative_float, non_negative_int, positive_float, positive_int, probability
 from .rows import Reject, json_object_arg, parse_row, read_lines, require_input_files
 
-RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
-FSYNC_EVERY = 64
+MAX_PRINTED_REJECTS = 20
 
 
 def add_arguments(p):
     p.add_argument("input", help="jsonl rows (OpenAI 'messages' or ShareGPT 'conversations')")
-    p.add_argument("--server", required=True, help="the server's base URL, e.g. http://localhost:8000 (or .../v1)")
+    p.add_argument("--server", action="append", required=True, metavar="URL",
+                   help="a server's base URL, e.g. http://localhost:8000 (or .../v1); repeat it to spread the rows "
+                   "over several servers (all serving the same model)")
     p.add_argument("--model", help="model name for the requests (default: the first of GET /v1/models)")
     p.add_argument("--out", required=True, help="output jsonl: one {'key', 'messages'} row per input row")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default, the DFlash recipe)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-tokens", type=int, default=2048, help="longest generated answer per turn")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0 = greedy (default, the DFlash recipe)")
+    p.add_argument("--top-p", type=probability, default=1.0)
+    p.add_argument("--max-tokens", type=positive_int, default=2048, help="longest generated answer per turn")
     p.add_argument("--seed", type=int, help="sampling seed sent with every request")
     p.add_argument("--chat-template-kwargs", help="JSON object the server passes to the chat template (vLLM, "
                    "SGLang), e.g. '{\"enable_thinking\": false}' for Qwen3 without reasoning")
     p.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
-    p.add_argument("--concurrency", type=int, default=16, help="rows in flight at once")
-    p.add_argument("--retries", type=int, default=6, help="attempts per request on connection errors, timeouts, "
-                   "HTTP 429 and 5xx, with exponential backoff (1 s doubling, at most 30 s)")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--concurrency", type=positive_int, default=16, help="rows in flight at once on each server")
+    p.add_argument("--retries", type=positive_int, default=6, help="attempts per request on connection errors, "
+                   "timeouts, HTTP 429 and 5xx, and unusable answers, with exponential backoff")
+    p.add_argument("--retry-wait", type=positive_float, default=1.0, help="seconds before the second attempt; "
+                   "doubles for each further one, at most 30 s")
+    p.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds per request")
     p.add_argument("--on-reject", choices=("fail", "skip"), default="fail",
-                   help="rows the server or the parser refuses: fail (report, keep the journal, exit 1) or skip "
-                   "(write them to OUT without .jsonl + .rejects.jsonl)")
+                   help="rows the servers or the parser refuse, and rows that failed: fail (report, keep the "
+                   "journal, exit 1) or skip (write them to OUT without .jsonl + .rejects.jsonl)")
     p.add_argument("--h5", help="then tokenize OUT into this HDF5 file (needs --tokenizer)")
     p.add_argument("--tokenizer", help="for --h5: the target's model directory")
     p.add_argument("--think", choices=("keep", "drop"), default="keep", help="for --h5: see tokenize")
     p.add_argument("--template-kwargs", default="{}", help="for --h5: see tokenize")
-    p.add_argument("--max-len", type=int, default=0, help="for --h5: see tokenize")
+    p.add_argument("--max-len", type=positive_int, help="for --h5: see tokenize")
     p.add_argument("--truncate", choices=("head", "reject"), default="head", help="for --h5: see tokenize")
     p.add_argument("--target", help="for --h5: see tokenize")
-    p.add_argument("--mask-token-id", type=int, help="for --h5: see tokenize")
+    p.add_argument("--mask-token-id", type=non_negative_int, help="for --h5: see tokenize")
 
 
-class ServerError(Exception):
-    """The server is unreachable or keeps failing: stop the run (the journal keeps the finished rows)."""
-
-
-class Client:
-    def __init__(self, base: str, api_key: str, timeout: float, retries: int):
-        base = base.rstrip("/")
-        self.base = base[:-3] if base.endswith("/v1") else base
-        self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-        self.timeout, self.retries = timeout, retries
-
-    def _request(self, path: str, body=None):
-        url = self.base + path
-        data = None if body is None else json.dumps(body).encode()
-        delay = 1.0
-        for attempt in range(1, self.retries + 1):
-            try:
-                req = urllib.request.Request(url, data=data, headers=self.headers,
-                                             method="GET" if data is None else "POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as e:
-                detail = e.read().decode("utf-8", "replace")[:300]
-                if e.code in (401, 403, 404):   # wrong URL, key or model: every row would fail the same way
-                    raise ServerError(f"HTTP {e.code} from {url}: {detail}")
-                if e.code not in RETRY_STATUS:
-                    raise Reject("server_refused", f"HTTP {e.code} from {url}: {detail}") from None
-                why = f"HTTP {e.code}: {detail}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-                why = str(getattr(e, "reason", e))
-            if attempt == self.retries:
-                raise ServerError(f"{url}: {why} (after {self.retries} attempts)")
-            time.sleep(delay * (0.5 + random.random()))   # jitter: concurrent requests do not retry in lockstep
-            delay = min(delay * 2, 30.0)
-
-    def first_model(self) -> str:
-        models = self._request("/v1/models").get("data") or []
-        if not models:
-            raise ServerError(f"{self.base}/v1/models lists no model; pass --model")
-        return models[0]["id"]
-
-    def chat(self, body: dict) -> dict:
-        return self._request("/v1/chat/completions", body)
-
-
-def assistant_message(resp: dict) -> tuple:
-    """(message for the row, finish_reason, generated tokens) of a chat completion response."""
-    try:
-        choice = resp["choices"][0]
-        msg = choice["message"]
-    except (KeyError, IndexError, TypeError):
-        raise Reject("bad_response", f"no choices[0].message in the server's answer: {json.dumps(resp)[:200]}")
-    out = {"role": "assistant", "content": msg.get("content") or ""}
-    reasoning = msg.get("reasoning_content", msg.get("reasoning"))   # servers with a reasoning parser
-    if reasoning:
-        out["reasoning_content"] = reasoning
-    return out, choice.get("finish_reason"), (resp.get("usage") or {}).get("completion_tokens", 0)
+def check_regenerable(row):
+    """Raises Reject for rows regenerate cannot handle."""
+    if row.text is not None:
+        raise Reject("text_row", "a plain 'text' row has no prompt to regenerate")
+    if row.tools or any(t.role == "tool" or t.tool_calls for t in row.turns):
+        raise Reject("tool_row", "a row with tool calls cannot be regenerated (new answers would not match its "
+                     "tool results); tokenize it as it is")
 
 
 def regenerate_row(client: Client, row, body: dict) -> dict:
-    """The row with every assistant turn generated by the server."""
-    if row.text is not None:
-        raise Reject("text_row", "a plain 'text' row has no prompt to regenerate")
+    """The row with every assistant turn generated by the server; raises Reject, BadAnswer, ServerDown."""
     msgs, finish, generated = [], [], 0
 
     def generate():
         nonlocal generated
         if not msgs or msgs[-1]["role"] != "user":
             raise Reject("no_prompt", f"an assistant turn (number {len(finish) + 1}) does not follow a user turn")
-        m, fr, n = assistant_message(client.chat(dict(body, messages=list(msgs))))
+        m, fr, n = client.chat(dict(body, messages=list(msgs)))
         msgs.append(m)
         finish.append(fr)
         generated += n
@@ -142,81 +97,43 @@ def regenerate_row(client: Client, row, body: dict) -> dict:
     return {"key": row.line, "messages": msgs, "finish_reasons": finish, "generated_tokens": generated}
 
 
-class Journal:
-    """Append-only jsonl of finished rows. The first line records the settings, so a resume with other settings
-    is refused instead of mixing two kinds of generations."""
-
-    def __init__(self, path: str, header: dict):
-        self.path, self.done, self.rows = path, set(), []
-        if os.path.exists(path):
-            self._load(header)
-        else:
-            with atomic_output(path) as partial:
-                with open(partial, "w", encoding="utf-8") as f:
-                    f.write(json.dumps({"journal": header}) + "\n")
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        self.unsynced = 0
-
-    def _load(self, header: dict):
-        with open(path := self.path, "rb") as f:
-            data = f.read()
-        good_end = 0
-        lines = data.split(b"\n")
-        for i, raw in enumerate(lines):
-            if not raw:
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:   # the torn last write of a killed run: cut it off
-                    break
-                raise SystemExit(f"error: {path}:{i + 1}: not valid JSON in the middle of the journal; it was "
-                                 "edited or the disk is damaged (delete it to start over)") from None
-            if i == 0:
-                old = obj.get("journal") if isinstance(obj, dict) else None
-                if old != header:
-                    diff = sorted(k for k in set(header) | set(old or {}) if (old or {}).get(k) != header.get(k))
-                    raise SystemExit(f"error: {path} was started with other settings ({', '.join(diff)}): resume "
-                                     "with the same command, or delete the journal to start over")
-            elif not isinstance(obj, dict) or not isinstance(obj.get("key"), int):
-                raise SystemExit(f"error: {path}:{i + 1}: a journal row without an integer 'key'; the journal was "
-                                 "edited (delete it to start over)")
-            elif obj["key"] in self.done:
-                raise SystemExit(f"error: {path}:{i + 1}: key {obj['key']} appears twice")
-            else:
-                self.done.add(obj["key"])
-                self.rows.append(obj)
-            good_end += len(raw) + 1
-        if good_end < len(data):
-            print(f"{path}: cut off a torn last line ({len(data) - good_end} bytes) of a killed run")
-            os.truncate(path, good_end)
-
-    def append(self, obj: dict):
-        os.write(self.fd, (json.dumps(obj, ensure_ascii=False) + "\n").encode())  # one write: whole line or none
-        self.done.add(obj["key"])
-        self.rows.append(obj)
-        self.unsynced += 1
-        if self.unsynced >= FSYNC_EVERY:
-            self.sync()
-
-    def sync(self):
-        os.fsync(self.fd)
-        self.unsynced = 0
-
-    def close(self):
-        self.sync()
-        os.close(self.fd)
+def choose_model(servers: list, model) -> str:
+    """--model, or the first model the first server that can list its models lists. A server that cannot be
+    reached is left out; none that can list a model is an error naming each server's fault."""
+    if model:
+        return model
+    faults = []
+    for s in servers:
+        try:
+            ids = s.client.models()
+        except ServerDown as e:
+            s.alive = False
+            faults.append(str(e))
+            continue
+        except (BadAnswer, Reject) as e:
+            faults.append(str(e))
+            continue
+        if ids:
+            for f in faults:
+                print(f"warning: cannot list the models of a server: {f}", file=sys.stderr)
+            return ids[0]
+        faults.append(f"{s.client.base}/v1/models lists no model")
+    raise SystemExit("error: cannot list the server's models: " + "; ".join(faults) + " (pass --model NAME when "
+                     "the server does not list it)")
 
 
 def run(args) -> int:
     require_input_files([args.input])
     if args.h5 and not args.tokenizer:
         raise SystemExit("error: --h5 needs --tokenizer (the target's model directory)")
-    client = Client(args.server, os.environ.get("OPENAI_API_KEY", ""), args.request_timeout, args.retries)
-    try:
-        model = args.model or client.first_model()
-    except (ServerError, Reject) as e:
-        raise SystemExit(f"error: cannot list the server's models: {e}") from None
+    stem = args.out[:-6] if args.out.endswith(".jsonl") else args.out
+    for path, option in ((args.out, "--out"), (args.out + ".journal", "--out (its journal)"),
+                         (stem + ".rejects.jsonl", "--out (its rejects file)"), (args.h5, "--h5")):
+        if path:
+            check_output_path(path, option, [args.input])
+    servers = [Server(url, Client(url, os.environ.get("OPENAI_API_KEY", ""), args.request_timeout, args.retries,
+                                  args.retry_wait)) for url in args.server]
+    model = choose_model(servers, args.model)
     body = {"model": model, "temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
     if args.seed is not None:
         body["seed"] = args.seed
@@ -238,71 +155,78 @@ def run(args) -> int:
         try:
             if isinstance(line, Reject):
                 raise line
-            todo.append(parse_row(line_no, line))
+            row = parse_row(line_no, line)
+            check_regenerable(row)
+            todo.append(row)
         except Reject as r:
             rejects.append({"file": args.input, "line": line_no, "reason": r.reason, "message": str(r), "row": None})
+    urls = ", ".join(s.url for s in servers)
     print(f"{args.input}: {total} rows, {len(journal.done)} done, {len(todo)} to generate with {model} at "
-          f"{args.server} (temperature {args.temperature}, top_p {args.top_p}, max_tokens {args.max_tokens})",
-          flush=True)
+          f"{urls} (temperature {args.temperature}, top_p {args.top_p}, max_tokens {args.max_tokens})", flush=True)
 
-    start, last_print, generated, at_length = time.time(), 0.0, 0, 0
-    pool = ThreadPoolExecutor(max_workers=max(1, args.concurrency))
-    pending, it = {}, iter(todo)
+    stats = {"generated": 0, "at_length": 0, "failed": 0, "last_print": 0.0}
+    start = time.time()
+
+    def done(row, out):
+        journal.append(out)
+        stats["generated"] += out["generated_tokens"]
+        stats["at_length"] += sum(1 for f in out["finish_reasons"] if f == "length")
+
+    def reject(row, r):
+        rejects.append({"file": args.input, "line": row.line, "reason": r.reason, "message": str(r), "row": row.raw})
+
+    def failed(row, faults):
+        stats["failed"] += 1
+        rejects.append({"file": args.input, "line": row.line, "reason": "bad_response",
+                        "message": "no usable answer: " + "; ".join(faults), "row": row.raw})
+
+    def tick():
+        now = time.time()
+        if now - stats["last_print"] >= 2.0:
+            stats["last_print"] = now
+            print(f"  {len(journal.done)}/{total} rows, {stats['generated'] / max(now - start, 1e-9):.1f} generated "
+                  "tokens/s", flush=True)
+
+    dispatcher = Dispatcher([s for s in servers if s.alive], args.concurrency,
+                            lambda client, row: regenerate_row(client, row, body))
     try:
-        while True:
-            while len(pending) < 2 * max(1, args.concurrency):
-                row = next(it, None)
-                if row is None:
-                    break
-                pending[pool.submit(regenerate_row, client, row, body)] = row
-            if not pending:
-                break
-            finished, _ = wait(pending, timeout=2.0, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                row = pending.pop(fut)
-                try:
-                    out = fut.result()
-                except Reject as r:
-                    rejects.append({"file": args.input, "line": row.line, "reason": r.reason, "message": str(r),
-                                    "row": row.raw})
-                    continue
-                journal.append(out)
-                generated += out["generated_tokens"]
-                at_length += sum(1 for f in out["finish_reasons"] if f == "length")
-            now = time.time()
-            if now - last_print >= 2.0:
-                last_print = now
-                el = max(now - start, 1e-9)
-                print(f"  {len(journal.done)}/{total} rows, {generated / el:.1f} generated tokens/s", flush=True)
-    except ServerError as e:
-        journal.close()
-        pool.shutdown(wait=False, cancel_futures=True)
-        print(f"error: the server failed: {e}\n  {len(journal.done)} finished rows are kept in {journal.path}; "
-              "run the same command again to resume", file=sys.stderr)
-        os._exit(1)   # do not wait for requests still in flight
+        dispatcher.run(todo, done, reject, failed, tick)
+    except AllServersDown:
+        _stop(journal, dispatcher, f"error: no server is left (see the warnings above); {len(journal.done)} finished "
+              f"rows are kept in {journal.path}; run the same command again to resume", 1)
     except KeyboardInterrupt:
-        journal.close()
-        print(f"interrupted: {len(journal.done)} rows kept in {journal.path}; run again to resume", file=sys.stderr)
-        os._exit(130)
-    pool.shutdown()
+        _stop(journal, dispatcher, f"interrupted: {len(journal.done)} rows kept in {journal.path}; run again to "
+              "resume", 130)
+    except OutputError as e:   # the journal cannot be written (a full disk)
+        _stop(journal, dispatcher, f"error: {e}", 1)
+    except BaseException:
+        _stop(journal, dispatcher, None, None)
+        raise
+    dispatcher.shutdown(wait_for_requests=True)
     journal.close()
-    print(f"generated {generated} tokens in {time.time() - start:.1f} s; {at_length} answers stopped at "
-          f"--max-tokens (finish_reason 'length')")
+    spread = ", ".join(f"{s.url} {s.rows}" for s in servers) if len(servers) > 1 else ""
+    print(f"generated {stats['generated']} tokens in {time.time() - start:.1f} s; {stats['at_length']} answers "
+          "stopped at --max-tokens (finish_reason 'length')" + (f"; rows per server: {spread}" if spread else ""))
 
-    stem = args.out[:-6] if args.out.endswith(".jsonl") else args.out
-    for r in rejects[:20]:
+    rejects.sort(key=lambda r: r["line"])   # input order, whatever order the servers finished in
+    for r in rejects[:MAX_PRINTED_REJECTS]:
         print(f"  rejected {r['file']}:{r['line']}: {r['reason']}: {r['message']}", file=sys.stderr)
+    if len(rejects) > MAX_PRINTED_REJECTS:
+        print(f"  ... and {len(rejects) - MAX_PRINTED_REJECTS} more", file=sys.stderr)
+    failed_note = f" ({stats['failed']} failed: no usable answer from the servers)" if stats["failed"] else ""
     if rejects and args.on_reject == "fail":
-        raise SystemExit(f"error: {len(rejects)} rows rejected; the {len(journal.done)} finished rows stay in "
-                         f"{journal.path}. Fix the rows and run again, or pass --on-reject skip")
+        raise SystemExit(f"error: {len(rejects)} rows rejected{failed_note}; the {len(journal.done)} finished rows "
+                         f"stay in {journal.path}. Fix the rows (or the servers) and run again, or pass "
+                         "--on-reject skip")
     if rejects:
         write_text_atomic(stem + ".rejects.jsonl",
                           "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
-        print(f"{len(rejects)} rejected rows written to {stem}.rejects.jsonl")
+        print(f"{len(rejects)} rejected rows{failed_note} written to {stem}.rejects.jsonl")
     rows = sorted(journal.rows, key=lambda r: r["key"])
     write_text_atomic(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     os.remove(journal.path)
-    print(f"wrote {args.out}: {len(rows)} rows (of {total} input rows, {len(rejects)} rejected)", flush=True)
+    print(f"wrote {args.out}: {len(rows)} rows (of {total} input rows, {len(rejects)} rejected"
+          f"{', ' + str(stats['failed']) + ' of them failed' if stats['failed'] else ''})", flush=True)
 
     if args.h5:
         from argparse import Namespace
@@ -313,3 +237,18 @@ def run(args) -> int:
             on_reject=args.on_reject, rejects=None, stats=None, target=args.target, mask_token_id=args.mask_token_id,
             workers=1))
     return 0
+
+
+def _stop(journal: Journal, dispatcher: Dispatcher, message, code):
+    """Ends a run early: the journal keeps the finished rows; requests still in flight are not waited for."""
+    try:
+        journal.close()
+    except OutputError:
+        pass   # the journal keeps what was written before
+    dispatcher.shutdown(wait_for_requests=False)
+    if message is None:
+        return
+    print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)   # threads blocked in requests would otherwise keep the process alive

@@ -12,6 +12,12 @@ Mask convention (data/README.md, "Preparing chat data"): per assistant turn, los
     <|im_end|>); only whitespace or '</think>' may lie in between.
 Everything else (system, user, the template's role headers, an empty '<think>\n\n</think>' the template adds
 in non-thinking mode, the newline after <|im_end|>) has loss_mask = 0.
+
+Tool calls: the template gets the whole messages (tool_calls, tool messages, name, ...) and the row's "tools",
+as a serving engine hands them over. An assistant turn's tool calls are trained like its answer: their rendering
+is found by rendering the conversation once more without that turn's tool_calls and comparing the two token
+sequences (the tokens that differ are the template's tool-call text, whatever its format). A template that
+renders no tool calls, no tool result or no tool definitions rejects the row instead of training it wrong.
 """
 from dataclasses import dataclass, field
 import json
@@ -58,15 +64,25 @@ class ChatEncoder:
                                     key=len, reverse=True)
 
     def template_messages(self, row: Row) -> list:
-        """The messages handed to the chat template. Kept reasoning goes back into the content in the form Qwen3
-        generates it ('<think>\\nR\\n</think>\\n\\nanswer'); Qwen3's template splits it out again itself."""
+        """The messages handed to the chat template: each message's own fields (tool_calls, name, ...) with role
+        and content. Kept reasoning goes back into the content in the form Qwen3 generates it
+        ('<think>\\nR\\n</think>\\n\\nanswer'); Qwen3's template splits it out again itself."""
         msgs = []
         for t in row.turns:
             content = t.content
             if t.role == "assistant" and self.think == "keep" and t.reasoning:
                 content = f"{THINK_OPEN}\n{t.reasoning}\n{THINK_CLOSE}\n\n{t.content}"
-            msgs.append({"role": t.role, "content": content})
+            msgs.append(dict(t.extra, role=t.role, content=content))
         return msgs
+
+    def render(self, msgs: list, tools) -> str:
+        kwargs = dict(self.template_kwargs)
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            return self.tok.apply_chat_template(msgs, tokenize=False, **kwargs)
+        except Exception as e:  # the template's raise_exception (e.g. roles must alternate) and jinja errors
+            raise Reject("template_error", f"the chat template refused the conversation: {e}") from None
 
     def encode(self, row: Row) -> Encoded:
         if row.text is not None:
@@ -78,29 +94,79 @@ class ChatEncoder:
         if self.tok.chat_template is None:
             raise SystemExit("error: the tokenizer has no chat template (tokenizer_config.json 'chat_template' or "
                              "chat_template.jinja); chat rows need the target's template")
-        try:
-            text = self.tok.apply_chat_template(self.template_messages(row), tokenize=False, **self.template_kwargs)
-        except Exception as e:  # the template's raise_exception (e.g. roles must alternate) and jinja errors
-            raise Reject("template_error", f"the chat template refused the conversation: {e}") from None
-        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids = np.asarray(enc["input_ids"], np.int32)
-        offsets = np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2)   # [S, 2] char span of each token
+        msgs = self.template_messages(row)
+        text = self.render(msgs, row.tools)
+        if row.tools and self.render(msgs, None) == text:
+            raise Reject("tools_not_rendered", "the row has 'tools' but the chat template does not render them "
+                         "(it ignores the 'tools' variable): use the target's tool-aware template, or drop the rows")
+        ids, offsets = self._tokenize(text)
         mask = np.zeros(len(ids), np.uint8)
         out = Encoded(ids, mask)
         cursor = 0          # everything before it belongs to turns already placed
         n_assistant = 0
-        for t in row.turns:
+        for i, t in enumerate(row.turns):
             if t.role != "assistant":
                 # advance past this turn's text, so an answer that repeats the question is not found in it
                 needle = t.content.strip()
                 p = text.find(needle, cursor) if needle else -1
                 if p >= 0:
                     cursor = p + len(needle)
+                elif t.role == "tool" and needle:
+                    raise Reject("tool_not_rendered", f"messages[{i}]: the chat template does not render this tool "
+                                 "result as it is: use the target's tool-aware template, or drop the rows")
                 continue
             n_assistant += 1
-            start, end = self._locate(text, t, cursor, n_assistant, out)
+            if t.tool_calls:
+                start, end = self._locate_tool_calls(text, ids, offsets, msgs, row.tools, i, t, cursor, n_assistant,
+                                                     out)
+            else:
+                start, end = self._locate(text, t, cursor, n_assistant, out)
             cursor = self._mask_span(text, ids, offsets, start, end, mask, n_assistant, out)
         return out
+
+    def _tokenize(self, text: str):
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = np.asarray(enc["input_ids"], np.int32)
+        offsets = np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2)   # [S, 2] char span of each token
+        return ids, offsets
+
+    def _locate_tool_calls(self, text, ids, offsets, msgs, tools, i, t, cursor, k, out: Encoded):
+        """Character span [start, end) of assistant turn k (message i, with tool_calls) before its end-of-turn
+        token: its reasoning and answer as in _locate, and the tokens that change when its tool_calls are left
+        out of the conversation (the template's rendering of the calls)."""
+        without = list(msgs)
+        without[i] = {key: v for key, v in msgs[i].items() if key != "tool_calls"}
+        other, _ = self._tokenize(self.render(without, tools))
+        n = min(len(ids), len(other))
+        head = np.nonzero(ids[:n] != other[:n])[0]
+        first = int(head[0]) if len(head) else n                        # tokens before it: the same in both
+        m = n - first
+        tail = np.nonzero(ids[::-1][:m] != other[::-1][:m])[0]
+        last = len(ids) - (int(tail[0]) if len(tail) else m)          # ids[first:last]: the tool calls' tokens
+        if last <= first:
+            raise Reject("tool_calls_not_rendered", f"assistant turn {k}: the chat template does not render its "
+                         "tool_calls: use the target's tool-aware template, or drop the rows")
+        if offsets[first, 0] < cursor or np.any(np.isin(ids[first:last], list(self.special_ids))):
+            # a template whose rendering changes elsewhere too (other turns, across end-of-turn tokens)
+            raise Reject("tool_calls_not_rendered", f"assistant turn {k}: cannot tell its tool calls apart in the "
+                         "rendered chat (leaving them out changes more than this turn)")
+        start, end = int(offsets[first, 0]), int(offsets[last - 1, 1])
+        answer = t.content.strip()
+        if answer:
+            a = text.find(answer, cursor, end)
+            if a < 0:
+                raise Reject("answer_not_rendered", f"assistant turn {k}: its text is not in the rendered chat "
+                             "template (the template changes or drops it)")
+            start, end = min(start, a), max(end, a + len(answer))
+        reasoning = (t.reasoning or "").strip() if self.think == "keep" else ""
+        if reasoning:
+            r = text.find(reasoning, cursor, start)
+            if r >= 0:
+                o = text.rfind(THINK_OPEN, cursor, r)
+                start = o if o >= 0 else r
+            else:
+                out.reasoning_dropped += 1
+        return start, end
 
     def _locate(self, text: str, t, cursor: int, k: int, out: Encoded):
         """Character span [start, end) of assistant turn k's trained text before its end-of-turn token."""

@@ -1,8 +1,9 @@
 """dflash_prep tokenize: chat jsonl files -> one HDF5 training file, with statistics and rejects.
 
-Truncation policy (--max-len N): 'head' (default) keeps the first N tokens (the prompt, then as much of the
-answers as fits; the cut answer loses its end-of-turn token); a row whose kept part has no two adjacent trained
-tokens (no anchor with a label) is rejected as prompt_too_long. 'reject' rejects every row longer than N.
+Truncation policy (--max-len N, N >= 1; no limit without it): 'head' (default) keeps the first N tokens (the
+prompt, then as much of the answers as fits; the cut answer loses its end-of-turn token); a row whose kept part has
+no two adjacent trained tokens (no anchor with a label) is rejected as prompt_too_long. 'reject' rejects every row
+longer than N.
 Rejected rows are never dropped silently: --on-reject fail (default) reports them all with file:line and writes
 nothing; --on-reject skip writes them to the rejects file and continues.
 """
@@ -16,8 +17,9 @@ from typing import Optional
 import numpy as np
 
 from . import check
-from .atomic import atomic_output, write_text_atomic
+from .atomic import atomic_output, check_output_path, write_text_atomic
 from .h5out import DatasetWriter
+from .options import non_negative_int, positive_int
 from .render import ChatEncoder, load_tokenizer
 from .rows import Reject, json_object_arg, parse_row, read_lines, require_input_files
 
@@ -70,7 +72,7 @@ def add_arguments(p):
                    help="assistant reasoning (<think>...</think> or reasoning_content): keep it (trained) or drop it")
     p.add_argument("--template-kwargs", default="{}", help="JSON object passed to the chat template, e.g. "
                    "'{\"enable_thinking\": false}'")
-    p.add_argument("--max-len", type=int, default=0, help="longest sequence in tokens (0: no limit)")
+    p.add_argument("--max-len", type=positive_int, help="longest sequence in tokens (default: no limit)")
     p.add_argument("--truncate", choices=("head", "reject"), default="head",
                    help="rows longer than --max-len: keep the first N tokens (head) or reject them")
     p.add_argument("--on-reject", choices=("fail", "skip"), default="fail",
@@ -79,9 +81,10 @@ def add_arguments(p):
     p.add_argument("--stats", help="write the statistics as JSON here (default: OUT without .h5 + .stats.json)")
     p.add_argument("--target", help="the target's model directory (config.json): checks the tokenizer against it "
                    "and every token id against its vocab_size")
-    p.add_argument("--mask-token-id", type=int, help="the drafter's mask_token_id: rows containing it are rejected")
-    p.add_argument("--workers", type=int, default=1, help="processes rendering and tokenizing rows (the output "
-                   "is the same for any number)")
+    p.add_argument("--mask-token-id", type=non_negative_int, help="the drafter's mask_token_id: rows containing it "
+                   "are rejected")
+    p.add_argument("--workers", type=positive_int, default=1, help="processes rendering and tokenizing rows (the "
+                   "output is the same for any number)")
 
 
 def _stem(path: str) -> str:
@@ -173,10 +176,15 @@ def encoded_rows(path, enc, args, vocab, template_kwargs, pool):
 def run(args) -> int:
     template_kwargs = json_object_arg(args.template_kwargs, "--template-kwargs")
     require_input_files(args.inputs)
+    stem = _stem(args.out)
+    rejects_path = args.rejects or stem + ".rejects.jsonl"
+    stats_path = args.stats or stem + ".stats.json"
+    for path, option in ((args.out, "--out"), (rejects_path, "--rejects"), (stats_path, "--stats")):
+        check_output_path(path, option, args.inputs)
+    target = check.read_target(args.target) if args.target else None   # first: its errors need no tokenizer
     tok = load_tokenizer(args.tokenizer)
     vocab = None
     if args.target:
-        target = check.read_target(args.target)
         vocab = target.vocab
         errors = check.check_tokenizer(tok, args.tokenizer, target)
         if args.mask_token_id is not None:
@@ -184,9 +192,6 @@ def run(args) -> int:
         if errors:
             raise SystemExit("error: " + "\nerror: ".join(errors))
     enc = ChatEncoder(tok, args.think, template_kwargs)
-    stem = _stem(args.out)
-    rejects_path = args.rejects or stem + ".rejects.jsonl"
-    stats_path = args.stats or stem + ".stats.json"
     all_stats, rejects = [], []
 
     pool = None
@@ -195,7 +200,7 @@ def run(args) -> int:
         # spawn: a forked copy of a process that has used the tokenizers library's threads can deadlock
         pool = multiprocessing.get_context("spawn").Pool(args.workers, _worker_init, (args, vocab, template_kwargs))
     with atomic_output(args.out) as partial:
-        writer = DatasetWriter(partial)
+        writer = DatasetWriter(partial, args.out)
         try:
             for path in args.inputs:
                 st = FileStats(path)
@@ -214,9 +219,9 @@ def run(args) -> int:
                     st.eot.update(e.eot)
                 print(st.line(), flush=True)
         finally:
-            writer.close()
             if pool is not None:
                 pool.terminate()
+            writer.close()   # raises OutputError when a write failed (the partial file is then removed)
         total = _total(all_stats)
         if len(all_stats) > 1:
             print(total.line())

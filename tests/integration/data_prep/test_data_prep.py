@@ -1,7 +1,11 @@
 """dflash_prep end to end, one case per ctest test (tests/integration/data_prep.sh runs it in the prep venv).
   test_data_prep.py CASE --src SOURCE_DIR --build BUILD_DIR --work WORK_DIR
-Cases: masks, think, rejects, truncation, regenerate, check, trains, prompts. Each builds its own tokenizer with
-make_tokenizer.py (byte-level BPE trained on a few lines, Qwen3-style ChatML template)."""
+Cases here: masks, think, rejects, truncation, regenerate, regenerate_serve, check, trains, prompts; in
+cases_tools.py: tools; cases_hostile.py: hostile_rows, hostile_files, full_disk; cases_faults.py:
+regenerate_hostile, regenerate_servers; cases_package.py: package. Each builds its own tokenizer with
+make_tokenizer.py (byte-level BPE trained on a few lines, Qwen3-style ChatML template). Every dflash_prep run of
+every case must end without a Python traceback, an 'internal error' or a signal, whatever its input (harness.prep).
+"""
 import argparse
 import json
 import os
@@ -12,80 +16,14 @@ import subprocess
 import sys
 import time
 
-import h5py
 import numpy as np
 
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")   # no "PyTorch was not found" advisory
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-A = None   # parsed arguments
-
-
-def fail(msg):
-    print(f"FAIL ({A.case}): {msg}")
-    sys.exit(1)
-
-
-def expect(cond, msg):
-    if not cond:
-        fail(msg)
-
-
-def prep(*args, rc=0, pattern=None):
-    """Runs dflash_prep; checks the exit code and (optionally) a text in its output. Returns the output."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(A.src, "data", "prep"))
-    start = time.time()
-    p = subprocess.run([sys.executable, "-m", "dflash_prep", *map(str, args)], env=env, capture_output=True,
-                       text=True)
-    out = p.stdout + p.stderr
-    print(f"$ dflash_prep {' '.join(map(str, args))}\n{out}[exit {p.returncode} after {time.time() - start:.1f} s]")
-    expect(p.returncode == rc, f"exit {p.returncode}, expected {rc}")
-    if pattern:
-        expect(pattern in out, f"output lacks {pattern!r}")
-    return out
-
-
-def make_tokenizer(name="tok", vocab=400):
-    d = os.path.join(A.work, name)
-    subprocess.run([sys.executable, os.path.join(HERE, "make_tokenizer.py"), d, "--vocab", str(vocab)], check=True)
-    from transformers import AutoTokenizer
-    return d, AutoTokenizer.from_pretrained(d)
-
-
-def write_jsonl(name, rows):
-    path = os.path.join(A.work, name)
-    with open(path, "w") as f:
-        for r in rows:
-            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
-    return path
-
-
-def read_h5(path):
-    with h5py.File(path, "r") as f:
-        expect(f["tokens"].dtype == np.int32 and f["offsets"].dtype == np.int64 and f["loss_mask"].dtype == np.uint8,
-               f"dtypes {f['tokens'].dtype}, {f['offsets'].dtype}, {f['loss_mask'].dtype}")
-        t, o, m = f["tokens"][:], f["offsets"][:], f["loss_mask"][:]
-    expect(o[0] == 0 and o[-1] == len(t) == len(m) and np.all(np.diff(o) >= 0), "bad offsets")
-    return [(t[o[i]:o[i + 1]], m[o[i]:o[i + 1]]) for i in range(len(o) - 1)]
-
-
-def masked_segments(tok, tokens, mask):
-    """Decoded text of each run of loss_mask = 1."""
-    segs, j = [], 0
-    while j < len(mask):
-        if mask[j]:
-            k = j
-            while k < len(mask) and mask[k]:
-                k += 1
-            segs.append(tok.decode(tokens[j:k]))
-            j = k
-        else:
-            j += 1
-    return segs
-
-
-def msgs(*pairs):
-    return {"messages": [{"role": r, "content": c} for r, c in pairs]}
+import cases_faults
+import cases_hostile
+import cases_package
+import cases_tools
+from harness import A, expect, fail, make_tokenizer, masked_segments, msgs, prep, read_h5, regen_rows, \
+    start_server, write_jsonl
 
 
 def case_masks():
@@ -184,7 +122,7 @@ def case_rejects():
     tok_dir, _ = make_tokenizer()
     good = msgs(("user", "Hello"), ("assistant", "I am fine."))
     rows = [good, good, msgs(("user", "Hello, how are you?")), good, '{"messages": [ broken', good,
-            {"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y z"}]},
+            {"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y z"}]},
             {"prompt": "no known key"}, msgs(("user", "a"), ("assistant", "<think>never closed"))]
     src = write_jsonl("rej.jsonl", rows)
     out = os.path.join(A.work, "rej.h5")
@@ -234,40 +172,6 @@ def case_truncation():
          "--on-reject", "skip", pattern="0 truncated, rejected 2 (too_long 2)")
     expect(len(read_h5(out)) == 1, "reject: expected the one short row")
     print("PASS (truncation)")
-
-
-def start_server(tok_dir, name, **opts):
-    port_file = os.path.join(A.work, name + ".port")
-    if os.path.exists(port_file):
-        os.remove(port_file)
-    cmd = [sys.executable, os.path.join(HERE, "server.py"), tok_dir, "--port-file", port_file]
-    for k, v in opts.items():
-        cmd += [f"--{k.replace('_', '-')}", str(v)]
-    proc = subprocess.Popen(cmd)
-    for _ in range(600):
-        if os.path.exists(port_file):
-            return proc, f"http://127.0.0.1:{open(port_file).read()}"
-        expect(proc.poll() is None, "the test server exited")
-        time.sleep(0.1)
-    fail("the test server did not start within 60 s")
-
-
-def regen_rows(n):
-    """n conversations: prompt-only, one old answer with a system turn, two turns (the second prompt carries the
-    first regenerated answer)."""
-    topics = ["the sea", "a cat", "the wind", "the stars", "a dog", "the river", "a house", "the fox"]
-    rows = []
-    for i in range(n):
-        t = topics[i % 8]
-        if i % 3 == 0:
-            rows.append(msgs(("user", f"Tell me a story about {t}, number {i}.")))
-        elif i % 3 == 1:
-            rows.append(msgs(("system", "Be short."), ("user", f"Write a poem about {t}, {i}."),
-                             ("assistant", "an old answer")))
-        else:
-            rows.append(msgs(("user", f"What is {t}? {i}"), ("assistant", "old"), ("user", "Tell me more."),
-                             ("assistant", "old too")))
-    return rows
 
 
 def kill_and_resume(tok_dir, tok, rows, src, url_ref, url_run, kill_after, max_tokens, concurrency):
@@ -564,18 +468,24 @@ def case_prompts():
     print("PASS (prompts)")
 
 
+CASE_MODULES = (cases_tools, cases_hostile, cases_faults, cases_package)
+
+
 def main():
-    global A
     ap = argparse.ArgumentParser()
     ap.add_argument("case")
     ap.add_argument("--src", required=True)
     ap.add_argument("--build", required=True)
     ap.add_argument("--work", required=True)
-    A = ap.parse_args()
+    vars(A).update(vars(ap.parse_args()))
     A.work = os.path.join(A.work, A.case)
     shutil.rmtree(A.work, ignore_errors=True)
     os.makedirs(A.work)
-    globals()["case_" + A.case]()
+    name = "case_" + A.case
+    for module in (sys.modules[__name__],) + CASE_MODULES:
+        if hasattr(module, name):
+            return getattr(module, name)()
+    fail(f"no case {A.case!r}")
 
 
 if __name__ == "__main__":
