@@ -24,14 +24,21 @@ for a in "$@"; do
   esac
 done
 
-# install VENV EXTRAS: makes VENV when missing, installs the package with EXTRAS (e.g. "[serve]") unless the stamp
-# says it is there
+# install VENV EXTRA: makes VENV when missing, installs the package (with the extra EXTRA, e.g. "report", when
+# given) unless the stamps say it is there: .requirements.sha256 for the package, .extra-EXTRA.sha256 for an extra,
+# so that callers with and without an extra never undo each other's install. One installer per environment at a
+# time (flock on VENV.lock): ctest may run several callers at once.
 install() {
-  local venv="$1" extras="$2"
+  local venv="$1" extra="$2"
   local stamp="$venv/.requirements.sha256" want
-  want="$( (cd "$pkg" && cat pyproject.toml requirements*.txt; echo "$pkg $extras") | sha256sum | cut -d' ' -f1)"
-  if [[ -x "$venv/bin/python" && -x "$venv/bin/dflash-prep" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    echo "install_prep: $venv is up to date"
+  mkdir -p "$(dirname "$venv")"
+  exec 9>"$venv.lock"
+  flock 9
+  want="$( (cd "$pkg" && cat pyproject.toml requirements*.txt; echo "$pkg") | sha256sum | cut -d' ' -f1)"
+  local extra_stamp="$venv/.extra-$extra.sha256"
+  if [[ -x "$venv/bin/python" && -x "$venv/bin/dflash-prep" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]] &&
+     [[ -z "$extra" || ( -f "$extra_stamp" && "$(cat "$extra_stamp")" == "$want" ) ]]; then
+    echo "install_prep: $venv is up to date${extra:+ (with [$extra])}"
     return
   fi
   local start=$SECONDS
@@ -43,17 +50,18 @@ install() {
   fi
   # pip >= 21.3 installs a pyproject.toml package editable (PEP 660); Debian's python3 venv may bring an older one
   "$venv/bin/python" -m pip install --disable-pip-version-check -q "pip>=23" >/dev/null
-  "$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$pkg$extras"
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q -e "$pkg${extra:+[$extra]}"
   "$venv/bin/dflash-prep" --help >/dev/null   # the console script runs: the install is usable
   echo "$want" >"$stamp"
-  echo "install_prep: installed $pkg$extras into $venv in $((SECONDS - start)) s"
+  [[ -z "$extra" ]] || echo "$want" >"$extra_stamp"
+  echo "install_prep: installed $pkg${extra:+[$extra]} into $venv in $((SECONDS - start)) s"
 }
 
-install "${DFLASH_PREP_VENV:-$pkg/.venv}" "$([[ $report == 1 ]] && echo "[report]" || true)"
+install "${DFLASH_PREP_VENV:-$pkg/.venv}" "$([[ $report == 1 ]] && echo report || true)"
 if [[ $serve == 1 ]]; then
   if [[ "${DFLASH_PREP_SERVE:-1}" == 0 ]]; then
     echo "install_prep: DFLASH_PREP_SERVE=0: no serving environment (data_prep_regenerate_serve will be skipped)"
   else
-    install "${DFLASH_PREP_SERVE_VENV:-$pkg/.venv-serve}" "[serve]"
+    install "${DFLASH_PREP_SERVE_VENV:-$pkg/.venv-serve}" serve
   fi
 fi

@@ -42,23 +42,22 @@ print_key() {
 }
 report_pid="" report_me="run_local.sh"
 # start_report_follower OUT_DIR TENSORBOARD WANDB WANDB_OFFLINE PID: `dflash-prep report --follow` in the background
-# (report_pid), in the first of $DFLASH_REPORT_PYTHON, data/prep/.venv-report, data/prep/.venv that has the packages
+# (report_pid), in the first of $DFLASH_REPORT_PYTHON, data/prep/.venv that has the packages
 start_report_follower() {
   local out_dir="$1" tb="$2" wb="$3" offline="$4" pid="$5" py="" c args=() mods=()
   local has='import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in sys.argv[1:]))'
   if [[ -n "$tb" ]]; then args+=(--tensorboard "$tb"); mods+=(tensorboard); fi
   if [[ -n "$wb" ]]; then args+=(--wandb "$wb"); mods+=(wandb); fi
   if [[ -n "$wb" && "$offline" == true ]]; then args+=(--offline); fi
-  for c in "${DFLASH_REPORT_PYTHON:-}" "$root/data/prep/.venv-report/bin/python" "$root/data/prep/.venv/bin/python"; do
+  for c in "${DFLASH_REPORT_PYTHON:-}" "$root/data/prep/.venv/bin/python"; do
     if [[ -n "$c" && -x "$c" ]] && "$c" -c "$has" "${mods[@]}" 2>/dev/null; then py="$c"; break; fi
     if [[ -n "${DFLASH_REPORT_PYTHON:-}" ]]; then break; fi   # the one asked for, or none
   done
   if [[ -z "$py" ]]; then
     echo "$report_me: warning: report.tensorboard / report.wandb are set but no Python environment has ${mods[*]}" \
-         "(${DFLASH_REPORT_PYTHON:-data/prep/.venv-report, data/prep/.venv}); training without the metrics" \
-         "follower. Install it: bash $root/mpi_launch/install_prep.sh --report (or: python3 -m venv" \
-         "$root/data/prep/.venv-report && $root/data/prep/.venv-report/bin/python -m pip install -r" \
-         "$root/data/prep/requirements-report.txt); replay the metrics later: docs/reporting.md" >&2
+         "(${DFLASH_REPORT_PYTHON:-data/prep/.venv}); training without the metrics" \
+         "follower. Install it: bash $root/mpi_launch/install_prep.sh --report; replay the metrics later:" \
+         "docs/reporting.md" >&2
     return 0
   fi
   mkdir -p "$out_dir/logs"

@@ -662,7 +662,7 @@ def case_launcher(ctx):
                        DFLASH_REPORT_PYTHON="/nonexistent/python"), capture_output=True, text=True, timeout=60)
     sys.stderr.write(r.stdout + r.stderr)
     check(r.returncode == 0, f"no Python environment: exit {r.returncode}")
-    check("warning:" in r.stderr and "requirements-report.txt" in r.stderr, "no warning naming the install")
+    check("warning:" in r.stderr and "install_prep.sh --report" in r.stderr, "no warning naming the install")
     check(not os.path.exists(st2.tb), "a follower ran without a Python environment")
     check(len(open(os.path.join(st2.out, "metrics.jsonl")).readlines()) == len(st2.recs), "the job did not run")
 
