@@ -1,8 +1,8 @@
 // dflash_data import-jsonl IN.jsonl OUT.h5 [--vocab V]
 // One JSON object per line: {"input_ids": [int, ...], "loss_mask": [0|1, ...]} (loss_mask optional, default all
-// 1). Writes OUT.h5 through OUT.h5.partial, renamed at the end, so a failed import leaves no half-written dataset.
+// 1). Writes OUT.h5 through OUT.h5.partial, renamed at the end, so a failed import (a bad line, a full disk)
+// leaves no half-written dataset and an existing OUT.h5 unchanged.
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -81,37 +81,31 @@ int run_import_jsonl(int argc, char** argv) {
   std::ifstream f(in);
   DFLASH_USER_CHECK(f.good(), "{}: cannot open for reading (does the file exist?)", in);
 
-  const std::string partial = out + ".partial";
+  // The writer removes OUT.h5.partial itself when anything fails (a bad line, a full disk); OUT.h5 is only
+  // replaced by commit(), after the file was completely written, closed and fsync'd.
+  io::DatasetWriter writer(out + ".partial");
   int64_t lines = 0, no_trained = 0, trained = 0;
-  try {
-    io::DatasetWriter writer(partial);
-    std::vector<int32_t> tokens;
-    std::vector<uint8_t> mask;
-    for (std::string line; std::getline(f, line);) {
-      ++lines;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      parse_line(fmt::format("{}:{}", in, lines), line, vocab, tokens, mask);
-      int64_t t = 0;
-      for (uint8_t v : mask) t += v;
-      trained += t;
-      no_trained += t == 0;
-      writer.add(tokens, mask);
-    }
-    DFLASH_USER_CHECK(!f.bad(), "{}: read error after line {}", in, lines);
-    DFLASH_USER_CHECK(writer.sequences() > 0, "{}: no sequences (the file is empty or all lines are blank)", in);
-    writer.close();
-    std::filesystem::rename(partial, out);
-    std::printf("wrote %s: %lld sequences, %lld tokens, %.1f%% trained (loss_mask = 1)\n", out.c_str(),
-                (long long)writer.sequences(), (long long)writer.tokens(),
-                100.0 * double(trained) / double(std::max<int64_t>(writer.tokens(), 1)));
-    if (no_trained > 0)
-      std::printf("note: %lld sequences have no trained token (loss_mask all 0); they give no loss\n",
-                  (long long)no_trained);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(partial, ec);
-    throw;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  for (std::string line; std::getline(f, line);) {
+    ++lines;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    parse_line(fmt::format("{}:{}", in, lines), line, vocab, tokens, mask);
+    int64_t t = 0;
+    for (uint8_t v : mask) t += v;
+    trained += t;
+    no_trained += t == 0;
+    writer.add(tokens, mask);
   }
+  DFLASH_USER_CHECK(!f.bad(), "{}: read error after line {}", in, lines);
+  DFLASH_USER_CHECK(writer.sequences() > 0, "{}: no sequences (the file is empty or all lines are blank)", in);
+  writer.commit(out);
+  std::printf("wrote %s: %lld sequences, %lld tokens, %.1f%% trained (loss_mask = 1)\n", out.c_str(),
+              (long long)writer.sequences(), (long long)writer.tokens(),
+              100.0 * double(trained) / double(std::max<int64_t>(writer.tokens(), 1)));
+  if (no_trained > 0)
+    std::printf("note: %lld sequences have no trained token (loss_mask all 0); they give no loss\n",
+                (long long)no_trained);
   return 0;
 }
 

@@ -4,7 +4,6 @@
 // never appear), loss_mask 0 everywhere (a prompt is context; regenerate adds the trained continuation).
 // Prompt i is drawn from Rng(seed, i) alone, so the first k prompts do not depend on --count.
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -41,26 +40,19 @@ int run_make_prompts(int argc, char** argv) {
   DFLASH_USER_CHECK(min_len >= 1 && min_len <= max_len, "--min-len {} --max-len {}: need 1 <= min-len <= max-len",
               min_len, max_len);
 
-  const std::string partial = out + ".partial";
-  try {
-    io::DatasetWriter writer(partial);
-    std::vector<int32_t> tokens;
-    for (int64_t i = 0; i < count; ++i) {
-      Rng rng(seed, uint64_t(i));
-      tokens.resize(size_t(min_len + int64_t(rng.below(uint64_t(max_len - min_len + 1)))));
-      for (auto& t : tokens) t = int32_t(rng.below(uint64_t(vocab - reserve)));
-      writer.add(tokens, std::vector<uint8_t>(tokens.size(), 0));
-    }
-    writer.close();
-    std::filesystem::rename(partial, out);
-    std::printf("wrote %s: %lld prompts, %lld tokens, lengths in [%lld, %lld], ids in [0, %lld), loss_mask 0\n",
-                out.c_str(), (long long)writer.sequences(), (long long)writer.tokens(), (long long)min_len,
-                (long long)max_len, (long long)(vocab - reserve));
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(partial, ec);
-    throw;
+  // OUT.h5.partial, renamed by commit() once complete; on any failure the writer removes it (OUT.h5 unchanged)
+  io::DatasetWriter writer(out + ".partial");
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < count; ++i) {
+    Rng rng(seed, uint64_t(i));
+    tokens.resize(size_t(min_len + int64_t(rng.below(uint64_t(max_len - min_len + 1)))));
+    for (auto& t : tokens) t = int32_t(rng.below(uint64_t(vocab - reserve)));
+    writer.add(tokens, std::vector<uint8_t>(tokens.size(), 0));
   }
+  writer.commit(out);
+  std::printf("wrote %s: %lld prompts, %lld tokens, lengths in [%lld, %lld], ids in [0, %lld), loss_mask 0\n",
+              out.c_str(), (long long)writer.sequences(), (long long)writer.tokens(), (long long)min_len,
+              (long long)max_len, (long long)(vocab - reserve));
   return 0;
 }
 

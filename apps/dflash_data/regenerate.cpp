@@ -63,7 +63,9 @@ int regenerate(const Args& a, comm::Transport& tp) {
   opt.eos_id = int32_t(a.integer("eos", -1));
   opt.vocab_limit = int(a.integer("vocab-limit", 0));
   const int64_t limit = a.integer("limit", 0);
-  DFLASH_USER_CHECK(opt.max_new_tokens >= 1, "--max-new-tokens {}: must be >= 1", opt.max_new_tokens);
+  DFLASH_USER_CHECK(a.integer("max-new-tokens", opt.max_new_tokens) >= 1 &&
+                        a.integer("max-new-tokens", opt.max_new_tokens) <= (1 << 20),
+                    "--max-new-tokens {}: must be in [1, 1048576]", a.integer("max-new-tokens", opt.max_new_tokens));
   DFLASH_USER_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
   DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory with "
               "config.json and *.safetensors; `dflash_data make-target` writes one)", target_dir);
@@ -78,6 +80,7 @@ int regenerate(const Args& a, comm::Transport& tp) {
   io::Dataset prompts(in, c.vocab);  // validates; errors name the file and sequence
   const int64_t n = model::check_prompts(prompts, limit);  // input errors before OUT.h5.partial exists
   DFLASH_USER_CHECK(n > 0, "{}: no sequences to regenerate", in);
+  model::check_generation_fits(c, target_dir, prompts, n, opt.max_new_tokens, 0, "--max-new-tokens");
   if (writer_rank) {
     std::printf("regenerate: target %s (H %d, %d layers, vocab %d) on TP %d, loaded in %.2f s\n", target_dir.c_str(),
                 c.hidden, c.layers, c.vocab, tp.size(), load.seconds());
@@ -88,38 +91,31 @@ int regenerate(const Args& a, comm::Transport& tp) {
     std::fflush(stdout);
   }
 
-  const std::string partial = out + ".partial";
+  // Rank 0 writes OUT.h5.partial; commit() renames it once complete. On any failure (here or on the way to main /
+  // MPI_Abort) the writer's destructor removes the partial file it created; OUT.h5 is left as it was.
   std::unique_ptr<io::DatasetWriter> writer;
-  try {
-    if (writer_rank) writer = std::make_unique<io::DatasetWriter>(partial);
-    double last_print = 0;
-    auto progress = [&](const model::RegenerateStats& s) {
-      if (!writer_rank || (s.seconds - last_print < 2.0 && s.sequences < n)) return;
-      last_print = s.seconds;
-      std::printf("  %lld/%lld sequences  %.2f sequences/s  %.0f new tokens/s\n", (long long)s.sequences,
-                  (long long)n, double(s.sequences) / s.seconds, double(s.new_tokens) / s.seconds);
-      std::fflush(stdout);
-    };
-    const model::RegenerateStats st =
-        model::regenerate_dataset(target, head, prompts, writer.get(), opt, limit, progress);
-    if (writer_rank) {
-      writer->close();
-      std::filesystem::rename(partial, out);
-      const double secs = std::max(st.seconds, 1e-9);
-      std::printf("wrote %s: %lld sequences, %lld tokens (%lld prompt, %lld generated), %lld stopped at eos\n",
-                  out.c_str(), (long long)st.sequences, (long long)(st.prompt_tokens + st.new_tokens),
-                  (long long)st.prompt_tokens, (long long)st.new_tokens, (long long)st.eos_stops);
-      std::printf("regenerate: %.2f s, %.2f sequences/s, %.0f new tokens/s, %.0f forward tokens/s (%ld forwards, "
-                  "cached)\n",
-                  secs, double(st.sequences) / secs, double(st.new_tokens) / secs,
-                  double(target.stats().tokens) / std::max(target.stats().forward_seconds, 1e-9),
-                  target.stats().forwards);
-    }
-  } catch (...) {
-    writer.reset();
-    std::error_code ec;
-    if (writer_rank) std::filesystem::remove(partial, ec);
-    throw;
+  if (writer_rank) writer = std::make_unique<io::DatasetWriter>(out + ".partial");
+  double last_print = 0;
+  auto progress = [&](const model::RegenerateStats& s) {
+    if (!writer_rank || (s.seconds - last_print < 2.0 && s.sequences < n)) return;
+    last_print = s.seconds;
+    std::printf("  %lld/%lld sequences  %.2f sequences/s  %.0f new tokens/s\n", (long long)s.sequences,
+                (long long)n, double(s.sequences) / s.seconds, double(s.new_tokens) / s.seconds);
+    std::fflush(stdout);
+  };
+  const model::RegenerateStats st =
+      model::regenerate_dataset(target, head, prompts, writer.get(), opt, limit, progress);
+  if (writer_rank) {
+    writer->commit(out);
+    const double secs = std::max(st.seconds, 1e-9);
+    std::printf("wrote %s: %lld sequences, %lld tokens (%lld prompt, %lld generated), %lld stopped at eos\n",
+                out.c_str(), (long long)st.sequences, (long long)(st.prompt_tokens + st.new_tokens),
+                (long long)st.prompt_tokens, (long long)st.new_tokens, (long long)st.eos_stops);
+    std::printf("regenerate: %.2f s, %.2f sequences/s, %.0f new tokens/s, %.0f forward tokens/s (%ld forwards, "
+                "cached)\n",
+                secs, double(st.sequences) / secs, double(st.new_tokens) / secs,
+                double(target.stats().tokens) / std::max(target.stats().forward_seconds, 1e-9),
+                target.stats().forwards);
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 // Plus the data order of training: an epoch-seeded shuffle and the assignment of sequences to drafter ranks.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,12 +20,18 @@ struct Sequence {
   std::vector<uint8_t> loss_mask;   // [S], 0/1
 };
 
-// Streams sequences into a new HDF5 file (chunked, deflate). Call close() to finish: it writes what is buffered
-// and reports errors; the destructor closes too but swallows errors. The file is only valid after close().
+// Streams sequences into a new HDF5 file (chunked, deflate). close() finishes it: writes what is buffered, closes
+// every HDF5 handle and fsyncs; commit(final) then renames it into place. The file is only valid after close().
+// Errors: any failed write (a full disk, a file-size limit, an I/O error) throws a dflash::Error naming the file,
+// what was being written and the OS error, after the writer has closed its handles and removed the file it
+// created; the writer is then unusable. Destroyed without a successful close() (an exception on the way), it
+// closes what is open, ignores errors and removes the unfinished file it created: never a half-written dataset.
+// The writer does its I/O through its own POSIX file driver (dataset.cpp explains why), so that HDF5 never sees
+// a failed write and every handle closes cleanly after one.
 class DatasetWriter {
  public:
   explicit DatasetWriter(const std::string& path);
-  ~DatasetWriter();
+  ~DatasetWriter() noexcept;
   DatasetWriter(const DatasetWriter&) = delete;
   DatasetWriter& operator=(const DatasetWriter&) = delete;
 
@@ -32,15 +39,35 @@ class DatasetWriter {
   void add(const int32_t* tokens, const uint8_t* loss_mask, int64_t n);
   void add(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& loss_mask = {});
   void close();
+  // close(), then rename the file to final_path (replacing what is there) and fsync the folder. Until the rename
+  // final_path is untouched; a failure removes this writer's file. For the usual "OUT.h5.partial -> OUT.h5".
+  void commit(const std::string& final_path);
 
   int64_t sequences() const { return offsets_written_ + int64_t(offsets_buf_.size()) - 1; }
   int64_t tokens() const { return total_tokens_; }
+  const std::string& path() const { return path_; }
+
+  // Tests only: the nth I/O call of the writer's driver from now on (1 = the next pwrite, ftruncate or fsync) fails
+  // with errno `err`, as a full disk fails whichever write comes next (RLIMIT_FSIZE fails by file offset instead).
+  void fail_io_for_testing(int64_t nth, int err);
+
+  struct IoState;  // the driver's record of the first failed OS call (dataset.cpp)
 
  private:
   void flush();
+  void append(int64_t ds, int64_t mem_type, const void* data, uint64_t at, uint64_t n, const char* name);
+  // Throws (after abandon()) when the driver recorded an OS error or status < 0; `what` names the operation.
+  void check(int64_t status, const std::string& what);
+  // Closes every open handle (errors ignored, each handle closed at most once) and removes the file if this
+  // writer created it. Never throws.
+  void abandon() noexcept;
 
   std::string path_;
   int64_t file_ = -1, tokens_ds_ = -1, offsets_ds_ = -1, mask_ds_ = -1;  // hid_t
+  std::shared_ptr<IoState> io_;  // shared with the open file's driver
+  bool created_ = false;         // this writer created path_ (so it may remove it)
+  bool closed_ = false;          // close() succeeded: the file is complete
+  bool failed_ = false;          // a write failed: the file is gone, add() / close() refuse
   std::vector<int32_t> tokens_buf_;
   std::vector<uint8_t> mask_buf_;
   std::vector<int64_t> offsets_buf_{0};  // offsets not yet written to the file

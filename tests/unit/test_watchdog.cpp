@@ -80,7 +80,7 @@ TEST_CASE("watchdog: tag names of the trainer's messages") {
   CHECK(tag_name(42) == "tag 42");
 }
 
-TEST_CASE("watchdog: the bound follows the steps, with a floor and a cap; evals and saves are held to the cap") {
+TEST_CASE("watchdog: the bound follows the steps, with a floor and a cap, and evals and saves are held to the cap") {
   Watchdog w(100, [](const std::string&, double) {});
   w.follow_steps(0.5, 4);
   CHECK(w.bound() == 100);  // before the first steps: run.watchdog_seconds
@@ -107,7 +107,7 @@ TEST_CASE("watchdog: the bound follows the steps, with a floor and a cap; evals 
   CHECK(fixed.bound() == 100);
 }
 
-TEST_CASE("watchdog: a wait past the bound that follows the steps is reported; heartbeats say what the rank does") {
+TEST_CASE("watchdog: a wait past the bound that follows the steps is reported, and heartbeats say what the rank does") {
   Stalls stalls;
   const std::string dir = (std::filesystem::temp_directory_path() / ("dflash_hb_" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(dir + "/logs");
