@@ -262,6 +262,7 @@ void resolve_paths_against(TrainConfig& cfg, const std::filesystem::path& config
   resolve("eval.data", cfg.eval.data);
   resolve("eval.prompts", cfg.eval.prompts);
   resolve("report.tensorboard", cfg.report.tensorboard);
+  resolve("drafter.init", cfg.drafter.init);
   if (cfg.ckpt.resume != "none" && cfg.ckpt.resume != "auto") resolve("ckpt.resume", cfg.ckpt.resume);
 }
 

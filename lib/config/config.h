@@ -55,6 +55,7 @@ struct DrafterSection {
   int sliding_window = 0;             // window of "sliding" layers; 0 = none
   std::vector<std::string> layer_types;  // "full" | "sliding" per layer; empty = all full
   double init_std = 0.02;             // std of the normal init of trained projections
+  std::string init;                   // warm start: an exported drafter, a checkpoint or a run folder; "" = random
 };
 
 struct LossSection {
@@ -162,7 +163,8 @@ std::string format_config_table(const TrainConfig& cfg);
 // The resolved config as YAML (loads back to the same config and hash).
 std::string config_to_yaml(const TrainConfig& cfg);
 // Writes config_to_yaml to <run.out_dir>/config.resolved.yaml (creating the folder); returns the path.
-std::string write_resolved_config(const TrainConfig& cfg);
+// `trailer`: comment lines appended (facts the keys do not hold, e.g. the warm start's content identity).
+std::string write_resolved_config(const TrainConfig& cfg, const std::string& trailer = "");
 // Stable 64-bit hash (FNV-1a) of the keys that change the training math; excluded keys are marked in the
 // schema (names, paths, transport tuning, ckpt.*, log.*): see docs/config.md.
 uint64_t config_hash(const TrainConfig& cfg);

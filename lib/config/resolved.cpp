@@ -7,6 +7,7 @@
 
 #include "lib/config/config.h"
 #include "lib/config/schema.h"
+#include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 
 namespace dflash {
@@ -92,17 +93,16 @@ std::string config_to_yaml(const TrainConfig& cfg) {
   return std::string(out.c_str()) + "\n";
 }
 
-std::string write_resolved_config(const TrainConfig& cfg) {
+std::string write_resolved_config(const TrainConfig& cfg, const std::string& trailer) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(cfg.run.out_dir, ec);
   DFLASH_CHECK(!ec, "cannot create run.out_dir '{}': {}; set run.out_dir to a writable folder", cfg.run.out_dir,
                ec.message());
   std::string path = (fs::path(cfg.run.out_dir) / "config.resolved.yaml").string();
-  std::ofstream f(path);
-  f << config_to_yaml(cfg);
-  f.close();
-  DFLASH_CHECK(f.good(), "cannot write '{}' (disk full or not writable?)", path);
+  std::string text = config_to_yaml(cfg);
+  if (!trailer.empty()) text += trailer;
+  write_file_atomic(path, text);  // the old file or the new one, never a torn one
   return path;
 }
 

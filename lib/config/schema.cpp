@@ -128,6 +128,9 @@ std::vector<ConfigKey> build_schema() {
           "attention window of 'sliding' layers; 0 = none"),
       choice("drafter.layer_types", FIELD(drafter.layer_types), {"full", "sliding"},
              "attention type per layer; empty = all full", T::kEnumList),
+      unhashed(key("drafter.init", T::kString, FIELD(drafter.init), kAny,
+                   "warm start: an exported drafter (ours or a published DFlash folder), a checkpoint step folder or a "
+                   "run folder; its weights start the run (fresh optimizer, step 0); empty = random init")),
       key("drafter.init_std", T::kFloat, FIELD(drafter.init_std), kPositive,
           "std of the normal init of the trained projections"),
       // loss

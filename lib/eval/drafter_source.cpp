@@ -9,21 +9,30 @@ namespace dflash::train {
 
 namespace fs = std::filesystem;
 
-DrafterSource load_drafter_source(const std::string& path) {
+namespace {
+bool is_export(const std::string& path) {
+  return fs::exists(fs::path(path) / "config.json") && fs::exists(fs::path(path) / "model.safetensors");
+}
+}  // namespace
+
+std::string drafter_source_dir(const std::string& path) {
   DFLASH_USER_CHECK(fs::is_directory(path),
                     "--drafter {}: not a directory (give a run folder, a checkpoint step_* folder or an exported "
                     "drafter folder)", path);
-  if (fs::exists(fs::path(path) / "config.json") && fs::exists(fs::path(path) / "model.safetensors")) {
-    model::ExportedDrafter d = model::load_exported_drafter(path);
-    model::require_finite_weights(d.config, d.params, (fs::path(path) / "model.safetensors").string());
-    return DrafterSource{"export", path, -1, std::move(d), ""};
-  }
-  std::string step_dir = path;
-  if (!fs::exists(fs::path(path) / "state.json")) {
-    step_dir = find_latest_checkpoint(path);
-    DFLASH_USER_CHECK(!step_dir.empty(),
-                      "--drafter {}: no config.json + model.safetensors (an exported drafter), no state.json (a "
-                      "checkpoint step folder) and no complete checkpoint under {}/ckpt (a run folder)", path, path);
+  if (is_export(path) || fs::exists(fs::path(path) / "state.json")) return path;
+  const std::string step_dir = find_latest_checkpoint(path);
+  DFLASH_USER_CHECK(!step_dir.empty(),
+                    "--drafter {}: no config.json + model.safetensors (an exported drafter), no state.json (a "
+                    "checkpoint step folder) and no complete checkpoint under {}/ckpt (a run folder)", path, path);
+  return step_dir;
+}
+
+DrafterSource load_drafter_source(const std::string& path) {
+  const std::string step_dir = drafter_source_dir(path);
+  if (is_export(step_dir)) {
+    model::ExportedDrafter d = model::load_exported_drafter(step_dir);
+    model::require_finite_weights(d.config, d.params, (fs::path(step_dir) / "model.safetensors").string());
+    return DrafterSource{"export", step_dir, -1, std::move(d), ""};
   }
   LoadedCheckpoint ck = read_checkpoint(step_dir, /*with_optimizer=*/false);
   const std::string source = (fs::path(step_dir) / "state.json").string() + " extra.export";

@@ -17,5 +17,8 @@ struct DrafterSource {
 
 // Reads and verifies one of the three; a folder that is none of them is a user error naming it and the choices.
 DrafterSource load_drafter_source(const std::string& path);
+// The folder load_drafter_source(path) reads (an export folder, or a checkpoint step folder: a run folder's newest
+// complete checkpoint), without reading the weights; the same errors.
+std::string drafter_source_dir(const std::string& path);
 
 }  // namespace dflash::train

@@ -100,7 +100,10 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   Timer load_timer;
   const model::TargetVocab vocab = load_vocab(cfg, plan);
   DrafterStep trainer(cfg, plan, vocab.embedding.data(), vocab.lm_head(), layout.dp_rank, t.dp_data);
-  if (opt.start_step > 0) restore_drafter(t.dp, trainer, opt.resume);
+  if (opt.start_step > 0)
+    restore_drafter(t.dp, trainer, opt.resume);  // a resume takes its checkpoint, whatever drafter.init says
+  else if (!cfg.drafter.init.empty())
+    init_drafter(t.dp, trainer, opt.init);
   log.info("{}", describe(plan, trainer, opt.start_step, load_timer.seconds()));
   const StreamPlan stream = make_stream_plan(cfg, plan, data, opt.eval);
   StreamCursor cursor(stream, layout.dp_rank, opt.start_step);

@@ -38,6 +38,7 @@
 #include "lib/model/target_shard.h"
 #include "lib/preflight/memory_plan.h"
 #include "lib/state/out_dir_guard.h"
+#include "lib/state/warm_start.h"
 #include "lib/train/heartbeat.h"
 #include "lib/preflight/data_facts.h"
 #include "lib/preflight/run_check.h"
@@ -172,7 +173,9 @@ struct EvalFiles {
 
 void print_banner(const TrainConfig& cfg, const RunPlan& plan, int size) {
   std::printf("%s\n", format_config_table(cfg).c_str());
-  const std::string resolved = write_resolved_config(cfg);
+  // the warm start's content identity, which the keys do not hold (a folder's weights may change)
+  const std::string resolved = write_resolved_config(
+      cfg, cfg.drafter.init.empty() ? "" : "# drafter.init: " + warm_start_identity(cfg.drafter.init) + "\n");
   std::printf("dflash_mpi: %d ranks (%d target TP x %d groups + %d drafter DP), %lld steps of %d x %d "
               "sequences; resolved config in %s\n",
               size, cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp,
@@ -234,6 +237,7 @@ struct Resume {
   int64_t start_step = 0;
   std::optional<LoadedCheckpoint> checkpoint;  // first drafter rank, when resuming
   RunIdentity identity;                        // first drafter rank
+  std::optional<WarmStart> warm;               // first drafter rank, a fresh start with drafter.init
 };
 
 Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
@@ -275,9 +279,16 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
                         "ckpt.resume = {}: the best checkpoint holds weights without optimizer state and is not "
                         "for resuming; resume from a step_* checkpoint (ckpt.resume: auto)", dir);
       out.start_step = out.checkpoint->state.step;
+      out.identity.init = out.checkpoint->state.extra.value("init", std::string());
       log.info("resuming from {} at step {}", dir, out.start_step);
+      if (!cfg.drafter.init.empty()) log.info("drafter.init is not read: the run resumes from its checkpoint");
     } else if (cfg.ckpt.resume == "auto") {
       log.info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
+    }
+    if (out.start_step == 0 && !cfg.drafter.init.empty()) {
+      out.warm.emplace(load_warm_start(cfg, plan));
+      out.identity.init = out.warm->identity;
+      log.info("warm start (drafter.init): {}; fresh optimizer, step 0", out.identity.init);
     }
   }
   world.broadcast(&out.start_step, 1, first_drafter);
@@ -297,6 +308,7 @@ void run_my_role(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLa
   DrafterRunOptions o;
   o.start_step = resume.start_step;
   o.resume = resume.checkpoint ? &*resume.checkpoint : nullptr;
+  o.init = resume.warm ? &resume.warm->params : nullptr;
   o.stop_after = options.stop_after;
   o.dump_dir = options.dump_dir;
   o.identity = resume.identity;

@@ -28,6 +28,7 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
 struct DrafterRunOptions {
   int64_t start_step = 0;                     // first step to run (> 0 when resuming)
   const LoadedCheckpoint* resume = nullptr;  // on drafter rank 0 when resuming: weights + optimizer state
+  const model::DrafterParams<float>* init = nullptr;  // on drafter rank 0 with drafter.init (a fresh start)
   int64_t stop_after = 0;                     // > 0: stop (with a checkpoint) after this many steps of this run
   std::string dump_dir;                       // non-empty: run one step, write its dump there, stop
   RunIdentity identity;                       // on drafter rank 0: the data's and the target's, recorded in checkpoints

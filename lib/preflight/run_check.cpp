@@ -22,6 +22,7 @@
 #include "lib/preflight/tokenizer_check.h"
 #include "lib/state/checkpoint.h"
 #include "lib/state/checkpointing.h"
+#include "lib/state/warm_start.h"
 #include "lib/train/run_plan.h"
 
 namespace dflash::train {
@@ -159,11 +160,19 @@ int run_check(const TrainConfig& cfg) {
   }
   const std::string resume = resolve_resume_dir(cfg);
   if (!resume.empty()) {
-    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan, RunIdentity{facts.identity(), has_weights ? target_identity(cfg.target.path) : ""}));
+    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan, RunIdentity{facts.identity(), has_weights ? target_identity(cfg.target.path) : "", ""}));
     std::printf("  resume         %s (step %lld) verified\n", resume.c_str(), (long long)c.state.step);
   } else {
     std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
                                                                    : "none: would start at step 0");
+  }
+  if (!cfg.drafter.init.empty()) {
+    if (!resume.empty()) {
+      std::printf("  warm start     drafter.init not read: the run resumes from its checkpoint\n");
+    } else {
+      const WarmStart w = load_warm_start(cfg, plan);  // every shape and fact checked against the run
+      std::printf("  warm start     %s: shapes, block, mask token, vocabulary and taps match\n", w.identity.c_str());
+    }
   }
   if (!does_not_fit.empty()) {
     std::fprintf(stderr, "dflash_mpi --check: DOES NOT FIT: %s\n", does_not_fit.c_str());

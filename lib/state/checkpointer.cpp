@@ -49,6 +49,16 @@ std::string Checkpointer::offer_best(int64_t next_step, const std::string& metri
                      next_step, best_->metric(), tau, t.seconds());
 }
 
+void init_drafter(comm::Transport& dp, DrafterStep& drafter, const model::DrafterParams<float>* init) {
+  model::DrafterParams<float>& w = drafter.params();
+  if (dp.rank() == 0) {
+    DFLASH_CHECK(init && init->flat.size() == w.flat.size(), "internal: drafter rank 0 warm-starts without weights");
+    w.flat = init->flat;
+  }
+  dp.broadcast(w.flat.data(), w.flat.size(), 0);
+  drafter.upload_state();
+}
+
 void restore_drafter(comm::Transport& dp, DrafterStep& drafter, const LoadedCheckpoint* ckpt) {
   model::DrafterParams<float>& w = drafter.params();
   model::AdamWState& adam = drafter.optimizer();

@@ -53,6 +53,8 @@ class Checkpointer {
 
 // Drafter rank 0 holds the loaded checkpoint (`ckpt`); the others get weights and optimizer state from it over the
 // drafter DP group `dp` (no shared file system needed between drafter ranks). Collective over dp.
+// drafter.init: every drafter rank starts from drafter rank 0's `init` weights (a fresh optimizer).
+void init_drafter(comm::Transport& dp, DrafterStep& drafter, const model::DrafterParams<float>* init);
 void restore_drafter(comm::Transport& dp, DrafterStep& drafter, const LoadedCheckpoint* ckpt);
 
 // Writes the drafter's fp32 weights (export names) to <out_dir>/drafter_final.safetensors via a temporary file and

@@ -24,6 +24,7 @@ TrainingState training_state(const TrainConfig& cfg, const RunPlan& plan, int64_
   s.config_hash = config_hash_hex(cfg);
   s.dataset = id.dataset;
   s.target = id.target;
+  if (!id.init.empty()) s.extra["init"] = id.init;
   for (int r = 0; r < cfg.layout.drafter_dp; ++r) s.rng.push_back({r, uint64_t(cfg.run.seed), uint64_t(r), uint64_t(next_step)});
   s.extra["export"] = model::export_info_json({plan.tap_ids, plan.target.layers, plan.target.max_position_embeddings});
   return s;

@@ -13,6 +13,7 @@ namespace dflash::train {
 struct RunIdentity {
   std::string dataset;  // DataFacts::identity()
   std::string target;   // target_identity(target.path)
+  std::string init;     // warm_start_identity(drafter.init) when the run began from one (recorded, not compared)
 };
 
 // Layout, drafter shape, config hash and the identities: a checkpoint that differs in any of them is refused.

@@ -353,6 +353,42 @@ PY
       "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=2 --set run.out_dir="$out/run2" \
       --set "target.path=$out/other" --set ckpt.resume=auto
     ;;
+  warm_start)
+    # drafter.init: the first step's loss of a run warm-started from an export equals the loss of the exported
+    # weights on the same batch as measured by the run that wrote them (file order and every anchor: with 10 steps
+    # per epoch its step 21 is epoch 2's first, which sees step 1's batch and anchors); a random start's differs;
+    # a mismatch is refused
+    det=(--set data.shuffle=false --set loss.anchors_per_seq=512 --set log.every=1)
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${det[@]}" --set run.steps=21 \
+      --set ckpt.every=20 --set ckpt.keep=0 >"$out/a.log"
+    grep -q "21 steps of 3 x 2 sequences" "$out/a.log" || fail "not 3 x 2 sequences per step (64 sequences: 10 steps per epoch)"
+    "$bin" --export "$out/run/ckpt/step_00000020" "$out/export" --dtype f32 >"$out/export.log"
+    want=$(losses "$out/run/metrics.jsonl" | sed -n 21p)
+    "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${det[@]}" --set "run.out_dir=$out/b" \
+      --set "drafter.init=$out/export" --check >"$out/b_check.log" || { cat "$out/b_check.log"; fail "--check"; }
+    grep -q "warm start     export $out/export (model.safetensors [0-9]* bytes, content 0x[0-9a-f]\{16\}): shapes, block, mask token, vocabulary and taps match" \
+      "$out/b_check.log" || fail "--check does not verify the warm start"
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${det[@]}" --set run.steps=1 \
+      --set "run.out_dir=$out/b" --set "drafter.init=$out/export" --set ckpt.every=1 >"$out/b.log"
+    got=$(losses "$out/b/metrics.jsonl" | sed -n 1p)
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${det[@]}" --set run.steps=1 \
+      --set "run.out_dir=$out/c" --set "drafter.init=$out/run/ckpt/step_00000020" >"$out/c.log"
+    from_ckpt=$(losses "$out/c/metrics.jsonl" | sed -n 1p)
+    "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" "${det[@]}" --set run.steps=1 \
+      --set "run.out_dir=$out/r" >"$out/r.log"
+    random=$(losses "$out/r/metrics.jsonl" | sed -n 1p)
+    echo "loss of the step-20 weights on the first batch: run A step 21 $want, warm start from the export $got," \
+         "from the checkpoint $from_ckpt; random start $random"
+    [[ -n "$want" && "$got" == "$want" && "$from_ckpt" == "$want" ]] || fail "the warm start's first loss differs"
+    [[ "$random" != "$want" ]] || fail "a random start has the warm start's loss"
+    grep -q "warm start (drafter.init): export $out/export" "$out/b/logs/rank_05.log" || fail "no warm start line"
+    grep -q '"init": "export ' "$out/b/ckpt/step_00000001/state.json" || fail "state.json does not record the init"
+    grep -q "^# drafter.init: export $out/export (model.safetensors" "$out/b/config.resolved.yaml" ||
+      fail "config.resolved.yaml does not record the init's content"
+    expect_error "drafter.init = $out/export: its drafter.block_size is 8, this run has drafter.block_size = 4" \
+      "$mpirun_sh" -np 8 "$bin" "$src/mpi_launch/configs/tiny.yaml" "${common[@]}" --set run.steps=1 \
+      --set "run.out_dir=$out/d" --set "drafter.init=$out/export" --set drafter.block_size=4
+    ;;
   watchdog)
     # SIGSTOP of one drafter rank: the ranks waiting on it log, within run.watchdog_seconds (8 s here: above the
     # longest legitimate wait of this tiny run on a loaded 2-core machine), which rank they are and what they wait
