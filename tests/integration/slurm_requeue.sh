@@ -2,7 +2,7 @@
 # The slurm scripts without slurm: the requeue decision (mpi_launch/slurm/requeue.sh) on prepared run folders,
 # then mpi_launch/slurm/single_node.sbatch run as a plain script with stub srun (-> mpirun) and scontrol (records
 # its arguments): a finished run is not requeued; a run stopped by SIGUSR1 (what --signal sends) requeues itself.
-#   slurm_requeue.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE     CASE: decision | finished | signal
+#   slurm_requeue.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE     CASE: decision | finished | signal | signal_twice
 set -euo pipefail
 build="$1" src="$2" work="$3" case="$4"
 out="$work/$case"
@@ -79,6 +79,43 @@ case "$case" in
     [[ "$(cat "$out/scontrol.log")" == "requeue 42" ]] || fail "no 'scontrol requeue 42'"
     ls -d "$out"/run/ckpt/step_*/DONE >/dev/null || fail "no complete checkpoint to resume from"
     echo "PASS (signal): checkpoint written, scontrol requeue 42"
+    ;;
+  signal_twice)
+    # DFLASH_LAUNCHER=mpirun, two SIGUSR1 in quick succession to the batch script (as --signal=B:USR1 and a user
+    # might): the script waits for mpirun through both, the ranks stop with a checkpoint, the job requeues
+    make_stubs
+    real_mpirun=$(command -v mpirun)
+    root_flag=""
+    [[ $(id -u) -eq 0 ]] && root_flag="--allow-run-as-root"
+    cat >"$out/bin/mpirun" <<STUB
+#!/usr/bin/env bash
+# the script's mpirun flags (-np N, --bind-to X, -x VAR) give way to the ones this machine needs
+while [[ \$# -gt 0 ]]; do case "\$1" in -np|--bind-to|-x) shift 2 ;; *) break ;; esac; done
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+exec "$real_mpirun" --oversubscribe --bind-to none $root_flag -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS \
+  -np "\${SLURM_NTASKS:-8}" "\$@"
+STUB
+    chmod +x "$out/bin/mpirun"
+    "${sbatch_env[@]}" DFLASH_LAUNCHER=mpirun bash "$src/mpi_launch/slurm/single_node.sbatch" "${common[@]}" \
+      --set run.steps=100000 --set log.every=1 >"$out/job.out" 2>&1 &
+    job=$!
+    for _ in $(seq 1 300); do
+      [[ -f "$out/run/metrics.jsonl" && $(wc -l <"$out/run/metrics.jsonl") -ge 2 ]] && break
+      sleep 0.1
+    done
+    [[ -f "$out/run/metrics.jsonl" ]] || { cat "$out/job.out"; fail "the job did not start"; }
+    kill -USR1 $job
+    sleep 0.05
+    kill -USR1 $job
+    rc=0
+    timeout 60 tail --pid=$job -f /dev/null || fail "the job did not end within 60 s of SIGUSR1"
+    wait $job || rc=$?
+    grep "^dflash:" "$out/job.out" || true
+    [[ $rc -eq 0 ]] || { tail -20 "$out/job.out"; fail "exit $rc"; }
+    grep -q "dflash: attempt ended with exit 0: stopped" "$out/job.out" || fail "not reported stopped"
+    [[ "$(cat "$out/scontrol.log")" == "requeue 42" ]] || fail "no 'scontrol requeue 42'"
+    ls -d "$out"/run/ckpt/step_*/DONE >/dev/null || fail "no complete checkpoint to resume from"
+    echo "PASS (signal_twice): two SIGUSR1, one stop with a checkpoint, scontrol requeue 42"
     ;;
   *) fail "unknown case" ;;
 esac
