@@ -3,15 +3,15 @@
 # per ctest test (label cuda). Without either it reports itself skipped (exit 77), never passed.
 #   cuda_job.sh BUILD_DIR SOURCE_DIR WORK_DIR CASE
 # Cases:
-#   fp32   the job on the CPU and with run.device cuda, fp32: the 30 steps' losses agree to 1e-4 relative. On the
+#   fp32   the job on the CPU and with run.device cuda, fp32: the 20 steps' losses agree to 1e-4 relative. On the
 #          emulator with one GPU per rank (DFLASH_EMU_DEVICES=8), so layout.transport is nccl: the packets, the
 #          target TP all-reduce and the drafter gradient all-reduce over NCCL; on a real machine transport auto.
 #          The cuda run keeps its checkpoint for `eval`.
-#   bf16   run.precision bf16, all 8 ranks on one GPU (the data plane is MPI), 30 steps, learns: the mean loss of
-#          steps 21-30 is below that of steps 1-10 (as the CPU's `learns` case). The drafter's head_dim is 64 so
+#   bf16   run.precision bf16, all 8 ranks on one GPU (the data plane is MPI), 20 steps, learns: the mean loss of
+#          steps 14-20 is below that of steps 1-7 (as the CPU's `learns` case). The drafter's head_dim is 64 so
 #          that its attention runs on the tensor-core kernels (head_dim 64/128/256; the tiny config's 16 would take
 #          the CUDA-core ones). On the emulator also: the same job over 6 steps makes as many device and
-#          page-locked allocations on every rank as over 30 (none in steady state)
+#          page-locked allocations on every rank as over 20 (none in steady state)
 #   eval   dflash_eval --device cuda on the fp32 run's drafter: lossless (--check-greedy), the CPU's τ
 set -euo pipefail
 build="$1" src="$2" work="$3" case="$4"
@@ -49,37 +49,37 @@ compare() {
 mkdir -p "$work"
 case "$case" in
   fp32)
-    STEPS=30 run cpu --set run.device=cpu
+    STEPS=20 run cpu --set run.device=cpu
     if ((emulated)); then
-      DFLASH_EMU_DEVICES=8 STEPS=30 run cuda_fp32 --set run.device=cuda --set run.precision=fp32 \
+      DFLASH_EMU_DEVICES=8 STEPS=20 run cuda_fp32 --set run.device=cuda --set run.precision=fp32 \
         --set layout.transport=nccl
       grep -q "data plane nccl" "$work/cuda_fp32/logs/rank_00.log" ||
         fail "rank 0's log does not say the data plane is NCCL"
     else
-      STEPS=30 run cuda_fp32 --set run.device=cuda --set run.precision=fp32
+      STEPS=20 run cuda_fp32 --set run.device=cuda --set run.precision=fp32
     fi
-    compare cpu cuda_fp32 1e-4 30 || fail "the cuda fp32 losses differ from the CPU's"
+    compare cpu cuda_fp32 1e-4 20 || fail "the cuda fp32 losses differ from the CPU's"
     ;;
   bf16)
-    rm -f "$work/alloc_6.txt" "$work/alloc_30.txt"
-    DFLASH_EMU_ALLOC_REPORT="$work/alloc_30.txt" DFLASH_EMU_DEVICES=1 STEPS=30 run cuda_bf16 --set run.device=cuda \
+    rm -f "$work/alloc_6.txt" "$work/alloc_20.txt"
+    DFLASH_EMU_ALLOC_REPORT="$work/alloc_20.txt" DFLASH_EMU_DEVICES=1 STEPS=20 run cuda_bf16 --set run.device=cuda \
       --set run.precision=bf16 --set layout.transport=mpi --set drafter.head_dim=64 --set data.max_seq_len=96
-    losses "$work/cuda_bf16" | awk '{ if (NR <= 10) a += $1; if (NR > 20) b += $1; n++ }
-      END { printf "bf16: mean loss steps 1-10 %.4f, 21-30 %.4f\n", a / 10, b / 10; exit !(n == 30 && b < a) }' ||
+    losses "$work/cuda_bf16" | awk '{ if (NR <= 7) a += $1; if (NR > 13) b += $1; n++ }
+      END { printf "bf16: mean loss steps 1-7 %.4f, 14-20 %.4f\n", a / 7, b / 7; exit !(n == 20 && b < a) }' ||
       fail "the bf16 run does not learn"
     if ((emulated)); then
       # No cudaMalloc / cudaMallocHost in steady state: the same job over 6 steps makes as many allocations, on
-      # every rank, as over 30 (the emulated runtime counts them: DFLASH_EMU_ALLOC_REPORT). data.max_seq_len 96 is
+      # every rank, as over 20 (the emulated runtime counts them: DFLASH_EMU_ALLOC_REPORT). data.max_seq_len 96 is
       # the tiny data's longest sequence: with it the trainer sizes every per-sequence array once
       DFLASH_EMU_ALLOC_REPORT="$work/alloc_6.txt" DFLASH_EMU_DEVICES=1 STEPS=6 run cuda_bf16_short \
         --set run.device=cuda --set run.precision=bf16 --set layout.transport=mpi --set drafter.head_dim=64 \
         --set data.max_seq_len=96
       counts() { sed 's/ peak_device_bytes.*//' "$1" | sort; }
-      [[ $(counts "$work/alloc_30.txt" | wc -l) -eq 8 ]] || fail "expected 8 allocation reports, got: $(cat "$work/alloc_30.txt")"
-      diff <(counts "$work/alloc_6.txt") <(counts "$work/alloc_30.txt") >"$work/alloc.diff" ||
-        fail "allocations per step: 6 steps vs 30 steps differ (per rank: < 6 steps, > 30 steps):
+      [[ $(counts "$work/alloc_20.txt" | wc -l) -eq 8 ]] || fail "expected 8 allocation reports, got: $(cat "$work/alloc_20.txt")"
+      diff <(counts "$work/alloc_6.txt") <(counts "$work/alloc_20.txt") >"$work/alloc.diff" ||
+        fail "allocations per step: 6 steps vs 20 steps differ (per rank: < 6 steps, > 20 steps):
 $(cat "$work/alloc.diff")"
-      echo "bf16: allocations the same after 6 and 30 steps on every rank: $(counts "$work/alloc_30.txt" | tr '\n' ';')"
+      echo "bf16: allocations the same after 6 and 20 steps on every rank: $(counts "$work/alloc_20.txt" | tr '\n' ';')"
     fi
     ;;
   eval)
