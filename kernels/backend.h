@@ -74,6 +74,13 @@ class Backend {
   virtual void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
   // out[rows[i], :] (=) in[i, :] for i < n; rows distinct; other rows of out untouched.
   virtual void scatter_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) = 0;
+  // out[rows[i], :] (+=) weight[i] · in[i, :] for i < n (computed in A, one rounding to T); rows distinct (an expert's
+  // tokens: no two writers of a row, no atomics), weight and rows in backend memory. The MoE's weighted add back.
+  virtual void scatter_add_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, const A* weight, int n,
+                                int dim) = 0;
+  // x[i, :] (*=) weight[i] for i < n (in A, one rounding), weight in backend memory: per-row gates (the MoE
+  // hybrids' shared-expert gate).
+  virtual void scale_rows(ExecContext& ctx, T* x, const A* weight, int n, int dim) = 0;
   // dst[r, 0:cols] (=) src[r, 0:cols] for r < rows, with row strides ld_dst, ld_src (elements): splits fused
   // projections into per-head arrays (Qwen3.5's per-head query | gate rows, Gated DeltaNet's q | k | v channels).
   // dst and src must not overlap.

@@ -75,6 +75,23 @@ class CpuBackend final : public Backend<T> {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; ++i) std::memcpy(out + size_t(rows[i]) * dim, in + size_t(i) * dim, sizeof(T) * dim);
   }
+  void scatter_add_rows(ExecContext&, T* out, const T* in, const int32_t* rows, const A* weight, int n,
+                        int dim) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) {  // rows distinct: one writer per output row
+      T* o = out + size_t(rows[i]) * dim;
+      const T* x = in + size_t(i) * dim;
+      const A w = weight[i];
+      for (int j = 0; j < dim; ++j) o[j] = T(A(o[j]) + w * A(x[j]));
+    }
+  }
+  void scale_rows(ExecContext&, T* x, const A* weight, int n, int dim) override {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) {
+      T* r = x + size_t(i) * dim;
+      for (int j = 0; j < dim; ++j) r[j] = T(A(r[j]) * weight[i]);
+    }
+  }
 
   void copy_strided(ExecContext&, T* dst, int ld_dst, const T* src, int ld_src, int rows, int cols) override {
     for (int r = 0; r < rows; ++r) std::memcpy(dst + size_t(r) * ld_dst, src + size_t(r) * ld_src, sizeof(T) * cols);

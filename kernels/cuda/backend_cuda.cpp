@@ -126,6 +126,13 @@ class CudaBackend final : public Backend<T> {
   void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) override {
     cuda::launch_gather_rows(stream_of(ctx), out, in, rows, n, dim);
   }
+  void scatter_add_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, const A* weight, int n,
+                        int dim) override {
+    cuda::launch_scatter_add_rows(stream_of(ctx), out, in, rows, weight, n, dim);
+  }
+  void scale_rows(ExecContext& ctx, T* x, const A* weight, int n, int dim) override {
+    cuda::launch_scale_rows(stream_of(ctx), x, weight, n, dim);
+  }
   void scatter_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) override {
     cuda::launch_scatter_rows(stream_of(ctx), out, in, rows, n, dim);
   }

@@ -20,6 +20,23 @@ __global__ void copy_rows_kernel(T* out, const T* in, const int32_t* rows, int d
   for (int d = threadIdx.x; d < dim; d += blockDim.x) out[dst * dim + d] = in[src * dim + d];
 }
 
+// One block per row i: out[rows[i]] += weight[i] · in[i] in fp32, one rounding (rows distinct: one writer per row).
+template <typename T>
+__global__ void scatter_add_rows_kernel(T* out, const T* in, const int32_t* rows, const float* weight, int dim) {
+  const size_t i = blockIdx.x, dst = size_t(rows[i]);
+  const float w = weight[i];
+  for (int d = threadIdx.x; d < dim; d += blockDim.x)
+    out[dst * dim + d] = from_f<T>(to_f(out[dst * dim + d]) + w * to_f(in[i * dim + d]));
+}
+
+// One block per row i: x[i] *= weight[i] in fp32.
+template <typename T>
+__global__ void scale_rows_kernel(T* x, const float* weight, int dim) {
+  const size_t i = blockIdx.x;
+  const float w = weight[i];
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) x[i * dim + d] = from_f<T>(to_f(x[i * dim + d]) * w);
+}
+
 template <typename T>
 __global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
@@ -98,6 +115,17 @@ void launch_scatter_rows(cudaStream_t st, T* out, const T* in, const int32_t* ro
   DFLASH_LAUNCH(n, kThreads, 0, st, copy_rows_kernel<T, true>)(out, in, rows, dim);
 }
 template <typename T>
+void launch_scatter_add_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, const float* weight, int n,
+                             int dim) {
+  if (n <= 0 || dim <= 0) return;
+  DFLASH_LAUNCH(n, kThreads, 0, st, scatter_add_rows_kernel<T>)(out, in, rows, weight, dim);
+}
+template <typename T>
+void launch_scale_rows(cudaStream_t st, T* x, const float* weight, int n, int dim) {
+  if (n <= 0 || dim <= 0) return;
+  DFLASH_LAUNCH(n, kThreads, 0, st, scale_rows_kernel<T>)(x, weight, dim);
+}
+template <typename T>
 void launch_swiglu_forward(cudaStream_t st, T* h, const T* gate, const T* up, size_t n) {
   if (!n) return;
   DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, swiglu_forward_kernel<T>)(h, gate, up, n);
@@ -152,6 +180,8 @@ void launch_scale_matrix(cudaStream_t st, T* c, int rows, int cols, int ld, floa
 #define DFLASH_INSTANTIATE(T)                                                                             \
   template void launch_gather_rows<T>(cudaStream_t, T*, const T*, const int32_t*, int, int);               \
   template void launch_scatter_rows<T>(cudaStream_t, T*, const T*, const int32_t*, int, int);              \
+  template void launch_scatter_add_rows<T>(cudaStream_t, T*, const T*, const int32_t*, const float*, int, int); \
+  template void launch_scale_rows<T>(cudaStream_t, T*, const float*, int, int);                            \
   template void launch_swiglu_forward<T>(cudaStream_t, T*, const T*, const T*, size_t);                    \
   template void launch_swiglu_backward<T>(cudaStream_t, T*, T*, const T*, const T*, const T*, size_t);     \
   template void launch_residual<T>(cudaStream_t, T*, const T*, const T*, size_t);                          \

@@ -28,6 +28,11 @@ void launch_gemm_fallback(cudaStream_t st, bool trans_a, bool trans_b, int M, in
 template <typename T>
 void launch_gather_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim);
 template <typename T>
+void launch_scatter_add_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, const float* weight, int n,
+                             int dim);
+template <typename T>
+void launch_scale_rows(cudaStream_t st, T* x, const float* weight, int n, int dim);
+template <typename T>
 void launch_scatter_rows(cudaStream_t st, T* out, const T* in, const int32_t* rows, int n, int dim);
 template <typename T>
 void launch_swiglu_forward(cudaStream_t st, T* h, const T* gate, const T* up, size_t n);

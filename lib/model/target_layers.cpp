@@ -241,8 +241,9 @@ size_t moe_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
   const size_t ic = c.shared_expert_intermediate > 0 ? size_t(shard.mlp_end - shard.mlp_begin) : 0;
   // logits (and the shared expert's gate); one expert's gathered rows, gate, up, output (at most S rows: a token
   // meets an expert once); the shared expert's gate and up
+  // + the routing weights of this rank's tokens and the shared gates, in the accumulation type
   return footprint_of<T>({s * E, s * H, s * I, s * I, s * H, s * ic, s * ic}) + footprint_of<float>({s * E}) +
-         footprint_of<int32_t>({s * k});
+         footprint_of<int32_t>({s * k}) + footprint_of<kernels::acc_t<T>>({s * k, s});
 }
 
 template <typename T>
@@ -287,7 +288,12 @@ void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, i
     shard_linear(be, su, h, L.wup.data(), S, H, ic);
     be.swiglu_forward(ctx, su, sg, su, s * size_t(ic));
     shard_linear(be, part, su, L.wdown.data(), S, ic, H);
-    for (int t = 0; t < S; ++t) be.scale(ctx, part + size_t(t) * H, routing.shared_gate[size_t(t)], size_t(H));
+    // each token's row scaled by its gate, in one launch
+    using A = kernels::acc_t<T>;
+    const std::vector<A> g(routing.shared_gate.begin(), routing.shared_gate.end());
+    A* gates = scratch.alloc<A>(s);
+    be.upload(ctx, gates, g.data(), s * sizeof(A));
+    be.scale_rows(ctx, part, gates, S, H);
   } else {
     be.zero(ctx, part, sizeof(T) * s * size_t(H));
   }
@@ -298,6 +304,10 @@ void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, i
   if (last == first) return;
   int32_t* rows = scratch.alloc<int32_t>(s * size_t(k));
   be.upload(ctx, rows, routing.tokens.data() + first, size_t(last - first) * sizeof(int32_t));
+  using A = kernels::acc_t<T>;
+  const std::vector<A> w(routing.token_weight.begin() + first, routing.token_weight.begin() + last);
+  A* weights = scratch.alloc<A>(s * size_t(k));
+  be.upload(ctx, weights, w.data(), w.size() * sizeof(A));
   T* xe = scratch.alloc<T>(s * size_t(H));    // [n, H] the expert's tokens' normed rows
   T* gate = scratch.alloc<T>(s * size_t(I));  // [n, I]
   T* up = scratch.alloc<T>(s * size_t(I));    // [n, I], then silu(gate) ⊙ up
@@ -312,13 +322,8 @@ void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, i
     shard_linear(be, up, xe, L.expert_up.data() + size_t(j) * ih, n, H, I);
     be.swiglu_forward(ctx, up, gate, up, size_t(n) * size_t(I));
     shard_linear(be, ye, up, L.expert_down.data() + size_t(j) * ih, n, I, H);
-    // weighted add back to the tokens' rows, one row at a time through the existing ops (scale, accumulate): a
-    // fused weighted scatter-add is the backend op this wants next (docs/target.md)
-    for (int i = 0; i < n; ++i) {
-      T* y = ye + size_t(i) * H;
-      be.scale(ctx, y, routing.token_weight[size_t(at + i)], size_t(H));
-      be.accumulate(ctx, part + size_t(routing.tokens[size_t(at + i)]) * H, y, size_t(H));
-    }
+    // weighted add back to the tokens' rows in one launch (an expert's tokens are distinct: one writer per row)
+    be.scatter_add_rows(ctx, part, ye, rows + (at - first), weights + (at - first), n, H);
   }
 }
 

@@ -224,7 +224,7 @@ TEST_CASE("cuda twin gemm: linear_forward and linear_backward (dx += dy W, dW +=
 
 // ============================== elementwise ==============================
 
-TEST_CASE("cuda twin elementwise: gather, scatter, embedding, SwiGLU, residual, accumulate, scale") {
+TEST_CASE("cuda twin elementwise: gather, scatter, weighted scatter-add, row scale, embedding, SwiGLU, residual, accumulate, scale") {
   const int rows = 9, dim = 300, vocab = 50;
   const auto table = randn(size_t(vocab) * dim, 9);
   const std::vector<int32_t> ids = {0, 49, 3, 3, 17, 48, 1, 25, 0};
@@ -250,6 +250,24 @@ TEST_CASE("cuda twin elementwise: gather, scatter, embedding, SwiGLU, residual, 
   Dev<float> gsc(sc);
   gpu().f32->scatter_rows(gpu().ex(), gsc.p(), gemb.p(), gperm.p(), rows, dim);
   require_within(gsc.get(), sc_cpu, {0.0}, "scatter_rows");
+
+  // the MoE's weighted add back and per-row gates: fp32 on both sides, the same single rounding
+  const std::vector<float> wts = {0.5f, -1.25f, 2.0f, 0.0f, 1.0f, 0.125f, -0.75f, 3.0f, 0.3f};
+  Dev<float> gw(wts);
+  std::vector<float> sa_cpu = sc;
+  cpu().scatter_add_rows(hx(), sa_cpu.data(), emb.data(), perm.data(), wts.data(), rows, dim);
+  Dev<float> gsa(sc);
+  gpu().f32->scatter_add_rows(gpu().ex(), gsa.p(), gemb.p(), gperm.p(), gw.p(), rows, dim);
+  require_within(gsa.get(), sa_cpu, {1e-7}, "scatter_add_rows");
+  for (int j = 0; j < dim; ++j)  // the rows no token maps to (9, 10) are untouched
+    REQUIRE(sa_cpu[size_t(9) * dim + j] == sc[size_t(9) * dim + j]);
+  REQUIRE(sa_cpu[size_t(perm[1]) * dim + 7] == sc[size_t(perm[1]) * dim + 7] + wts[1] * emb[size_t(1) * dim + 7]);
+  std::vector<float> sr_cpu = emb;
+  cpu().scale_rows(hx(), sr_cpu.data(), wts.data(), rows, dim);
+  Dev<float> gsr(emb);
+  gpu().f32->scale_rows(gpu().ex(), gsr.p(), gw.p(), rows, dim);
+  require_within(gsr.get(), sr_cpu, {0.0}, "scale_rows");
+  REQUIRE(sr_cpu[size_t(2) * dim + 5] == emb[size_t(2) * dim + 5] * 2.0f);
 
   for (size_t n : {size_t(1), size_t(1000), size_t(70001)}) {
     const auto gate = randn(n, 11, 4.0), up = randn(n, 12), dh = randn(n, 13), acc0 = randn(n, 14);
