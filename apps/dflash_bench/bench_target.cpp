@@ -1,8 +1,11 @@
 // dflash_bench target: tokens/s of the TP target forward by TP size and sequence length, the wall time spent in the
 // row-parallel all-reduces, and the compute time of each layer part (Gated DeltaNet mixers, full attention mixers,
 // MLPs) against the sgemm rate. An MPI program: `mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512,2048]
-// [--arch qwen3_5]` runs each TP size in the list (≤ K) on ranks [0, tp) while the other ranks sleep, and rank 0
-// prints one markdown table.
+// [--arch qwen3|qwen3_5|qwen3_moe|qwen3_5_moe]` runs each TP size in the list (≤ K) on ranks [0, tp) while the other
+// ranks sleep, and rank 0 prints one markdown table.
+// MoE targets (qwen3_moe, qwen3_5_moe): the MLP column is the routed MLP (router, routing on the host, the held
+// experts, the shared expert), and three more columns give the experts per rank, the (token, expert) rows each rank
+// computed (max / mean over the ranks: the load the router gave them) and the MLP's share of the forward.
 // --device cuda [--precision bf16|fp32]: the forward on the GPUs (each rank binds GPU node-local rank mod GPUs;
 // ranks may share one). Every row also reports the GEMM bound: the time of rank 0's shard GEMMs alone (every
 // linear of one forward at its shape, on the same backend and precision: cuBLASLt on CUDA, BLAS on the CPU), and
@@ -76,10 +79,14 @@ PartFlops forward_flops(const model::QwenConfig& c, int S) {
              6.0 * s * nv * c.linear_k_dim * c.linear_v_dim;
   }
   const double mlp = 3 * 2.0 * s * H * c.intermediate;
+  // routed MLP: the router GEMM (and the shared expert's gate row), k experts' SwiGLU per token, the shared expert
+  const double shared = c.shared_expert_intermediate;
+  const double moe = 2.0 * s * H * (c.experts + (shared > 0 ? 1 : 0)) +
+                     3 * 2.0 * s * H * double(c.moe_intermediate) * c.experts_per_token + 3 * 2.0 * s * H * shared;
   PartFlops f;
   for (int l = 0; l < c.layers; ++l) {
     (c.is_linear(l) ? f.linear_attention : f.full_attention) += c.is_linear(l) ? linear : full;
-    f.mlp += mlp;
+    f.mlp += c.is_moe(l) ? moe : mlp;
   }
   return f;
 }
@@ -87,19 +94,23 @@ PartFlops forward_flops(const model::QwenConfig& c, int S) {
 // The linears of one forward on one TP shard (lib/model/target_layers.cpp, target.cpp): y[S, out] = x[S, in] · Wᵀ.
 struct GemmShape {
   int in = 0, out = 0, count = 0;  // count: how many such GEMMs one forward runs
+  int rows = 0;                    // rows of x; 0 = the sequence length S
 };
 
-std::vector<GemmShape> shard_gemms(const model::QwenConfig& c, const model::TargetShard& s) {
+// MoE layers: the router [S, H]·[E(+1), H]ᵀ, the shared expert over the shard's channels, and each held expert's
+// three GEMMs at the rows uniform routing gives it (S·k / E, at least 1): the router's real choice varies around that.
+std::vector<GemmShape> shard_gemms(const model::QwenConfig& c, const model::TargetShard& s, int S) {
   std::vector<GemmShape> shapes;
-  auto add = [&](int in, int out) {
+  auto add = [&](int in, int out, int rows = 0) {
     if (in <= 0 || out <= 0) return;
     for (GemmShape& g : shapes)
-      if (g.in == in && g.out == out) {
+      if (g.in == in && g.out == out && g.rows == rows) {
         ++g.count;
         return;
       }
-    shapes.push_back({in, out, 1});
+    shapes.push_back({in, out, 1, rows});
   };
+  const int expert_rows = c.experts > 0 ? std::max(1, int(double(S) * c.experts_per_token / c.experts + 0.5)) : 0;
   const int H = c.hidden, qd = s.q_count * c.head_dim, kvd = s.kv_count * c.head_dim;
   const int ic = int(s.mlp_end - s.mlp_begin);
   const int nk = s.linear.group_count, nv = s.linear.member_count;
@@ -117,6 +128,15 @@ std::vector<GemmShape> shard_gemms(const model::QwenConfig& c, const model::Targ
       add(H, kvd);                     // v_proj
       add(qd, H);                      // o_proj
     }
+    if (c.is_moe(l)) {
+      add(H, c.experts + (c.shared_expert_intermediate > 0 ? 1 : 0));  // router (+ the shared expert's gate)
+      for (int e = 0; e < s.expert_count; ++e) {
+        add(H, c.moe_intermediate, expert_rows);  // expert gate_proj
+        add(H, c.moe_intermediate, expert_rows);  // expert up_proj
+        add(c.moe_intermediate, H, expert_rows);  // expert down_proj
+      }
+      if (c.shared_expert_intermediate <= 0) continue;  // else the shared expert, over the shard's channels (below)
+    }
     add(H, ic);  // gate_proj
     add(H, ic);  // up_proj
     add(ic, H);  // down_proj
@@ -130,14 +150,15 @@ double gemm_bound_seconds(kernels::Backend<T>& be, const std::vector<GemmShape>&
   ExecContext& ctx = be.context();
   double total = 0;
   for (const GemmShape& g : shapes) {
-    Buffer x(be.memory(), size_t(S) * g.in * sizeof(T)), w(be.memory(), size_t(g.out) * g.in * sizeof(T)),
-        y(be.memory(), size_t(S) * g.out * sizeof(T));
+    const int M = g.rows > 0 ? g.rows : S;
+    Buffer x(be.memory(), size_t(M) * g.in * sizeof(T)), w(be.memory(), size_t(g.out) * g.in * sizeof(T)),
+        y(be.memory(), size_t(M) * g.out * sizeof(T));
     be.zero(ctx, x.data(), x.bytes());  // values do not change a GEMM's time
     be.zero(ctx, w.data(), w.bytes());
-    be.linear_forward(ctx, y.as<T>(), x.as<T>(), w.as<T>(), S, g.in, g.out);  // warm-up (cuBLASLt heuristics)
+    be.linear_forward(ctx, y.as<T>(), x.as<T>(), w.as<T>(), M, g.in, g.out);  // warm-up (cuBLASLt heuristics)
     be.synchronize(ctx);
     Timer t;
-    for (int r = 0; r < reps; ++r) be.linear_forward(ctx, y.as<T>(), x.as<T>(), w.as<T>(), S, g.in, g.out);
+    for (int r = 0; r < reps; ++r) be.linear_forward(ctx, y.as<T>(), x.as<T>(), w.as<T>(), M, g.in, g.out);
     be.synchronize(ctx);
     total += t.seconds() / reps * g.count;
   }
@@ -195,11 +216,15 @@ int bench(int argc, char** argv) {
   Args a(argc, argv, known, {"tie"},
          "mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512[,1024,...]] [--reps 3]\n"
          "       [--device cpu|cuda] [--precision fp32|bf16 (cuda: bf16 by default)] [--model DIR |\n"
-         "       [--arch qwen3|qwen3_5] --hidden 512 --layers 4 --heads 16 --kv-heads 8 --head-dim 32\n"
-         "       --intermediate 1536 --vocab 4096 --dtype bf16 (qwen3_5: --full-attention-interval 4\n"
-         "       --linear-k-heads 4 --linear-v-heads 8 --linear-k-dim 64 --linear-v-dim 64 --conv-kernel 4 ...)]\n"
+         "       [--arch qwen3|qwen3_5|qwen3_moe|qwen3_5_moe] --hidden 512 --layers 4 --heads 16 --kv-heads 8\n"
+         "       --head-dim 32 --intermediate 1536 --vocab 4096 --dtype bf16 (qwen3_5, qwen3_5_moe:\n"
+         "       --full-attention-interval 4 --linear-k-heads 4 --linear-v-heads 8 --linear-k-dim 64 --linear-v-dim 64\n"
+         "       --conv-kernel 4 ...; qwen3_moe: --experts 16 --experts-per-tok 4 --moe-intermediate 384\n"
+         "       [--mlp-only-layers 0] [--expert-layout fused]; qwen3_5_moe: --experts 16 --experts-per-tok 4\n"
+         "       --moe-intermediate 256 --shared-intermediate 512)]\n"
          "TP target forward tokens/s, all-reduce time and per layer part compute time for each TP size that\n"
-         "fits the ranks and each sequence length.\n");
+         "fits the ranks and each sequence length; MoE targets also the experts and expert rows per rank and the\n"
+         "routed MLP's share of the forward.\n");
   std::vector<int> tps;
   for (int tp : int_list("tp", a.str("tp", "1,2,3,5")))
     if (tp <= world) tps.push_back(tp);
@@ -236,6 +261,15 @@ int bench(int argc, char** argv) {
       s.linear_v_heads = 8;
       s.linear_k_dim = 64;
       s.linear_v_dim = 64;
+      // MoE: 16 experts, top 4, whose active width (4 × 384, or 4 × 256 + the shared 512) is the dense default's
+      // 1536, so that a MoE row compares with the dense one at the same active FLOPs per token
+      const std::string arch = a.str("arch", "qwen3");
+      if (arch == "qwen3_moe" || arch == "qwen3_5_moe") {
+        s.experts = 16;
+        s.experts_per_token = 4;
+        s.moe_intermediate = arch == "qwen3_moe" ? 384 : 256;
+        s.shared_expert_intermediate = 512;  // qwen3_5_moe only (a Qwen3-MoE has none)
+      }
       model::apply_target_options(a, s);
       model::write_random_target(dir, s);
     }
@@ -250,13 +284,21 @@ int bench(int argc, char** argv) {
   if (rank == 0) {
     int n_linear = 0;
     for (int l = 0; l < c.layers; ++l) n_linear += c.is_linear(l) ? 1 : 0;
+    const bool moe = c.experts > 0;
     std::printf("target forward (%s): H %d, %d layers (%d Gated DeltaNet, %d full attention), %d/%d heads × %d, "
                 "intermediate %d, %d reps, %d world ranks",
-                c.hybrid ? "qwen3_5" : "qwen3", c.hidden, c.layers, n_linear, c.layers - n_linear, c.heads,
-                c.kv_heads, c.head_dim, c.intermediate, reps, world);
+                c.hybrid ? (moe ? "qwen3_5_moe" : "qwen3_5") : (moe ? "qwen3_moe" : "qwen3"), c.hidden, c.layers,
+                n_linear, c.layers - n_linear, c.heads, c.kv_heads, c.head_dim, c.intermediate, reps, world);
     if (c.hybrid)
       std::printf("; DeltaNet %d k / %d v heads × %d/%d, conv %d", c.linear_k_heads, c.linear_v_heads,
                   c.linear_k_dim, c.linear_v_dim, c.conv_kernel);
+    if (moe) {
+      int n_moe = 0;
+      for (int l = 0; l < c.layers; ++l) n_moe += c.is_moe(l) ? 1 : 0;
+      std::printf("; experts in %d of %d layers: %d experts, top %d, width %d%s", n_moe, c.layers, c.experts,
+                  c.experts_per_token, c.moe_intermediate, c.norm_topk_prob ? " (renormalised)" : "");
+      if (c.shared_expert_intermediate > 0) std::printf(", shared expert %d", c.shared_expert_intermediate);
+    }
     std::printf("\nsgemm (1 rank, [S,%d]·[%d,%d]ᵀ) GFLOP/s:", c.hidden, c.hidden, c.hidden);
     for (size_t i = 0; i < seqs.size(); ++i) std::printf(" S %d: %.1f", seqs[i], sgemm[i]);
     std::printf("\n%s %s; parts: ms / forward on the slowest rank (GFLOP/s per rank, over sgemm)%s; GEMM bound: "
@@ -264,8 +306,10 @@ int bench(int argc, char** argv) {
                 device.c_str(), precision.c_str(), cuda ? " (async on cuda: launch times)" : "");
     std::printf("| TP | S | Q heads per rank | tokens/s | ms / forward | all-reduce ms / forward (share) | "
                 "DeltaNet mixers | full attention mixers | MLPs | GFLOP/s per rank | vs sgemm | GEMM bound ms | "
-                "bound / time | peak RSS MB (rank 0) |\n"
-                "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                "bound / time | peak RSS MB (rank 0) |%s\n"
+                "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|%s\n",
+                moe ? " experts per rank | expert rows per rank max / mean | MLP share of forward |" : "",
+                moe ? "---|---:|---:|" : "");
     std::fflush(stdout);
   }
   const std::vector<int> tap_ids = {0, c.layers - 1};
@@ -280,10 +324,15 @@ int bench(int argc, char** argv) {
       options.precision = precision;
       model::TargetModel target(dir, transport, options);
       const model::TargetShard shard0 = model::plan_target_shard(c, tp, 0, options.mlp_grain);
-      std::string heads;
+      std::string heads, experts;
       for (int r = 0; r < tp; ++r) {
-        if (r) heads += ',';
-        heads += std::to_string(model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain).q_count);
+        if (r) {
+          heads += ',';
+          experts += ',';
+        }
+        const model::TargetShard sr = model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain);
+        heads += std::to_string(sr.q_count);
+        experts += std::to_string(sr.expert_count);
       }
       for (size_t si = 0; si < seqs.size(); ++si) {
         const int S = seqs[si];
@@ -298,13 +347,18 @@ int bench(int argc, char** argv) {
         const model::TargetStats& st = target.stats();
         // after the forwards: the bound runs alone on the GPU (ranks of this group may share one)
         transport.barrier();
-        const double bound = rank == 0 ? gemm_bound(device, precision, shard_gemms(c, shard0), S, reps) : 0.0;
+        const double bound = rank == 0 ? gemm_bound(device, precision, shard_gemms(c, shard0, S), S, reps) : 0.0;
         enum { kForward, kAllreduce, kLinear, kFull, kMlp, kN };
         const double mine[kN] = {st.forward_seconds, st.allreduce_seconds, st.linear_attention_seconds,
                                  st.full_attention_seconds, st.mlp_seconds};
         double worst[kN] = {}, sum[kN] = {};
         MPI_Reduce(mine, worst, kN, MPI_DOUBLE, MPI_MAX, 0, comm);
         MPI_Reduce(mine, sum, kN, MPI_DOUBLE, MPI_SUM, 0, comm);
+        // MoE: the (token, expert) rows each rank's experts computed over the timed forwards
+        const long long rows = st.expert_rows;
+        long long rows_max = 0, rows_sum = 0;
+        MPI_Reduce(&rows, &rows_max, 1, MPI_LONG_LONG, MPI_MAX, 0, comm);
+        MPI_Reduce(&rows, &rows_sum, 1, MPI_LONG_LONG, MPI_SUM, 0, comm);
         if (rank == 0) {
           const double t = worst[kForward] / reps, ar = sum[kAllreduce] / tp / reps;  // slowest forward; mean wait
           const PartFlops f = forward_flops(c, S);
@@ -312,11 +366,21 @@ int bench(int argc, char** argv) {
           auto part = [&](double seconds, double flops) {
             return cuda && flops > 0 ? std::string("async") : part_cell(seconds, flops, tp, g);
           };
-          std::printf("| %d | %d | %s | %.0f | %.1f | %.1f (%.0f%%) | %s | %s | %s | %.1f | %.2f | %.2f | %.2f | %.0f |\n",
+          std::printf("| %d | %d | %s | %.0f | %.1f | %.1f (%.0f%%) | %s | %s | %s | %.1f | %.2f | %.2f | %.2f | %.0f |",
                       tp, S, heads.c_str(), S / t, t * 1e3, ar * 1e3, 100 * ar / t,
                       part(worst[kLinear] / reps, f.linear_attention).c_str(),
                       part(worst[kFull] / reps, f.full_attention).c_str(), part(worst[kMlp] / reps, f.mlp).c_str(),
                       per_rank, per_rank / g, bound * 1e3, bound / t, peak_resident_bytes() / 1e6);
+          if (c.experts > 0) {
+            // rows per forward; the MLP share: the slowest rank's MLP time over the slowest forward (not on cuda,
+            // where the parts are launch times)
+            const double mean = double(rows_sum) / tp / reps, most = double(rows_max) / reps;
+            char share[32] = "async";
+            if (!cuda) std::snprintf(share, sizeof share, "%.0f%%", 100 * worst[kMlp] / worst[kForward]);
+            std::printf(" %s | %.0f / %.0f (%.2f) | %s |", experts.c_str(), most, mean, mean > 0 ? most / mean : 0.0,
+                        share);
+          }
+          std::printf("\n");
           std::fflush(stdout);
         }
       }

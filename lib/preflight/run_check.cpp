@@ -14,6 +14,8 @@
 #include "lib/model/drafter_params.h"
 #include "lib/model/generate.h"
 #include "lib/model/qwen_config.h"
+#include "lib/model/target.h"
+#include "lib/model/target_shard.h"
 #include "lib/preflight/data_facts.h"
 #include "lib/preflight/memory_plan.h"
 #include "lib/preflight/signal_margin.h"
@@ -107,6 +109,19 @@ int run_check(const TrainConfig& cfg) {
   std::printf("  target         %s: %d layers, H %d, %d Q / %d KV heads, vocab %d; taps %s\n", cfg.target.path.c_str(),
               target.layers, target.hidden, target.heads, target.kv_heads, target.vocab,
               fmt::format("{}", fmt::join(plan.tap_ids, ",")).c_str());
+  if (target.experts > 0) {  // how the routed experts split over the TP ranks (each holds its share, uneven allowed)
+    std::vector<int> held;
+    for (int r = 0; r < cfg.layout.target_tp; ++r)
+      held.push_back(model::plan_target_shard(target, cfg.layout.target_tp, r, model::TargetOptions{}.mlp_grain)
+                         .expert_count);
+    int moe = 0;
+    for (int l = 0; l < target.layers; ++l) moe += target.is_moe(l) ? 1 : 0;
+    std::printf("  experts        %d routed (top %d, width %d%s) in %d of %d layers; TP ranks hold %s\n",
+                target.experts, target.experts_per_token, target.moe_intermediate,
+                target.shared_expert_intermediate > 0
+                    ? fmt::format(", shared expert {}", target.shared_expert_intermediate).c_str() : "",
+                moe, target.layers, fmt::format("{}", fmt::join(held, ",")).c_str());
+  }
   std::string dtypes;
   for (const auto& [dtype, count] : weights.dtypes) dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count, dtype);
   if (has_weights)
