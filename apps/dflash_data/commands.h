@@ -5,7 +5,8 @@
 
 namespace dflash::data {
 
-// export STEP_DIR OUT_DIR [--dtype bf16|f32]: a checkpoint's drafter in the DFlash naming (docs/export.md).
+// export SOURCE OUT_DIR [--best] [--dtype bf16|f32] [target facts]: = dflash_mpi --export (lib/job/export_command.h,
+// docs/export.md).
 int run_export(int argc, char** argv);
 // import-jsonl IN.jsonl OUT.h5 [--vocab V]: one JSON object per line with input_ids and optional loss_mask.
 int run_import_jsonl(int argc, char** argv);

@@ -9,7 +9,8 @@ using dflash::Subcommand;
 
 const Subcommand kSubcommands[] = {
     {"export", dflash::data::run_export,
-     "STEP_DIR OUT_DIR [--dtype bf16|f32]: a checkpoint's drafter as model.safetensors + config.json"},
+     "SOURCE OUT_DIR [--best --dtype --target-layer-ids --num-target-layers --max-position-embeddings]: a run's "
+     "drafter for serving (model.safetensors + config.json + modeling_dflash.py); = dflash_mpi --export"},
     {"import-jsonl", dflash::data::run_import_jsonl,
      "IN.jsonl OUT.h5 [--vocab V]: JSONL of {input_ids, loss_mask?} to an HDF5 dataset"},
     {"import-prompts", dflash::data::run_import_prompts,

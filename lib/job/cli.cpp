@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -17,7 +19,7 @@ constexpr const char* kDescription =
     "layout.drafter_dp\n"
     "  dflash_mpi CONFIG.yaml --check                  (no mpirun) validate config, target weights, data and the\n"
     "                                                  checkpoint to resume; print the plan and memory estimates\n"
-    "  dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]   a checkpoint for serving (docs/export.md)\n"
+    "  dflash_mpi --export SOURCE OUT_DIR [--best] [--dtype bf16|f32]   a run's drafter for serving (docs/export.md)\n"
     "SIGTERM / SIGUSR1 to the ranks (or to mpirun, which forwards it): finish the step, write a checkpoint, exit 0;\n"
     "continue with ckpt.resume: auto. Keys: docs/config.md. Example: mpi_launch/configs/tiny.yaml\n";
 
@@ -72,17 +74,69 @@ std::optional<ProgramOptions> parse_program_options(int argc, char** argv, bool 
   return o;
 }
 
-std::optional<ExportOptions> parse_export_options(int argc, char** argv, bool print_help) {
+namespace {
+
+// --target-layer-ids 1,9,17: whole numbers separated by commas.
+std::vector<int> parse_layer_ids(const std::string& text) {
+  std::vector<int> ids;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    size_t used = 0;
+    int v = -1;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DFLASH_USER_CHECK(used == item.size() && !item.empty(),
+                      "--target-layer-ids: '{}' is not a comma-separated list of layer numbers (e.g. 1,9,17,25,33)",
+                      text);
+    ids.push_back(v);
+    if (comma == std::string::npos) return ids;
+    start = comma + 1;
+  }
+}
+
+}  // namespace
+
+std::optional<ExportOptions> parse_export_command(int argc, char** argv, const std::string& program,
+                                                  bool print_help) {
   ExportOptions o;
-  CLI::App app("dflash_mpi --export: writes a checkpoint's drafter as model.safetensors + config.json for serving "
-               "(docs/export.md); no MPI needed",
-               "dflash_mpi --export");
+  std::string ids;
+  CLI::App app(program + ": writes a trained drafter for serving: model.safetensors + config.json + "
+                             "modeling_dflash.py, loadable with transformers' AutoModel.from_pretrained(OUT_DIR, "
+                             "trust_remote_code=True) (docs/export.md); no MPI needed. `dflash_mpi --export` and "
+                             "`dflash_data export` are the same command.",
+               program);
   app.set_help_flag("-h,--help", "print this help and exit");
-  app.add_option("STEP_DIR", o.step_dir, "a complete checkpoint, e.g. runs/x/ckpt/step_00001000")->required();
-  app.add_option("OUT_DIR", o.out_dir, "the folder to write")->required();
-  app.add_option("--dtype", o.dtype, "weights' dtype")->check(CLI::IsMember({"bf16", "f32"}));
-  if (!parse(app, argc - 1, argv + 1, print_help, "dflash_mpi --export")) return std::nullopt;
+  // not ->required(): an unknown option is then reported before a missing positional, naming it
+  app.add_option("SOURCE", o.step_dir,
+                 "a run folder (its newest complete checkpoint: ckpt/step_* with DONE), a checkpoint step folder "
+                 "(ckpt/step_XXXXXXXX, ckpt/best) or an exported drafter folder");
+  app.add_option("OUT_DIR", o.out_dir,
+                 "the folder to write: new, empty, or a previous export (never one holding other files)");
+  app.add_flag("--best", o.best, "export SOURCE/ckpt/best (the step with the best eval tau) instead of the newest");
+  app.add_option("--dtype", o.dtype, "bf16 (default; rounded to nearest even) or f32 (the master weights bit-exact)")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--target-layer-ids", ids,
+                 "the tapped target layers, e.g. 1,9,17,25,33 (default: the checkpoint's state.json extra.export)");
+  app.add_option("--num-target-layers", o.num_target_layers,
+                 "the target's num_hidden_layers (default: the checkpoint's)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-position-embeddings", o.max_position_embeddings,
+                 "the target's max_position_embeddings (default: the checkpoint's)")
+      ->check(CLI::PositiveNumber);
+  if (!parse(app, argc, argv, print_help, program.c_str())) return std::nullopt;
+  DFLASH_USER_CHECK(!o.step_dir.empty() && !o.out_dir.empty(),
+                    "expected SOURCE and OUT_DIR; `{} --help` lists the options", program);
+  if (!ids.empty()) o.target_layer_ids = parse_layer_ids(ids);
   return o;
+}
+
+std::optional<ExportOptions> parse_export_options(int argc, char** argv, bool print_help) {
+  return parse_export_command(argc - 1, argv + 1, "dflash_mpi --export", print_help);
 }
 
 int launcher_rank() {

@@ -27,6 +27,7 @@
 #include "lib/eval/spec_eval.h"
 #include "lib/io/dataset.h"
 #include "lib/job/cli.h"
+#include "lib/job/export_command.h"
 #include "lib/job/job_identity.h"
 #include "lib/job/run_lock.h"
 #include "lib/job/signals.h"
@@ -53,11 +54,10 @@ namespace dflash::train {
 
 namespace {
 
-// dflash_mpi --export STEP_DIR OUT_DIR [--dtype bf16|f32]: no MPI job needed.
+// dflash_mpi --export SOURCE OUT_DIR [options]: the one export (= dflash_data export, lib/job/export_command.h); no
+// MPI job needed.
 int run_export(const ExportOptions& o) {
-  export_checkpoint(o.step_dir, o.out_dir, o.dtype == "bf16" ? io::DType::BF16 : io::DType::F32);
-  std::printf("exported %s to %s (%s): model.safetensors + config.json\n", o.step_dir.c_str(), o.out_dir.c_str(),
-              o.dtype.c_str());
+  std::printf("%s\n", export_command(o).c_str());
   return 0;
 }
 
