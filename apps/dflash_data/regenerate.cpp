@@ -59,13 +59,13 @@ int regenerate(const Args& a, comm::Transport& tp) {
   const bool writer_rank = tp.rank() == 0;
   const std::string target_dir = a.str("target", ""), in = a.str("prompts", ""), out = a.str("out", "");
   model::GenerateOptions opt;
-  opt.max_new_tokens = int(a.integer("max-new-tokens", opt.max_new_tokens));
   opt.eos_id = int32_t(a.integer("eos", -1));
   opt.vocab_limit = int(a.integer("vocab-limit", 0));
   const int64_t limit = a.integer("limit", 0);
-  DFLASH_USER_CHECK(a.integer("max-new-tokens", opt.max_new_tokens) >= 1 &&
-                        a.integer("max-new-tokens", opt.max_new_tokens) <= (1 << 20),
-                    "--max-new-tokens {}: must be in [1, 1048576]", a.integer("max-new-tokens", opt.max_new_tokens));
+  const int64_t max_new_tokens = a.integer("max-new-tokens", opt.max_new_tokens);
+  DFLASH_USER_CHECK(max_new_tokens >= 1 && max_new_tokens <= (1 << 20), "--max-new-tokens {}: must be in [1, 1048576]",
+                    max_new_tokens);
+  opt.max_new_tokens = int(max_new_tokens);  // in range: the check above
   DFLASH_USER_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
   DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory with "
               "config.json and *.safetensors; `dflash_data make-target` writes one)", target_dir);

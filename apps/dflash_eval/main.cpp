@@ -125,12 +125,13 @@ int evaluate(const Args& a, comm::Transport& tp) {
   model::SpecOptions so;
   so.block_size = dc.block_size;
   so.tap_layer_ids = src.drafter.info.target_layer_ids;
-  so.max_new_tokens = int(a.integer("max-new-tokens", 128));
   so.eos_id = int32_t(a.integer("eos", -1));
   so.vocab_limit = int(a.integer("vocab-limit", dc.mask_token_id == c.vocab - 1 ? c.vocab - 1 : 0));
   const int64_t limit = a.integer("limit", 0);
-  DFLASH_USER_CHECK(a.integer("max-new-tokens", 128) >= 1 && a.integer("max-new-tokens", 128) <= (1 << 20),
-                    "--max-new-tokens {}: must be in [1, 1048576]", a.integer("max-new-tokens", 128));
+  const int64_t max_new_tokens = a.integer("max-new-tokens", 128);
+  DFLASH_USER_CHECK(max_new_tokens >= 1 && max_new_tokens <= (1 << 20), "--max-new-tokens {}: must be in [1, 1048576]",
+                    max_new_tokens);
+  so.max_new_tokens = int(max_new_tokens);  // in range: the check above
   DFLASH_USER_CHECK(so.eos_id < c.vocab, "--eos {}: not a token id of the target (vocab {})", so.eos_id, c.vocab);
   DFLASH_USER_CHECK(so.vocab_limit >= 0 && so.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}]",
                     so.vocab_limit, c.vocab);

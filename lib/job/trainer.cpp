@@ -171,11 +171,11 @@ struct EvalFiles {
   EvalInputs inputs() const { return {data ? &*data : nullptr, prompts ? &*prompts : nullptr}; }
 };
 
-void print_banner(const TrainConfig& cfg, const RunPlan& plan, int size) {
+void print_banner(const TrainConfig& cfg, const RunPlan& plan, int size, const std::string& init_identity) {
   std::printf("%s\n", format_config_table(cfg).c_str());
   // the warm start's content identity, which the keys do not hold (a folder's weights may change)
-  const std::string resolved = write_resolved_config(
-      cfg, cfg.drafter.init.empty() ? "" : "# drafter.init: " + warm_start_identity(cfg.drafter.init) + "\n");
+  const std::string resolved =
+      write_resolved_config(cfg, init_identity.empty() ? "" : "# drafter.init: " + init_identity + "\n");
   std::printf("dflash_mpi: %d ranks (%d target TP x %d groups + %d drafter DP), %lld steps of %d x %d "
               "sequences; resolved config in %s\n",
               size, cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp,
@@ -196,6 +196,14 @@ std::unique_ptr<Logger> make_logger(const TrainConfig& cfg, const comm::RankLayo
   const bool console = !is_target && layout.dp_rank == 0;
   return std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console,
                                   fmt::format("===== attempt: {} =====", describe(me)));
+}
+
+// World rank r's role as the messages about other ranks name it: "target group 0 tp 3", "drafter dp 1".
+std::string rank_role(const TrainConfig& cfg, int world_size, int r) {
+  const comm::RankLayout l =
+      comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp, world_size, r);
+  return l.role == comm::Role::Target ? fmt::format("target group {} tp {}", l.group, l.tp_rank)
+                                      : fmt::format("drafter dp {}", l.dp_rank);
 }
 
 // Before any rank allocates: the ranks that share a machine add up what the memory plan says each holds (the CPU
@@ -223,9 +231,8 @@ void check_node_memory(const TrainConfig& cfg, const RunPlan& plan, const comm::
   if (node_rank != 0) return;
   std::vector<std::pair<std::string, double>> named;
   for (int i = 0; i < node_size; ++i)
-    named.push_back({fmt::format("world rank {} ({})", ranks[i], comm::role_name(
-                         comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp,
-                                                layout.world_size, ranks[i]).role)), needs[i]});
+    named.push_back({fmt::format("world rank {} ({})", ranks[i], rank_role(cfg, layout.world_size, ranks[i])),
+                     needs[i]});
   char host[256] = "this machine";
   gethostname(host, sizeof host - 1);
   const std::string refusal = memory_does_not_fit(named, machine_memory_bytes(), host);
@@ -240,10 +247,19 @@ struct Resume {
   std::optional<WarmStart> warm;               // first drafter rank, a fresh start with drafter.init
 };
 
+// init_identity: warm_start_identity(drafter.init) on world rank 0 (it hashes the weight file once, for the
+// resolved config); the first drafter rank receives it for the checkpoints.
 Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                      const io::Dataset& data, const EvalFiles& eval, comm::Transport& world, Logger& log) {
+                      const io::Dataset& data, const EvalFiles& eval, comm::Transport& world, Logger& log,
+                      std::string init_identity) {
   Resume out;
   const int first_drafter = layout.drafter_world_rank(0);
+  if (!cfg.drafter.init.empty()) {
+    int64_t length = int64_t(init_identity.size());
+    world.broadcast(&length, 1, 0);
+    init_identity.resize(size_t(length));
+    world.broadcast_bytes(init_identity.data(), init_identity.size(), 0);
+  }
   if (world.rank() == first_drafter) {
     // one pass over the data: what would train nothing or the wrong thing is refused; its identity goes into
     // every checkpoint and must match the one resumed from
@@ -286,7 +302,7 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
       log.info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
     }
     if (out.start_step == 0 && !cfg.drafter.init.empty()) {
-      out.warm.emplace(load_warm_start(cfg, plan));
+      out.warm.emplace(load_warm_start(cfg, plan, init_identity));
       out.identity.init = out.warm->identity;
       log.info("warm start (drafter.init): {}; fresh optimizer, step 0", out.identity.init);
     }
@@ -352,7 +368,10 @@ int dflash_mpi_main(int argc, char** argv) {
     const RunPlan plan = make_run_plan(cfg, target, data.size());
     check_node_memory(cfg, plan, layout, data, rank);
     const EvalFiles eval(cfg, plan, is_target);
-    if (rank == 0) print_banner(cfg, plan, size);
+    // world rank 0 hashes the warm start's weight file once: the resolved config and (broadcast) the checkpoints
+    const std::string init_identity =
+        rank == 0 && !cfg.drafter.init.empty() ? warm_start_identity(cfg.drafter.init) : std::string();
+    if (rank == 0) print_banner(cfg, plan, size, init_identity);
     comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, cfg.run.watchdog_seconds);
     log = make_logger(cfg, layout, rank, me);
     if (lock && !lock->taken_over().empty()) log->warn("{}", lock->taken_over());
@@ -363,12 +382,8 @@ int dflash_mpi_main(int argc, char** argv) {
       timeval tv{};
       gettimeofday(&tv, nullptr);
       const std::string ranks = diagnose_heartbeats(
-          cfg.run.out_dir, size, double(tv.tv_sec) + 1e-6 * double(tv.tv_usec), /*stale_after=*/5.0, [&](int r) {
-            const comm::RankLayout l = comm::make_rank_layout(cfg.layout.target_tp, cfg.layout.target_groups,
-                                                              cfg.layout.drafter_dp, size, r);
-            return l.role == comm::Role::Target ? fmt::format("target group {} tp {}", l.group, l.tp_rank)
-                                                : fmt::format("drafter dp {}", l.dp_rank);
-          });
+          cfg.run.out_dir, size, double(tv.tv_sec) + 1e-6 * double(tv.tv_usec), /*stale_after=*/5.0,
+          [&](int r) { return rank_role(cfg, size, r); });
       const std::string message = fmt::format(
           "watchdog: world rank {} has waited {:.0f} s for the {} (bound {}): a rank is stopped or stalled "
           "(SIGSTOP, a hung device, a dead link); aborting the job. Heartbeats:{}",
@@ -383,7 +398,7 @@ int dflash_mpi_main(int argc, char** argv) {
     WatchedTransport world(world_mpi, watchdog, "world");
     log->info("{} ranks ({}); config {} (hash {}); data plane {} (layout.transport {})", size, who, options->config,
               config_hash_hex(cfg), comm::data_plane_name(plane), cfg.layout.transport);
-    const Resume resume = resolve_resume(cfg, plan, layout, data, eval, world, *log);
+    const Resume resume = resolve_resume(cfg, plan, layout, data, eval, world, *log, init_identity);
     run_my_role(cfg, plan, layout, comms, data, eval, resume, *options, *log, watchdog);
     world.barrier();
   } catch (const std::exception& e) {

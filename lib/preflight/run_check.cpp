@@ -185,7 +185,8 @@ int run_check(const TrainConfig& cfg) {
     if (!resume.empty()) {
       std::printf("  warm start     drafter.init not read: the run resumes from its checkpoint\n");
     } else {
-      const WarmStart w = load_warm_start(cfg, plan);  // every shape and fact checked against the run
+      // every shape and fact checked against the run
+      const WarmStart w = load_warm_start(cfg, plan, warm_start_identity(cfg.drafter.init));
       std::printf("  warm start     %s: shapes, block, mask token, vocabulary and taps match\n", w.identity.c_str());
     }
   }

@@ -15,7 +15,13 @@ namespace dflash::train {
 namespace fs = std::filesystem;
 
 std::string warm_start_identity(const std::string& init) {
-  const std::string dir = drafter_source_dir(init);
+  const std::string dir = [&] {
+    try {
+      return drafter_source_dir(init);
+    } catch (const Error& e) {
+      throw Error(fmt::format("drafter.init = {}: {}", init, e.what()));
+    }
+  }();
   const std::string file = (fs::path(dir) / "model.safetensors").string();
   FILE* f = std::fopen(file.c_str(), "rb");
   DFLASH_USER_CHECK(f, "drafter.init = {}: cannot read {}", init, file);
@@ -32,7 +38,7 @@ std::string warm_start_identity(const std::string& init) {
                      dir, bytes, h);
 }
 
-WarmStart load_warm_start(const TrainConfig& cfg, const RunPlan& plan) {
+WarmStart load_warm_start(const TrainConfig& cfg, const RunPlan& plan, std::string identity) {
   const std::string& init = cfg.drafter.init;
   DrafterSource src = [&] {
     try {
@@ -58,7 +64,7 @@ WarmStart load_warm_start(const TrainConfig& cfg, const RunPlan& plan) {
             fmt::format("[{}]", fmt::join(plan.tap_ids, ", ")));
   const model::DrafterConfigDifference d = model::first_difference(have, plan.drafter);
   refuse_if(!d.field.empty(), ("drafter." + d.field).c_str(), d.a, d.b);
-  return WarmStart{std::move(src.drafter.params), warm_start_identity(init)};
+  return WarmStart{std::move(src.drafter.params), std::move(identity)};
 }
 
 }  // namespace dflash::train

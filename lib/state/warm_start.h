@@ -14,11 +14,12 @@ namespace dflash::train {
 
 struct WarmStart {
   model::DrafterParams<float> params;
-  std::string identity;  // warm_start_identity(cfg.drafter.init)
+  std::string identity;  // warm_start_identity(cfg.drafter.init), as the caller computed it
 };
 
 // Reads and checks cfg.drafter.init against the run (plan: the drafter with every "0 = the target's" resolved).
-WarmStart load_warm_start(const TrainConfig& cfg, const RunPlan& plan);
+// identity: warm_start_identity(cfg.drafter.init), computed once by the caller (it reads the whole weight file).
+WarmStart load_warm_start(const TrainConfig& cfg, const RunPlan& plan, std::string identity);
 
 // "export /path/to/dir (model.safetensors 123456 bytes, content 0x...)": the folder read and its weight file's
 // content hash (FNV-1a 64 of its bytes), recorded in config.resolved.yaml, the log and every checkpoint.
