@@ -8,13 +8,16 @@
 //   * Outputs marked (=) are overwritten, (+=) accumulated; callers zero accumulators once per step.
 //   * Kernels never throw and never validate user input: the orchestration in lib/model validates first.
 //   * Calls are ordered on the context's stream; results are visible to the host only after synchronize().
-//   * T is the activation and weight type (float, double on the CPU; float, bf16 on CUDA). Statistics
-//     (RMSNorm rstd, attention lse) and weight gradients use A = acc_t<T> (float for float/bf16, double for double).
+//   * T is the activation and weight type (float, double on the CPU; float, bf16 on CUDA; kernels/bf16.h is the
+//     storage type, so the models never see CUDA). Statistics (RMSNorm rstd, attention lse) and weight gradients
+//     use A = acc_t<T> (float for float/bf16, double for double).
+//   * An op a backend lacks is named by a Feature: supports(f) says so before the call (the op then throws).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
 #include "kernels/attention_shape.h"
+#include "kernels/bf16.h"
 #include "kernels/vocab_loss_rows.h"
 #include "lib/core/exec_context.h"
 
@@ -40,6 +43,11 @@ struct AdamWCoeffs {
   float decay = 0;         // lr · weight_decay (decoupled), applied where decay_mask is 1
 };
 
+// The ops not every backend has (ask supports() first).
+enum class Feature {
+  tree_attention,  // attention_tree_forward: the CPU only (speculative tree verification, a host-side evaluation)
+};
+
 template <typename T>
 class Backend {
  public:
@@ -47,6 +55,7 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual const char* name() const = 0;  // "cpu" or "cuda"
+  virtual bool supports(Feature) const { return true; }
   virtual MemoryKind memory() const = 0;
   // The backend's own execution context (CUDA: its stream, cuBLASLt handle and workspace); the CPU's has no state.
   virtual ExecContext& context();
@@ -145,6 +154,12 @@ class Backend {
   // position 0, n = 1 a decoding step. Scale 1/sqrt(head_dim); softmax statistics in A.
   virtual void attention_cached_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int n,
                                         int past, int q_heads, int kv_heads, int head_dim) = 0;
+  // Tree attention of speculative verification (kernels/cpu/attention_tree.h): query row i is tree node i after
+  // `past` cached positions and sees the cache and its own ancestors (parents[n] on the host: parents[0] = −1,
+  // parents[i] < i); on a chain it equals attention_cached_forward bit for bit. Feature::tree_attention.
+  virtual void attention_tree_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v,
+                                      const int32_t* parents, int n, int past, int q_heads, int kv_heads,
+                                      int head_dim) = 0;
   // x[n] (=) x · sigmoid(gate[n]): the output gate of Qwen3.5's attention.
   virtual void sigmoid_gate(ExecContext& ctx, T* x, const T* gate, size_t n) = 0;
   // Partial RoPE (kernels/cpu/rope_partial.h): the first rot_dim (even, ≤ head_dim) dims of each head rotate
@@ -219,9 +234,16 @@ std::unique_ptr<Backend<T>> make_cpu_backend(const CpuBackendOptions& options = 
 template <typename T>
 Backend<T>& cpu_backend();
 
-// The CUDA backend (kernels/cuda); throws dflash::Error in a build without CUDA or on a machine without a GPU.
+// The CUDA backend (kernels/cuda), T = float or bf16; throws dflash::Error in a build without CUDA or on a machine
+// without a GPU. Uses the calling thread's current device.
 template <typename T>
 std::unique_ptr<Backend<T>> make_cuda_backend();
+
+// The one factory the models and tools use: the backend of `device` computing in T, or a user error naming what
+// does not exist (bf16 on the CPU, double on CUDA, CUDA in a build without it or on a machine without a GPU).
+enum class Device { cpu, cuda };
+template <typename T>
+std::unique_ptr<Backend<T>> make_backend(Device device, const CpuBackendOptions& cpu_options = {});
 // True when this build has the CUDA backend and a CUDA device is visible.
 bool cuda_available();
 // Makes GPU (node_local_rank mod visible devices) current on the calling thread and returns its ordinal: ranks of

@@ -12,6 +12,7 @@ std::unique_ptr<Backend<T>> make_cuda_backend() {
                    "toolkit installed (cmake -DDFLASH_CUDA=ON) or set run.device: cpu");
 }
 template std::unique_ptr<Backend<float>> make_cuda_backend<float>();
+template std::unique_ptr<Backend<bf16>> make_cuda_backend<bf16>();
 
 bool cuda_available() { return false; }
 

@@ -24,9 +24,6 @@
 #include "lib/core/timer.h"
 
 #if DFLASH_WITH_CUDA
-#include <cuda_bf16.h>
-
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/launch.h"
 #endif
@@ -37,7 +34,7 @@ namespace dflash::bench {
 namespace {
 
 using kernels::Backend;
-using bf16 = __nv_bfloat16;
+using kernels::bf16;
 
 // On the emulated GPU every time is the CPU emulation's: labelled so that nobody reads it as a GPU figure.
 #if defined(DFLASH_CUDA_EMULATED)
@@ -55,11 +52,17 @@ struct Dev {
   explicit Dev(size_t count) : buf(MemoryKind::device, std::max<size_t>(count, 1) * sizeof(U)), n(count) {}
   U* p() const { return buf.as<U>(); }
 };
+// The same bits as the kernels' type, for the direct launches (the backend takes kernels::bf16).
+kernels::cuda::bf16* dev(bf16* p) { return reinterpret_cast<kernels::cuda::bf16*>(p); }
+template <typename T>
+T* dev(T* p) {
+  return p;
+}
 
 template <typename T>
 T from_float(float x) {
   if constexpr (std::is_same_v<T, bf16>)
-    return __float2bfloat16(x);
+    return bf16(x);
   else
     return x;
 }
@@ -390,7 +393,7 @@ int attention_bench(ExecContext& ctx, const Args& args) {
             reps = int(args.integer("reps", 2));
   DFLASH_USER_CHECK(S >= 2 && N >= 1 && B >= 1 && KVH >= 1 && NH % KVH == 0 && D >= 2 && H >= 1 && reps >= 1,
                     "dflash_bench cuda attention: need --heads a multiple of --kv-heads and every size ≥ 1");
-  auto be = kernels::make_cuda_backend_bf16();
+  auto be = kernels::make_cuda_backend<bf16>();
   const int NB = N * B;
   const kernels::DFlashAttentionShape s{N, B, S, NH, KVH, D, window};
   Dev<bf16> q(size_t(NB) * NH * D), kc(size_t(S) * KVH * D), vc(size_t(S) * KVH * D), kb(size_t(NB) * KVH * D),
@@ -429,13 +432,14 @@ int attention_bench(ExecContext& ctx, const Args& args) {
   };
   if (tc) {
     const double f = time_best(*be, ctx, reps, [&] {
-      kernels::cuda::launch_dflash_attention_forward_tc(st, out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(), vb.p(),
-                                                        anchors.p(), s);
+      kernels::cuda::launch_dflash_attention_forward_tc(st, dev(out.p()), lse.p(), dev(q.p()), dev(kc.p()), dev(vc.p()),
+                                                        dev(kb.p()), dev(vb.p()), anchors.p(), s);
     });
     const double b = time_best(*be, ctx, reps, [&] {
-      kernels::cuda::launch_dflash_attention_backward_tc(st, dq.p(), dkc.p(), dvc.p(), dkb.p(), dvb.p(), dout.p(),
-                                                         out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(), vb.p(),
-                                                         anchors.p(), s, delta.p());
+      kernels::cuda::launch_dflash_attention_backward_tc(st, dev(dq.p()), dev(dkc.p()), dev(dvc.p()), dev(dkb.p()),
+                                                         dev(dvb.p()), dev(dout.p()), dev(out.p()), lse.p(),
+                                                         dev(q.p()), dev(kc.p()), dev(vc.p()), dev(kb.p()),
+                                                         dev(vb.p()), anchors.p(), s, delta.p());
     });
     report("tensor cores", f, b);
   } else {
@@ -443,13 +447,14 @@ int attention_bench(ExecContext& ctx, const Args& args) {
   }
   if (args.integer("cores", 1)) {
     const double f = time_best(*be, ctx, reps, [&] {
-      kernels::cuda::launch_dflash_attention_forward_cores<bf16>(st, out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(),
-                                                                 vb.p(), anchors.p(), s);
+      kernels::cuda::launch_dflash_attention_forward_cores(st, dev(out.p()), lse.p(), dev(q.p()), dev(kc.p()),
+                                                           dev(vc.p()), dev(kb.p()), dev(vb.p()), anchors.p(), s);
     });
     const double b = time_best(*be, ctx, reps, [&] {
-      kernels::cuda::launch_dflash_attention_backward_cores<bf16>(st, dq.p(), dkc.p(), dvc.p(), dkb.p(), dvb.p(),
-                                                                  dout.p(), out.p(), lse.p(), q.p(), kc.p(), vc.p(),
-                                                                  kb.p(), vb.p(), anchors.p(), s, delta.p());
+      kernels::cuda::launch_dflash_attention_backward_cores(st, dev(dq.p()), dev(dkc.p()), dev(dvc.p()), dev(dkb.p()),
+                                                            dev(dvb.p()), dev(dout.p()), dev(out.p()), lse.p(),
+                                                            dev(q.p()), dev(kc.p()), dev(vc.p()), dev(kb.p()),
+                                                            dev(vb.p()), anchors.p(), s, delta.p());
     });
     report("CUDA cores", f, b);
   }
@@ -500,7 +505,7 @@ int run_cuda(int argc, char** argv) {
   kernels::cuda::CudaContext context(0);
   if (what == "attention") return attention_bench(context.exec(), args);
   if (precision == "bf16") {
-    auto be = kernels::make_cuda_backend_bf16();
+    auto be = kernels::make_cuda_backend<bf16>();
     return run_all(*be, context.exec(), what, args, "bf16");
   }
   auto be = kernels::make_cuda_backend<float>();

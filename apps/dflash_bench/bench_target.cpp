@@ -36,9 +36,6 @@
 #include "lib/model/target.h"
 #include "lib/model/target_shard.h"
 #include "kernels/backend.h"
-#if DFLASH_CUDA_BACKEND
-#include "kernels/cuda/backend_cuda.h"
-#endif
 
 namespace dflash::bench {
 
@@ -168,13 +165,10 @@ double gemm_bound_seconds(kernels::Backend<T>& be, const std::vector<GemmShape>&
 // The bound on the backend the target runs on: device cpu|cuda, precision fp32|bf16.
 double gemm_bound(const std::string& device, const std::string& precision, const std::vector<GemmShape>& shapes,
                   int S, int reps) {
-  if (device == "cpu") return gemm_bound_seconds(*kernels::make_cpu_backend<float>(), shapes, S, reps);
-#if DFLASH_CUDA_BACKEND
-  if (precision == "bf16") return gemm_bound_seconds(*kernels::make_cuda_backend_bf16(), shapes, S, reps);
-  return gemm_bound_seconds(*kernels::make_cuda_backend<float>(), shapes, S, reps);
-#else
-  DFLASH_USER_FAIL("--device cuda needs the CUDA backend, which this build does not have ({} requested)", precision);
-#endif
+  if (device == "cpu") return gemm_bound_seconds(*kernels::make_backend<float>(kernels::Device::cpu), shapes, S, reps);
+  if (precision == "bf16")
+    return gemm_bound_seconds(*kernels::make_backend<kernels::bf16>(kernels::Device::cuda), shapes, S, reps);
+  return gemm_bound_seconds(*kernels::make_backend<float>(kernels::Device::cuda), shapes, S, reps);
 }
 
 std::vector<int> int_list(const std::string& option, const std::string& text) {

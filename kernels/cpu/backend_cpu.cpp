@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention_causal.h"
 #include "kernels/cpu/attention_decode.h"
 #include "kernels/cpu/attention_dflash.h"
+#include "kernels/cpu/attention_tree.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gated_deltanet.h"
 #include "kernels/cpu/gemm.h"
@@ -168,6 +169,10 @@ class CpuBackend final : public Backend<T> {
       cpu::attention_causal_forward(out, q, k, v, n, q_heads, kv_heads, head_dim, options_.attention_block);
     else
       cpu::attention_decode_forward(out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+  }
+  void attention_tree_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, const int32_t* parents, int n,
+                              int past, int q_heads, int kv_heads, int head_dim) override {
+    cpu::attention_tree_forward<T>(out, q, k, v, parents, n, past, q_heads, kv_heads, head_dim);
   }
   void sigmoid_gate(ExecContext&, T* x, const T* gate, size_t n) override { cpu::sigmoid_gate(x, gate, n); }
   void rope_partial_forward(ExecContext&, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,

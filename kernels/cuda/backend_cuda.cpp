@@ -11,7 +11,6 @@
 #include <type_traits>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/gemm_lt.h"
@@ -22,8 +21,27 @@ namespace dflash::kernels {
 
 namespace {
 
-using cuda::bf16;
 using cuda::DType;
+
+// kernels::bf16, the storage type the models use, is cuda::bf16 (__nv_bfloat16) bit for bit: the backend's T is the
+// public type and the kernels compute in D = device_t<T>.
+static_assert(sizeof(bf16) == sizeof(cuda::bf16) && alignof(bf16) == alignof(cuda::bf16),
+              "kernels::bf16 must have __nv_bfloat16's layout");
+template <typename T>
+using device_t = std::conditional_t<std::is_same_v<T, bf16>, cuda::bf16, T>;
+
+// A launch argument as the kernels take it: pointers to kernels::bf16 become pointers to cuda::bf16; the rest pass.
+template <typename X>
+auto device_arg(X x) {
+  if constexpr (std::is_same_v<X, bf16*>) return reinterpret_cast<cuda::bf16*>(x);
+  else if constexpr (std::is_same_v<X, const bf16*>) return reinterpret_cast<const cuda::bf16*>(x);
+  else return x;
+}
+// launch(args...) with every argument through device_arg.
+template <typename Launch, typename... Args>
+void on_device(Launch&& launch, Args... args) {
+  launch(device_arg(args)...);
+}
 
 template <typename T>
 constexpr DType dtype_of() {
@@ -68,6 +86,7 @@ template <typename T>
 class CudaBackend final : public Backend<T> {
  public:
   using A = acc_t<T>;
+  using D = device_t<T>;
   static_assert(std::is_same_v<A, float>, "the CUDA backend keeps statistics and weight gradients in fp32");
 
   // The backend's own stream, cuBLASLt handle and workspace, on the calling thread's current device.
@@ -101,7 +120,7 @@ class CudaBackend final : public Backend<T> {
       if (n && static_cast<const void*>(dst) != static_cast<const void*>(src))
         DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(ctx)));
     } else {
-      cuda::launch_convert_from_float(stream_of(ctx), dst, src, n);
+      on_device(cuda::launch_convert_from_float<D>, stream_of(ctx), dst, src, n);
     }
   }
   void convert_to_float(ExecContext& ctx, float* dst, const T* src, size_t n) override {
@@ -109,7 +128,7 @@ class CudaBackend final : public Backend<T> {
       if (n && static_cast<const void*>(dst) != static_cast<const void*>(src))
         DFLASH_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(ctx)));
     } else {
-      cuda::launch_convert_to_float(stream_of(ctx), dst, src, n);
+      on_device(cuda::launch_convert_to_float<D>, stream_of(ctx), dst, src, n);
     }
   }
   void convert_to_float_strided(ExecContext& ctx, float* dst, int ld_dst, const T* src, int ld_src, int rows,
@@ -120,21 +139,21 @@ class CudaBackend final : public Backend<T> {
                                           sizeof(float) * size_t(cols), size_t(rows), cudaMemcpyDeviceToDevice,
                                           stream_of(ctx)));
     } else {
-      cuda::launch_convert_to_float_strided(stream_of(ctx), dst, ld_dst, src, ld_src, rows, cols);
+      on_device(cuda::launch_convert_to_float_strided<D>, stream_of(ctx), dst, ld_dst, src, ld_src, rows, cols);
     }
   }
   void gather_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) override {
-    cuda::launch_gather_rows(stream_of(ctx), out, in, rows, n, dim);
+    on_device(cuda::launch_gather_rows<D>, stream_of(ctx), out, in, rows, n, dim);
   }
   void scatter_add_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, const A* weight, int n,
                         int dim) override {
-    cuda::launch_scatter_add_rows(stream_of(ctx), out, in, rows, weight, n, dim);
+    on_device(cuda::launch_scatter_add_rows<D>, stream_of(ctx), out, in, rows, weight, n, dim);
   }
   void scale_rows(ExecContext& ctx, T* x, const A* weight, int n, int dim) override {
-    cuda::launch_scale_rows(stream_of(ctx), x, weight, n, dim);
+    on_device(cuda::launch_scale_rows<D>, stream_of(ctx), x, weight, n, dim);
   }
   void scatter_rows(ExecContext& ctx, T* out, const T* in, const int32_t* rows, int n, int dim) override {
-    cuda::launch_scatter_rows(stream_of(ctx), out, in, rows, n, dim);
+    on_device(cuda::launch_scatter_rows<D>, stream_of(ctx), out, in, rows, n, dim);
   }
 
   void copy_strided(ExecContext& ctx, T* dst, int ld_dst, const T* src, int ld_src, int rows, int cols) override {
@@ -160,48 +179,48 @@ class CudaBackend final : public Backend<T> {
 
   void rmsnorm_forward(ExecContext& ctx, T* y, A* rstd, const T* x, const T* w, int rows, int dim,
                        double eps) override {
-    cuda::launch_rmsnorm_forward(stream_of(ctx), y, rstd, x, w, rows, dim, float(eps));
+    on_device(cuda::launch_rmsnorm_forward<D>, stream_of(ctx), y, rstd, x, w, rows, dim, float(eps));
   }
   void rmsnorm_backward(ExecContext& ctx, T* dx, A* dw, const T* dy, const T* x, const T* w, const A* rstd, int rows,
                         int dim) override {
     const size_t bytes = dw ? sizeof(float) * size_t(cuda::rmsnorm_dw_chunks(rows)) * size_t(dim) : 0;
     Scratch partials(ctx, scratch_, scratch_mutex_, bytes > 0 ? bytes : 1);
-    cuda::launch_rmsnorm_backward(stream_of(ctx), dx, dw, dy, x, w, rstd, rows, dim, partials.as<float>());
+    on_device(cuda::launch_rmsnorm_backward<D>, stream_of(ctx), dx, dw, dy, x, w, rstd, rows, dim, partials.as<float>());
   }
   void rope_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                     double theta) override {
-    cuda::launch_rope(stream_of(ctx), y, x, pos, rows, heads, head_dim, theta, false);
+    on_device(cuda::launch_rope<D>, stream_of(ctx), y, x, pos, rows, heads, head_dim, theta, false);
   }
   void rope_backward(ExecContext& ctx, T* dx, const T* dy, const int32_t* pos, int rows, int heads, int head_dim,
                      double theta) override {
-    cuda::launch_rope(stream_of(ctx), dx, dy, pos, rows, heads, head_dim, theta, true);
+    on_device(cuda::launch_rope<D>, stream_of(ctx), dx, dy, pos, rows, heads, head_dim, theta, true);
   }
   void swiglu_forward(ExecContext& ctx, T* h, const T* gate, const T* up, size_t n) override {
-    cuda::launch_swiglu_forward(stream_of(ctx), h, gate, up, n);
+    on_device(cuda::launch_swiglu_forward<D>, stream_of(ctx), h, gate, up, n);
   }
   void swiglu_backward(ExecContext& ctx, T* dgate, T* dup, const T* dh, const T* gate, const T* up,
                        size_t n) override {
-    cuda::launch_swiglu_backward(stream_of(ctx), dgate, dup, dh, gate, up, n);
+    on_device(cuda::launch_swiglu_backward<D>, stream_of(ctx), dgate, dup, dh, gate, up, n);
   }
   void residual_forward(ExecContext& ctx, T* out, const T* a, const T* b, size_t n) override {
-    cuda::launch_residual(stream_of(ctx), out, a, b, n);
+    on_device(cuda::launch_residual<D>, stream_of(ctx), out, a, b, n);
   }
   void accumulate(ExecContext& ctx, T* y, const T* x, size_t n) override {
-    cuda::launch_accumulate(stream_of(ctx), y, x, n);
+    on_device(cuda::launch_accumulate<D>, stream_of(ctx), y, x, n);
   }
   void scale(ExecContext& ctx, T* x, double s, size_t n) override {
-    cuda::launch_scale(stream_of(ctx), x, float(s), n);
+    on_device(cuda::launch_scale<D>, stream_of(ctx), x, float(s), n);
   }
   void embedding_forward(ExecContext& ctx, T* out, const T* table, const int32_t* ids, int rows, int dim,
                          int vocab) override {
-    cuda::launch_gather_rows(stream_of(ctx), out, table, ids, rows, dim);
+    on_device(cuda::launch_gather_rows<D>, stream_of(ctx), out, table, ids, rows, dim);
   }
 
   void dflash_attention_forward(ExecContext& ctx, T* out, A* lse, const T* q, const T* k_ctx, const T* v_ctx,
                                 const T* k_blk, const T* v_blk, const int32_t* anchors,
                                 const DFlashAttentionShape& shape) override {
     check_head_dim(shape.head_dim);
-    cuda::launch_dflash_attention_forward(stream_of(ctx), out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, shape);
+    on_device(cuda::launch_dflash_attention_forward<D>, stream_of(ctx), out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, shape);
   }
   void dflash_attention_backward(ExecContext& ctx, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk, const T* dout,
                                  const T* out, const A* lse, const T* q, const T* k_ctx, const T* v_ctx,
@@ -210,37 +229,44 @@ class CudaBackend final : public Backend<T> {
     check_head_dim(shape.head_dim);
     const size_t queries = size_t(shape.n_blocks) * shape.block * shape.heads;
     Scratch delta(ctx, scratch_, scratch_mutex_, sizeof(float) * (queries > 0 ? queries : 1));
-    cuda::launch_dflash_attention_backward(stream_of(ctx), dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q,
+    on_device(cuda::launch_dflash_attention_backward<D>, stream_of(ctx), dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q,
                                            k_ctx, v_ctx, k_blk, v_blk, anchors, shape, delta.as<float>());
   }
   void attention_causal_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int S, int q_heads,
                                 int kv_heads, int head_dim) override {
     check_head_dim(head_dim);
-    cuda::launch_attention_causal_forward(stream_of(ctx), out, q, k, v, S, q_heads, kv_heads, head_dim);
+    on_device(cuda::launch_attention_causal_forward<D>, stream_of(ctx), out, q, k, v, S, q_heads, kv_heads, head_dim);
   }
 
   void attention_cached_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int n, int past,
                                 int q_heads, int kv_heads, int head_dim) override {
     check_head_dim(head_dim);
-    cuda::launch_attention_cached_forward(stream_of(ctx), out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+    on_device(cuda::launch_attention_cached_forward<D>, stream_of(ctx), out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+  }
+  // Tree verification runs in dflash_eval's host-side loop on the CPU backend: no device kernel (yet).
+  bool supports(Feature f) const override { return f != Feature::tree_attention; }
+  void attention_tree_forward(ExecContext&, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int,
+                              int) override {
+    DFLASH_FAIL("the CUDA backend has no tree attention (supports(Feature::tree_attention) is false); verify trees on "
+                "the CPU backend");
   }
   void sigmoid_gate(ExecContext& ctx, T* x, const T* gate, size_t n) override {
-    cuda::launch_sigmoid_gate(stream_of(ctx), x, gate, n);
+    on_device(cuda::launch_sigmoid_gate<D>, stream_of(ctx), x, gate, n);
   }
   void rope_partial_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                             int rot_dim, double theta) override {
-    cuda::launch_rope_partial(stream_of(ctx), y, x, pos, rows, heads, head_dim, rot_dim, theta);
+    on_device(cuda::launch_rope_partial<D>, stream_of(ctx), y, x, pos, rows, heads, head_dim, rot_dim, theta);
   }
   void l2norm_forward(ExecContext& ctx, T* x, int rows, int dim, double eps, double scale) override {
-    cuda::launch_l2norm(stream_of(ctx), x, rows, dim, float(eps), float(scale));
+    on_device(cuda::launch_l2norm<D>, stream_of(ctx), x, rows, dim, float(eps), float(scale));
   }
   void causal_conv1d_silu_forward(ExecContext& ctx, T* y, const T* x, const T* w, T* tail, int S, int C,
                                   int K) override {
-    cuda::launch_causal_conv1d_silu(stream_of(ctx), y, x, w, tail, S, C, K);
+    on_device(cuda::launch_causal_conv1d_silu<D>, stream_of(ctx), y, x, w, tail, S, C, K);
   }
   void deltanet_gates_forward(ExecContext& ctx, A* g, A* beta, const T* a, const T* b, const T* a_log,
                               const T* dt_bias, int rows, int heads) override {
-    cuda::launch_deltanet_gates(stream_of(ctx), g, beta, a, b, a_log, dt_bias, rows, heads);
+    on_device(cuda::launch_deltanet_gates<D>, stream_of(ctx), g, beta, a, b, a_log, dt_bias, rows, heads);
   }
   void gated_delta_rule_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, const A* g,
                                 const A* beta, A* state, int S, int k_heads, int v_heads, int dk, int dv) override {
@@ -249,41 +275,41 @@ class CudaBackend final : public Backend<T> {
                  "CUDA gated delta rule: key head dim {} (supported 1..{}), {} value heads over {} key heads (must "
                  "be a multiple)",
                  dk, cuda::kMaxDeltaKeyDim, v_heads, k_heads);
-    cuda::launch_gated_delta_rule(stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+    on_device(cuda::launch_gated_delta_rule<D>, stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
   }
   void gated_rmsnorm_forward(ExecContext& ctx, T* y, const T* x, const T* z, const T* w, int rows, int dim,
                              double eps) override {
-    cuda::launch_gated_rmsnorm(stream_of(ctx), y, x, z, w, rows, dim, float(eps));
+    on_device(cuda::launch_gated_rmsnorm<D>, stream_of(ctx), y, x, z, w, rows, dim, float(eps));
   }
   void argmax_rows(ExecContext& ctx, int32_t* index, A* value, const T* x, int rows, int cols) override {
-    cuda::launch_argmax_rows(stream_of(ctx), index, value, x, rows, cols);
+    on_device(cuda::launch_argmax_rows<D>, stream_of(ctx), index, value, x, rows, cols);
   }
 
   void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,
                             const A* weights, double tau, int top_k, VocabLossRow* rows,
                             VocabLossRowValues* values) override {
-    cuda::launch_vocab_loss_row_stats(stream_of(ctx), z, u, n, V, labels, weights, tau, top_k, rows, values);
+    on_device(cuda::launch_vocab_loss_row_stats<D>, stream_of(ctx), z, u, n, V, labels, weights, tau, top_k, rows, values);
   }
   void vocab_loss_row_grad(ExecContext& ctx, T* z, const T* u, int n, int V, const int32_t* labels, const A* weights,
                            const VocabLossRow* rows, double grad_scale, const VocabLossCoeffs& coeffs) override {
-    cuda::launch_vocab_loss_row_grad(stream_of(ctx), z, u, n, V, labels, weights, rows, grad_scale, coeffs);
+    on_device(cuda::launch_vocab_loss_row_grad<D>, stream_of(ctx), z, u, n, V, labels, weights, rows, grad_scale, coeffs);
   }
 
   void adamw_step(ExecContext& ctx, float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
                   size_t n, const AdamWCoeffs& k) override {
-    cuda::launch_adamw(stream_of(ctx), params, grads, m, v, decay_mask, n, k);
+    on_device(cuda::launch_adamw, stream_of(ctx), params, grads, m, v, decay_mask, n, k);
   }
   // Synchronises (the result is a host double).
   double sum_squares(ExecContext& ctx, const float* x, size_t n) override {
     Scratch partials(ctx, scratch_, scratch_mutex_, sizeof(double) * (cuda::kSumSquaresBlocks + 1));
     double* d = partials.as<double>();
-    cuda::launch_sum_squares(stream_of(ctx), x, n, d, d + cuda::kSumSquaresBlocks);
+    on_device(cuda::launch_sum_squares, stream_of(ctx), x, n, d, d + cuda::kSumSquaresBlocks);
     double result = 0;
     download(ctx, &result, d + cuda::kSumSquaresBlocks, sizeof result);
     return result;
   }
   void scale_master(ExecContext& ctx, float* x, double s, size_t n) override {
-    cuda::launch_scale_f32(stream_of(ctx), x, float(s), n);
+    on_device(cuda::launch_scale_f32, stream_of(ctx), x, float(s), n);
   }
 
  private:
@@ -320,10 +346,6 @@ std::unique_ptr<Backend<T>> make_cuda_backend() {
   return std::make_unique<CudaBackend<T>>();
 }
 template std::unique_ptr<Backend<float>> make_cuda_backend<float>();
-
-std::unique_ptr<Backend<__nv_bfloat16>> make_cuda_backend_bf16() {
-  require_device();
-  return std::make_unique<CudaBackend<bf16>>();
-}
+template std::unique_ptr<Backend<bf16>> make_cuda_backend<bf16>();
 
 }  // namespace dflash::kernels

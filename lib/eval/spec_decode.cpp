@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/backend.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 
@@ -33,7 +33,8 @@ void DrafterProposer::block_logits(const std::vector<int32_t>& tokens, const flo
   }
   drafter_forward(cfg_, params_, in, acts_);
   // rows 1..B−1 of the block predict positions p+1..p+B−1
-  cpu::linear_forward<float>(logits_.data(), acts_.out + H, lm_head_, B - 1, H, vocab_limit_);
+  kernels::cpu_backend<float>().linear_forward(kernels::host_exec_context(), logits_.data(), acts_.out + H, lm_head_,
+                                               B - 1, H, vocab_limit_);
 }
 
 void DrafterProposer::propose(const std::vector<int32_t>& tokens, const float* taps, int32_t* draft) {

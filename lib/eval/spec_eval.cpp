@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lib/comm/tags.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/eval/spec_decode.h"
@@ -60,13 +61,13 @@ struct SpecEvalTarget::Impl {
 
   // TP rank 0: true once the weights are in, false when drafter rank 0 stopped first.
   bool receive_weights() {
-    comm::Request req = world.irecv(weights.flat.data(), weights.flat.size(), drafter0, kTagSpecWeights);
+    comm::Request req = world.irecv(weights.flat.data(), weights.flat.size(), drafter0, comm::kTagSpecWeights);
     auto guard = watchdog.arm([&] { return fmt::format("drafter rank 0's weights (world rank {}) for the "
                                                        "speculative eval", drafter0); });
     while (true) {
       if (req.test()) return true;
-      // drafter rank 0 sends kTagStop only after its last exchange's answer: a stop now means no weights come
-      if (world.probe(drafter0, kTagStop)) {
+      // drafter rank 0 sends comm::kTagStop only after its last exchange's answer: a stop now means no weights come
+      if (world.probe(drafter0, comm::kTagStop)) {
         req.cancel();
         return false;
       }
@@ -100,8 +101,8 @@ bool SpecEvalTarget::decode(int64_t next_step, Logger& log) {
     totals["drafter_seconds"] = drafter->seconds();
     const std::string text = totals.dump();
     const int64_t size = int64_t(text.size());
-    m.world.send(&size, 1, m.drafter0, kTagSpecResultSize);
-    m.world.send_bytes(text.data(), text.size(), m.drafter0, kTagSpecResult);
+    m.world.send(&size, 1, m.drafter0, comm::kTagSpecResultSize);
+    m.world.send_bytes(text.data(), text.size(), m.drafter0, comm::kTagSpecResult);
     log.info("target: speculative eval after step {}: tau {:.3f} on {} prompts in {:.2f} s", next_step, sum.tau(),
              sum.prompts, sum.seconds);
   }
@@ -110,11 +111,11 @@ bool SpecEvalTarget::decode(int64_t next_step, Logger& log) {
 
 nlohmann::ordered_json spec_eval_exchange(comm::Transport& world, const std::vector<float>& weights,
                                           int target_rank0) {
-  world.send(weights.data(), weights.size(), target_rank0, kTagSpecWeights);
+  world.send(weights.data(), weights.size(), target_rank0, comm::kTagSpecWeights);
   int64_t size = 0;
-  world.recv(&size, 1, target_rank0, kTagSpecResultSize);
+  world.recv(&size, 1, target_rank0, comm::kTagSpecResultSize);
   std::string text(size_t(size), '\0');
-  world.recv_bytes(text.data(), text.size(), target_rank0, kTagSpecResult);
+  world.recv_bytes(text.data(), text.size(), target_rank0, comm::kTagSpecResult);
   return nlohmann::ordered_json::parse(text);
 }
 

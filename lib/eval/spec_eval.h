@@ -32,8 +32,6 @@
 
 namespace dflash::train {
 
-// Message tags on the world communicator (next to the packet tags of lib/train/packet.h).
-enum SpecEvalTag : int { kTagSpecWeights = 7201, kTagSpecResultSize, kTagSpecResult };
 
 // True when the speculative eval runs after `next_step` steps (a count, 1-based).
 bool spec_eval_due(const TrainConfig& cfg, int64_t next_step);

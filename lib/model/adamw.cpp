@@ -5,10 +5,6 @@
 
 #include "lib/core/error.h"
 
-#if DFLASH_CUDA_BACKEND
-#include <cuda_bf16.h>
-#endif
-
 namespace dflash::model {
 
 kernels::AdamWCoeffs adamw_coeffs(const AdamWSettings& s, int64_t step, double lr) {
@@ -39,12 +35,10 @@ double clip_global_norm(kernels::Backend<T>& be, ExecContext& ec, float* g, size
 template void adamw_update<float>(kernels::Backend<float>&, ExecContext&, float*, const float*, float*, float*,
                                   const uint8_t*, size_t, int64_t, const AdamWSettings&, double);
 template double clip_global_norm<float>(kernels::Backend<float>&, ExecContext&, float*, size_t, double);
-#if DFLASH_CUDA_BACKEND
-template void adamw_update<__nv_bfloat16>(kernels::Backend<__nv_bfloat16>&, ExecContext&, float*, const float*, float*,
+template void adamw_update<kernels::bf16>(kernels::Backend<kernels::bf16>&, ExecContext&, float*, const float*, float*,
                                           float*, const uint8_t*, size_t, int64_t, const AdamWSettings&, double);
-template double clip_global_norm<__nv_bfloat16>(kernels::Backend<__nv_bfloat16>&, ExecContext&, float*, size_t,
+template double clip_global_norm<kernels::bf16>(kernels::Backend<kernels::bf16>&, ExecContext&, float*, size_t,
                                                 double);
-#endif
 
 void adamw_step(float* params, const float* grads, size_t n, AdamWState& st, const AdamWSettings& s, double lr,
                 const std::vector<uint8_t>& decay_mask) {

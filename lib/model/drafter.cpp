@@ -4,10 +4,6 @@
 
 #include "lib/core/error.h"
 
-#if DFLASH_CUDA_BACKEND
-#include <cuda_bf16.h>
-#endif
-
 namespace dflash::model {
 
 DFlashAttentionShape drafter_attention_shape(const DrafterConfig& c, int layer, int seq_len, int n_blocks) {
@@ -326,8 +322,6 @@ DrafterFlops drafter_flops(const DrafterConfig& c, int S, const std::vector<int>
                                     DrafterActivations<T>&, const T*, DrafterParams<T>&);
 DFLASH_INSTANTIATE_DRAFTER(float)
 DFLASH_INSTANTIATE_DRAFTER(double)
-#if DFLASH_CUDA_BACKEND
-DFLASH_INSTANTIATE_DRAFTER_BACKEND(__nv_bfloat16)  // bf16 activations: the CUDA backend only
-#endif
+DFLASH_INSTANTIATE_DRAFTER_BACKEND(kernels::bf16)  // bf16 activations: the CUDA backend only
 
 }  // namespace dflash::model

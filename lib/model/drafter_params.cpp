@@ -6,11 +6,8 @@
 
 #include <fmt/ranges.h>
 
+#include "kernels/bf16.h"
 #include "lib/core/error.h"
-
-#if DFLASH_CUDA_BACKEND
-#include <cuda_bf16.h>
-#endif
 #include "lib/core/json_field.h"
 #include "lib/core/rng.h"
 
@@ -187,9 +184,7 @@ void DrafterParams<T>::zero() {
 
 template struct DrafterWeights<float>;
 template struct DrafterWeights<double>;
-#if DFLASH_CUDA_BACKEND
-template struct DrafterWeights<__nv_bfloat16>;  // views of the bf16 compute copy of the weights
-#endif
+template struct DrafterWeights<kernels::bf16>;  // views of the bf16 compute copy of the weights (CUDA)
 template class DrafterParams<float>;
 template class DrafterParams<double>;
 

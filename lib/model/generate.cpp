@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/backend.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/io/safetensors.h"
@@ -46,7 +46,8 @@ int32_t GreedyHead::next_token(const float* hidden, int vocab_limit) {
   const int64_t n = std::max<int64_t>(0, std::min(rows_.end, limit) - rows_.begin);  // candidate rows here
   int64_t nan = 0;
   if (n > 0) {
-    cpu::linear_forward<float>(logits_.data(), hidden, head_.data(), 1, hidden_, int(n));
+    kernels::cpu_backend<float>().linear_forward(kernels::host_exec_context(), logits_.data(), hidden, head_.data(), 1,
+                                                 hidden_, int(n));
     for (int64_t i = 0; i < n; ++i) nan += std::isnan(logits_[size_t(i)]);
   }
   const int64_t local = argmax_first(logits_.data(), n);

@@ -9,10 +9,6 @@
 #include "lib/core/timer.h"
 #include "lib/model/target_layers.h"
 
-#if DFLASH_CUDA_BACKEND
-#include "kernels/cuda/backend_cuda.h"  // the bf16 backend
-#endif
-
 namespace dflash::model {
 
 std::string target_layer_tensor(const QwenConfig& c, int l, const std::string& what) {
@@ -756,26 +752,19 @@ std::unique_ptr<TargetModel::Engine> make_engine(const std::string& dir, comm::T
                       "is fp32; drop the backend or ask for fp32", dir, p);
     return std::make_unique<EngineT<float>>(dir, tp, o, o.backend);
   }
-  if (p == "fp32") {
-    std::shared_ptr<kernels::Backend<float>> be;
-    if (o.cuda) be = kernels::make_cuda_backend<float>();
-    else be = kernels::make_cpu_backend<float>({o.attention_block});
-    return std::make_unique<EngineT<float>>(dir, tp, o, std::move(be));
-  }
+  const kernels::Device device = o.cuda ? kernels::Device::cuda : kernels::Device::cpu;
+  const kernels::CpuBackendOptions cpu{o.attention_block};
+  if (p == "fp32")
+    return std::make_unique<EngineT<float>>(dir, tp, o, kernels::make_backend<float>(device, cpu));
   if (p == "fp64") {
     DFLASH_USER_CHECK(!o.cuda, "target {}: precision fp64 runs on the CPU backend only (a reference for tests); "
                       "ask for fp32 or bf16 on CUDA", dir);
-    return std::make_unique<EngineT<double>>(dir, tp, o, kernels::make_cpu_backend<double>({o.attention_block}));
+    return std::make_unique<EngineT<double>>(dir, tp, o, kernels::make_backend<double>(device, cpu));
   }
   if (p == "bf16") {
     DFLASH_USER_CHECK(o.cuda, "target {}: precision bf16 needs the CUDA backend (run.device: cuda); the CPU backend "
                       "computes in fp32 (or fp64)", dir);
-#if DFLASH_CUDA_BACKEND
-    return std::make_unique<EngineT<__nv_bfloat16>>(dir, tp, o, kernels::make_cuda_backend_bf16());
-#else
-    DFLASH_USER_FAIL("target {}: precision bf16 needs the CUDA backend, which this build does not have; rebuild with "
-                     "the CUDA toolkit or run in fp32 on the CPU", dir);
-#endif
+    return std::make_unique<EngineT<kernels::bf16>>(dir, tp, o, kernels::make_backend<kernels::bf16>(device));
   }
   DFLASH_USER_FAIL("target {}: precision '{}' is not one of fp32, bf16 (CUDA), fp64 (CPU)", dir, p);
 }

@@ -6,12 +6,7 @@
 #include <numeric>
 #include <type_traits>
 
-#include "kernels/cpu/attention_tree.h"
 #include "lib/core/error.h"
-
-#if DFLASH_CUDA_BACKEND
-#include <cuda_bf16.h>  // the bf16 instantiation (the CUDA backend's compute type)
-#endif
 
 namespace dflash::model {
 
@@ -62,9 +57,8 @@ void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T
                        const TargetLayer<T>& L, const QwenConfig& c, const TargetShard& shard, T* keys, T* values,
                        int past, const int* tree_parents) {
   using A = kernels::acc_t<T>;
-  DFLASH_CHECK(!tree_parents || be.memory() == MemoryKind::host,
-               "target forward_tree: tree verification runs the CPU kernel kernels/cpu/attention_tree on host "
-               "memory; this target runs on the {} backend (use a CPU target for tree verification)",
+  DFLASH_CHECK(!tree_parents || be.supports(kernels::Feature::tree_attention),
+               "target forward_tree: the {} backend has no tree attention (use a CPU target for tree verification)",
                be.name());
   ExecContext& ctx = be.context();
   ArenaScope scope(scratch);
@@ -109,12 +103,7 @@ void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T
   const T* kk = keys ? keys : k;
   const T* vv = keys ? values : v;
   if (tree_parents) {
-    // tree verification has no backend entry: the CPU kernel on host memory (checked above; the CPU types only)
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      cpu::attention_tree_forward<T>(attn, q, kk, vv, tree_parents, S, past, qh, kvh, hd);
-    } else {
-      DFLASH_FAIL("target forward_tree: tree verification has no {} kernel", be.name());
-    }
+    be.attention_tree_forward(ctx, attn, q, kk, vv, tree_parents, S, past, qh, kvh, hd);
   } else {
     be.attention_cached_forward(ctx, attn, q, kk, vv, S, past, qh, kvh, hd);
   }
@@ -342,9 +331,7 @@ void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, i
                                const QwenConfig&, const TargetShard&, MoeRouting&);
 DFLASH_TARGET_LAYERS_INSTANTIATE(float)
 DFLASH_TARGET_LAYERS_INSTANTIATE(double)
-#if DFLASH_CUDA_BACKEND
-DFLASH_TARGET_LAYERS_INSTANTIATE(__nv_bfloat16)
-#endif
+DFLASH_TARGET_LAYERS_INSTANTIATE(kernels::bf16)
 #undef DFLASH_TARGET_LAYERS_INSTANTIATE
 
 }  // namespace dflash::model

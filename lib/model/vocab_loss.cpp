@@ -7,10 +7,6 @@
 
 #include "lib/core/error.h"
 
-#if DFLASH_CUDA_BACKEND
-#include <cuda_bf16.h>
-#endif
-
 namespace dflash::model {
 
 void VocabLossSums::add(const VocabLossSums& o) {
@@ -285,15 +281,13 @@ void VocabLoss<T>::backward(const VocabLossBatch<T>& b, const VocabLossContext& 
 template class VocabLoss<float>;
 template class VocabLoss<double>;
 
-#if DFLASH_CUDA_BACKEND
 // bf16 activations on the CUDA backend: every member but the host-CPU convenience constructor
-template VocabLoss<__nv_bfloat16>::VocabLoss(const VocabLossSettings&, kernels::Backend<__nv_bfloat16>&, ExecContext&,
-                                             const __nv_bfloat16*, int, int);
-template VocabLossResult VocabLoss<__nv_bfloat16>::forward(const VocabLossBatch<__nv_bfloat16>&, VocabLossContext&,
-                                                           double, __nv_bfloat16*);
-template void VocabLoss<__nv_bfloat16>::backward(const VocabLossBatch<__nv_bfloat16>&, const VocabLossContext&, double,
-                                                 __nv_bfloat16*);
-template size_t VocabLoss<__nv_bfloat16>::scratch_bytes() const;
-#endif
+template VocabLoss<kernels::bf16>::VocabLoss(const VocabLossSettings&, kernels::Backend<kernels::bf16>&, ExecContext&,
+                                             const kernels::bf16*, int, int);
+template VocabLossResult VocabLoss<kernels::bf16>::forward(const VocabLossBatch<kernels::bf16>&, VocabLossContext&,
+                                                           double, kernels::bf16*);
+template void VocabLoss<kernels::bf16>::backward(const VocabLossBatch<kernels::bf16>&, const VocabLossContext&, double,
+                                                 kernels::bf16*);
+template size_t VocabLoss<kernels::bf16>::scratch_bytes() const;
 
 }  // namespace dflash::model

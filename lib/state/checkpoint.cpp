@@ -326,6 +326,27 @@ void compare(const std::string& dir, const TrainingState& s, const model::Drafte
                     "silently changes what the data cursor points at; resume with the original data, or start a new "
                     "run (ckpt.resume: none, another run.out_dir)",
                     dir, s.dataset, x.dataset);
+  if (x.steps_per_epoch > 0) {
+    const DataCursor want{s.step / x.steps_per_epoch, s.step % x.steps_per_epoch, x.seed};
+    DFLASH_USER_CHECK(s.data.epoch == want.epoch && s.data.step_in_epoch == want.step_in_epoch &&
+                          s.data.shuffle_seed == want.shuffle_seed,
+                      "checkpoint {}: its data cursor (epoch {}, step_in_epoch {}, shuffle_seed {}) is not where step "
+                      "{} lands in this run (epoch {}, step_in_epoch {}, seed {}: {} steps per epoch): the data or "
+                      "the seed differ; resume with the original data and run.seed, or start a new run",
+                      dir, s.data.epoch, s.data.step_in_epoch, s.data.shuffle_seed, s.step, want.epoch,
+                      want.step_in_epoch, want.shuffle_seed, x.steps_per_epoch);
+    DFLASH_USER_CHECK(int(s.rng.size()) == x.layout.drafter_dp,
+                      "checkpoint {}: records the RNG of {} drafter ranks, this run has drafter_dp={}", dir,
+                      s.rng.size(), x.layout.drafter_dp);
+    for (size_t r = 0; r < s.rng.size(); ++r) {
+      const RankRng& g = s.rng[r];
+      DFLASH_USER_CHECK(g.rank == int(r) && g.seed == x.seed && g.stream == r && g.counter == uint64_t(s.step),
+                        "checkpoint {}: drafter rank {}'s RNG (rank {}, seed {}, stream {}, counter {}) is not the "
+                        "one step {} of this run uses (seed {}, stream {}, counter {}): written by another seed or "
+                        "version; start a new run",
+                        dir, r, g.rank, g.seed, g.stream, g.counter, s.step, x.seed, r, s.step);
+    }
+  }
   DFLASH_USER_CHECK(s.target.empty() || x.target.empty() || s.target == x.target,
                     "checkpoint {}: trained against the target '{}', this run's target.path is '{}': a different "
                     "target (another fine-tune or revision of the same shape) gives other features; resume with the "

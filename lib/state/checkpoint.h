@@ -83,6 +83,10 @@ struct CheckpointExpectation {
   std::string config_hash;
   std::string dataset;  // compared when both this and the checkpoint's are not empty
   std::string target;   // the same
+  // The data cursor and the per-rank RNG follow from the step (lib/state/checkpointing.cpp): a checkpoint whose
+  // recorded ones do not was written for another number of sequences per epoch or seed; 0: not compared.
+  int64_t steps_per_epoch = 0;
+  uint64_t seed = 0;
 };
 
 struct LoadedCheckpoint {

@@ -11,6 +11,8 @@ CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPl
   e.config_hash = config_hash_hex(cfg);
   e.dataset = id.dataset;
   e.target = id.target;
+  e.steps_per_epoch = plan.steps_per_epoch;
+  e.seed = uint64_t(cfg.run.seed);
   return e;
 }
 

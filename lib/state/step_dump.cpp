@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "lib/comm/tags.h"
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
@@ -12,21 +13,20 @@ namespace dflash::train {
 
 namespace {
 
-enum DumpTag : int { kTagDumpHeader = 7301, kTagDumpTokens, kTagDumpMask, kTagDumpAnchors, kTagDumpTaps, kTagDumpFinal };
 
 void send_inputs(comm::Transport& dp, const MicroBatchInputs& in) {
   const int64_t header[3] = {in.seq_index, int64_t(in.tokens.size()), int64_t(in.anchors.size())};
-  dp.send(header, 3, 0, kTagDumpHeader);
-  dp.send(in.tokens.data(), in.tokens.size(), 0, kTagDumpTokens);
-  dp.send(in.loss_mask.data(), in.loss_mask.size(), 0, kTagDumpMask);
-  dp.send(in.anchors.data(), in.anchors.size(), 0, kTagDumpAnchors);
-  dp.send(in.taps.data(), in.taps.size(), 0, kTagDumpTaps);
-  dp.send(in.final_hidden.data(), in.final_hidden.size(), 0, kTagDumpFinal);
+  dp.send(header, 3, 0, comm::kTagDumpHeader);
+  dp.send(in.tokens.data(), in.tokens.size(), 0, comm::kTagDumpTokens);
+  dp.send(in.loss_mask.data(), in.loss_mask.size(), 0, comm::kTagDumpMask);
+  dp.send(in.anchors.data(), in.anchors.size(), 0, comm::kTagDumpAnchors);
+  dp.send(in.taps.data(), in.taps.size(), 0, comm::kTagDumpTaps);
+  dp.send(in.final_hidden.data(), in.final_hidden.size(), 0, comm::kTagDumpFinal);
 }
 
 MicroBatchInputs recv_inputs(comm::Transport& dp, int src, int tap_width, int hidden) {
   int64_t header[3];
-  dp.recv(header, 3, src, kTagDumpHeader);
+  dp.recv(header, 3, src, comm::kTagDumpHeader);
   MicroBatchInputs in;
   in.seq_index = header[0];
   const size_t S = size_t(header[1]), N = size_t(header[2]);
@@ -35,11 +35,11 @@ MicroBatchInputs recv_inputs(comm::Transport& dp, int src, int tap_width, int hi
   in.anchors.resize(N);
   in.taps.resize(S * tap_width);
   in.final_hidden.resize(S * hidden);
-  dp.recv(in.tokens.data(), S, src, kTagDumpTokens);
-  dp.recv(in.loss_mask.data(), S, src, kTagDumpMask);
-  dp.recv(in.anchors.data(), N, src, kTagDumpAnchors);
-  dp.recv(in.taps.data(), in.taps.size(), src, kTagDumpTaps);
-  dp.recv(in.final_hidden.data(), in.final_hidden.size(), src, kTagDumpFinal);
+  dp.recv(in.tokens.data(), S, src, comm::kTagDumpTokens);
+  dp.recv(in.loss_mask.data(), S, src, comm::kTagDumpMask);
+  dp.recv(in.anchors.data(), N, src, comm::kTagDumpAnchors);
+  dp.recv(in.taps.data(), in.taps.size(), src, comm::kTagDumpTaps);
+  dp.recv(in.final_hidden.data(), in.final_hidden.size(), src, comm::kTagDumpFinal);
   return in;
 }
 

@@ -10,10 +10,6 @@
 #include "lib/core/timer.h"
 #include "lib/train/anchors.h"
 
-#if DFLASH_CUDA_BACKEND
-#include "kernels/cuda/backend_cuda.h"  // the bf16 backend
-#endif
-
 namespace dflash::train {
 
 namespace {
@@ -63,16 +59,7 @@ class BackendArray {
 
 template <typename T>
 std::unique_ptr<kernels::Backend<T>> make_backend(const TrainConfig& cfg) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (cfg.run.device == "cuda") return kernels::make_cuda_backend<float>();
-    return kernels::make_cpu_backend<float>();
-  } else {
-#if DFLASH_CUDA_BACKEND
-    return kernels::make_cuda_backend_bf16();
-#else
-    DFLASH_USER_FAIL("run.precision bf16 needs the CUDA backend, which this build does not have");
-#endif
-  }
+  return kernels::make_backend<T>(cfg.run.device == "cuda" ? kernels::Device::cuda : kernels::Device::cpu);
 }
 
 }  // namespace
@@ -419,14 +406,8 @@ StepResult EngineT<T>::evaluate(const FeaturePacket& packet, const AnchorKey& ke
 
 std::unique_ptr<DrafterStep::Engine> make_engine(const TrainConfig& cfg, const RunPlan& plan, const float* embed,
                                                  const float* lm_head, int dp_rank, comm::Transport& dp) {
-  if (cfg.run.compute_precision() == "bf16") {
-#if DFLASH_CUDA_BACKEND
-    return std::make_unique<EngineT<__nv_bfloat16>>(cfg, plan, embed, lm_head, dp_rank, dp);
-#else
-    DFLASH_USER_FAIL("run.precision bf16 (the default on run.device cuda) needs the CUDA backend, which this build "
-                     "does not have; rebuild with the CUDA toolkit or set run.device: cpu");
-#endif
-  }
+  if (cfg.run.compute_precision() == "bf16")
+    return std::make_unique<EngineT<kernels::bf16>>(cfg, plan, embed, lm_head, dp_rank, dp);
   return std::make_unique<EngineT<float>>(cfg, plan, embed, lm_head, dp_rank, dp);
 }
 

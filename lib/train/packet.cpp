@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "lib/comm/shard.h"
+#include "lib/comm/tags.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 
@@ -76,17 +77,17 @@ double PacketSender::send(FeaturePacket&& p, int dest, int tp_rank, int tp_size)
   // the header first: on NCCL the drafter posts the data receives once it has it. Tokens and mask are small host
   // arrays: control plane
   if (tp_rank == 0) {
-    f.requests.push_back(world_.isend_bytes(&f.packet.header, sizeof(PacketHeader), dest, kTagHeader));
-    f.requests.push_back(world_.isend(f.packet.tokens.data(), f.packet.tokens.size(), dest, kTagTokens));
-    f.requests.push_back(world_.isend(f.packet.loss_mask.data(), f.packet.loss_mask.size(), dest, kTagMask));
+    f.requests.push_back(world_.isend_bytes(&f.packet.header, sizeof(PacketHeader), dest, comm::kTagHeader));
+    f.requests.push_back(world_.isend(f.packet.tokens.data(), f.packet.tokens.size(), dest, comm::kTagTokens));
+    f.requests.push_back(world_.isend(f.packet.loss_mask.data(), f.packet.loss_mask.size(), dest, comm::kTagMask));
   }
   const comm::Range rows = comm::shard_range(h.seq_len, 1, tp_size, tp_rank);
   data_.group_start();
   if (rows.size() > 0) {
     f.requests.push_back(data_.isend(f.packet.taps.data() + rows.begin * h.tap_width,
-                                     size_t(rows.size()) * h.tap_width, dest, kTagTaps));
+                                     size_t(rows.size()) * h.tap_width, dest, comm::kTagTaps));
     f.requests.push_back(data_.isend(f.packet.final_hidden.data() + rows.begin * h.hidden,
-                                     size_t(rows.size()) * h.hidden, dest, kTagFinal));
+                                     size_t(rows.size()) * h.hidden, dest, comm::kTagFinal));
   }
   data_.group_end();
   return blocked;
@@ -99,7 +100,7 @@ void PacketSender::flush() {
 }
 
 bool PacketSender::stop_requested(comm::Transport& tp) {
-  uint8_t stop = tp.rank() == 0 && world_.probe(-1, kTagStop) ? 1 : 0;
+  uint8_t stop = tp.rank() == 0 && world_.probe(-1, comm::kTagStop) ? 1 : 0;
   tp.broadcast(&stop, 1, 0);
   return stop != 0;
 }
@@ -108,9 +109,9 @@ void PacketSender::finish(comm::Transport& tp, int64_t last_step, const std::vec
   if (tp.rank() == 0) {
     for (int d : drafters) {
       int64_t their_stop = 0;
-      world_.recv(&their_stop, 1, d, kTagStop);
+      world_.recv(&their_stop, 1, d, comm::kTagStop);
     }
-    for (int d : drafters) world_.send(&last_step, 1, d, kTagLast);
+    for (int d : drafters) world_.send(&last_step, 1, d, comm::kTagLast);
   }
   flush();
 }
@@ -167,9 +168,9 @@ void PacketReceiver::top_up() {
       p.packet.final_hidden.reserve(tensors_, size_t(max_seq_len_) * hidden_);
     }
     p.packet.allocate(h, tensors_);
-    p.header_request = world_.irecv_bytes(&p.header, sizeof(PacketHeader), sources_[0], kTagHeader);
-    p.control.push_back(world_.irecv(p.packet.tokens.data(), p.packet.tokens.size(), sources_[0], kTagTokens));
-    p.control.push_back(world_.irecv(p.packet.loss_mask.data(), p.packet.loss_mask.size(), sources_[0], kTagMask));
+    p.header_request = world_.irecv_bytes(&p.header, sizeof(PacketHeader), sources_[0], comm::kTagHeader);
+    p.control.push_back(world_.irecv(p.packet.tokens.data(), p.packet.tokens.size(), sources_[0], comm::kTagTokens));
+    p.control.push_back(world_.irecv(p.packet.loss_mask.data(), p.packet.loss_mask.size(), sources_[0], comm::kTagMask));
     if (data_.cancellable_receives()) post_data(p);
   }
   post_ready_data();
@@ -198,9 +199,9 @@ void PacketReceiver::post_data(Pending& p) {
     const comm::Range rows = comm::shard_range(h.seq_len, 1, tp, t);
     if (rows.size() == 0) continue;
     p.requests.push_back(data_.irecv(taps + rows.begin * tap_width_, size_t(rows.size()) * tap_width_, sources_[t],
-                                     kTagTaps));
+                                     comm::kTagTaps));
     p.requests.push_back(data_.irecv(final_hidden + rows.begin * hidden_, size_t(rows.size()) * hidden_, sources_[t],
-                                     kTagFinal));
+                                     comm::kTagFinal));
   }
   data_.group_end();
   p.data_posted = true;
@@ -280,9 +281,9 @@ const FeaturePacket& PacketReceiver::next(double* wait_seconds) {
 }
 
 int PacketReceiver::finish(int64_t stop_step, int target_rank0) {
-  world_.send(&stop_step, 1, target_rank0, kTagStop);
+  world_.send(&stop_step, 1, target_rank0, comm::kTagStop);
   int64_t last_step = -1;
-  comm::Request last = world_.irecv(&last_step, 1, target_rank0, kTagLast);
+  comm::Request last = world_.irecv(&last_step, 1, target_rank0, comm::kTagLast);
   int dropped = 0;
   // keep the front packet's receives moving: the target may be blocked on back-pressure until they complete
   while (!last.test()) {

@@ -81,8 +81,7 @@ struct FeaturePacket {
   void allocate(const PacketHeader& h, MemoryKind tensors = MemoryKind::host);
 };
 
-// Tags on the world communicator (distinct from anything else sent there).
-enum PacketTag : int { kTagHeader = 7101, kTagTokens, kTagMask, kTagTaps, kTagFinal, kTagStop, kTagLast };
+// The packets' message tags (kTagHeader ... kTagLast): lib/comm/tags.h.
 
 // Ending a stream (normally or early, e.g. on SIGTERM) without leaving a send or a receive unmatched:
 //   1. every drafter sends kTagStop (int64: the first step it will not train) to TP rank 0 of its group;

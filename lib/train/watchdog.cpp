@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "lib/comm/tags.h"
 #include "lib/train/packet.h"
 
 namespace dflash::train {
@@ -39,19 +40,6 @@ class WatchedRequest final : public comm::Request::Impl {
 };
 
 }  // namespace
-
-std::string tag_name(int tag) {
-  switch (tag) {
-    case kTagHeader: return "packet header";
-    case kTagTokens: return "packet tokens";
-    case kTagMask: return "packet loss mask";
-    case kTagTaps: return "packet taps";
-    case kTagFinal: return "packet final hidden";
-    case kTagStop: return "stop request";
-    case kTagLast: return "last step";
-    default: return fmt::format("tag {}", tag);
-  }
-}
 
 Watchdog::Watchdog(double timeout_seconds, std::function<void(const std::string&, double)> on_stall)
     : timeout_(timeout_seconds), on_stall_(std::move(on_stall)) {
@@ -198,13 +186,13 @@ void WatchedTransport::broadcast_bytes(void* data, size_t bytes, int root) {
 
 void WatchedTransport::send_bytes(const void* data, size_t bytes, int dest, int tag) {
   auto g = watchdog_.arm(
-      [&] { return fmt::format("send of {} ({} bytes) to rank {} of the {}", tag_name(tag), bytes, dest, name_); });
+      [&] { return fmt::format("send of {} ({} bytes) to rank {} of the {}", comm::tag_name(tag), bytes, dest, name_); });
   inner_.send_bytes(data, bytes, dest, tag);
 }
 
 void WatchedTransport::recv_bytes(void* data, size_t bytes, int src, int tag) {
   auto g = watchdog_.arm(
-      [&] { return fmt::format("receive of {} ({} bytes) from rank {} of the {}", tag_name(tag), bytes, src, name_); });
+      [&] { return fmt::format("receive of {} ({} bytes) from rank {} of the {}", comm::tag_name(tag), bytes, src, name_); });
   inner_.recv_bytes(data, bytes, src, tag);
 }
 
@@ -213,7 +201,7 @@ comm::Request WatchedTransport::isend_bytes(const void* data, size_t bytes, int 
   if (!watchdog_.on()) return r;
   return comm::Request(std::make_unique<WatchedRequest>(
       std::move(r), watchdog_,
-      fmt::format("completion of a send of {} ({} bytes) to rank {} of the {}", tag_name(tag), bytes, dest, name_)));
+      fmt::format("completion of a send of {} ({} bytes) to rank {} of the {}", comm::tag_name(tag), bytes, dest, name_)));
 }
 
 comm::Request WatchedTransport::irecv_bytes(void* data, size_t bytes, int src, int tag) {
@@ -221,7 +209,7 @@ comm::Request WatchedTransport::irecv_bytes(void* data, size_t bytes, int src, i
   if (!watchdog_.on()) return r;
   return comm::Request(std::make_unique<WatchedRequest>(
       std::move(r), watchdog_,
-      fmt::format("receive of {} ({} bytes) from rank {} of the {}", tag_name(tag), bytes, src, name_)));
+      fmt::format("receive of {} ({} bytes) from rank {} of the {}", comm::tag_name(tag), bytes, src, name_)));
 }
 
 void WatchedTransport::barrier() {

@@ -117,7 +117,4 @@ class WatchedTransport final : public comm::Transport {
   std::string name_;
 };
 
-// "header" | "tokens" | ... for the trainer's message tags (lib/train/packet.h), else the number.
-std::string tag_name(int tag);
-
 }  // namespace dflash::train

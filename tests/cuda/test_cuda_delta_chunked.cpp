@@ -30,7 +30,6 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/gated_delta_chunked.h"
 #include "kernels/cpu/gated_deltanet.h"
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/deltanet_chunked.h"
 #include "lib/core/error.h"
@@ -38,7 +37,8 @@
 
 using namespace dflash;
 using namespace dflash::kernels;
-using bf16 = __nv_bfloat16;
+// The kernels' type, for the direct launches; the backend takes kernels::bf16, bit for bit the same.
+using dbf16 = __nv_bfloat16;
 
 namespace {
 
@@ -46,10 +46,12 @@ constexpr double kB = 0x1.0p-8;  // bf16 relative rounding
 
 struct DeltaGpu {
   cuda::CudaContext context{0};
-  std::unique_ptr<Backend<bf16>> b16 = make_cuda_backend_bf16();
+  std::unique_ptr<Backend<kernels::bf16>> b16 = make_cuda_backend<kernels::bf16>();
   ExecContext& ex() { return context.exec(); }
   cudaStream_t stream() { return static_cast<cudaStream_t>(context.exec().stream); }
 };
+kernels::bf16* storage(dbf16* p) { return reinterpret_cast<kernels::bf16*>(p); }
+
 DeltaGpu& dgpu() {
   static DeltaGpu g;
   return g;
@@ -113,12 +115,12 @@ struct Inputs {
 };
 
 std::vector<double> to_d(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
-std::vector<bf16> to_bf16(const std::vector<float>& x) {
-  std::vector<bf16> y(x.size());
+std::vector<dbf16> to_bf16(const std::vector<float>& x) {
+  std::vector<dbf16> y(x.size());
   for (size_t i = 0; i < x.size(); ++i) y[i] = __float2bfloat16(x[i]);
   return y;
 }
-std::vector<double> to_d(const std::vector<bf16>& x) {
+std::vector<double> to_d(const std::vector<dbf16>& x) {
   std::vector<double> y(x.size());
   for (size_t i = 0; i < x.size(); ++i) y[i] = __bfloat162float(x[i]);
   return y;
@@ -154,14 +156,15 @@ Diff diff(const std::vector<double>& a, const std::vector<double>& b) {
 void run_chunked(const Shape& c, const Inputs& in, std::vector<double>& out, std::vector<double>& state,
                  bool through_backend) {
   const size_t vn = size_t(c.S) * c.VH * c.dv;
-  DevBuf<bf16> dq(to_bf16(in.q)), dk(to_bf16(in.k)), dv(to_bf16(in.v)), dout{std::vector<bf16>(vn)};
+  DevBuf<dbf16> dq(to_bf16(in.q)), dk(to_bf16(in.k)), dv(to_bf16(in.v)), dout{std::vector<dbf16>(vn)};
   DevBuf<float> dg(in.g), db(in.beta), dst(c.with_state ? in.state : std::vector<float>(in.state.size(), 0.f));
   float* sp = c.with_state || c.split ? dst.p() : nullptr;
   auto call = [&](int t0, int len) {
     const size_t qo = size_t(t0) * c.KH * c.dk, vo = size_t(t0) * c.VH * c.dv, go = size_t(t0) * c.VH;
     if (through_backend)
-      dgpu().b16->gated_delta_rule_forward(dgpu().ex(), dout.p() + vo, dq.p() + qo, dk.p() + qo, dv.p() + vo,
-                                           dg.p() + go, db.p() + go, sp, len, c.KH, c.VH, c.dk, c.dv);
+      dgpu().b16->gated_delta_rule_forward(dgpu().ex(), storage(dout.p() + vo), storage(dq.p() + qo),
+                                           storage(dk.p() + qo), storage(dv.p() + vo), dg.p() + go, db.p() + go, sp,
+                                           len, c.KH, c.VH, c.dk, c.dv);
     else
       cuda::launch_gated_delta_rule_chunked(dgpu().stream(), dout.p() + vo, dq.p() + qo, dk.p() + qo, dv.p() + vo,
                                             dg.p() + go, db.p() + go, sp, len, c.KH, c.VH, c.dk, c.dv);
@@ -233,9 +236,9 @@ TEST_CASE("cuda twin delta_chunked: the per-token kernel stays callable and agre
   const Shape c{70, 1, 1, 64, 64, true, 0};
   const Inputs in(c, 77);
   const size_t vn = size_t(c.S) * c.VH * c.dv;
-  DevBuf<bf16> dq(to_bf16(in.q)), dk(to_bf16(in.k)), dv(to_bf16(in.v)), dout{std::vector<bf16>(vn)};
+  DevBuf<dbf16> dq(to_bf16(in.q)), dk(to_bf16(in.k)), dv(to_bf16(in.v)), dout{std::vector<dbf16>(vn)};
   DevBuf<float> dg(in.g), db(in.beta), dst(in.state);
-  cuda::launch_gated_delta_rule_per_token<bf16>(dgpu().stream(), dout.p(), dq.p(), dk.p(), dv.p(), dg.p(), db.p(),
+  cuda::launch_gated_delta_rule_per_token<dbf16>(dgpu().stream(), dout.p(), dq.p(), dk.p(), dv.p(), dg.p(), db.p(),
                                                 dst.p(), c.S, c.KH, c.VH, c.dk, c.dv);
   const auto per_token = to_d(dout.get()), st_per_token = to_d(dst.get());
   std::vector<double> ref(vn), st_ref = to_d(in.state);
@@ -258,11 +261,11 @@ TEST_CASE("cuda twin delta_chunked: q, k, v not 16-byte aligned take the plain l
   const Inputs in(c, 91);
   const size_t vn = size_t(c.S) * c.VH * c.dv;
   auto shifted = [](const std::vector<float>& x) {  // one bf16 in front: the data starts 2 bytes past the allocation
-    std::vector<bf16> y(x.size() + 1);
+    std::vector<dbf16> y(x.size() + 1);
     for (size_t i = 0; i < x.size(); ++i) y[i + 1] = __float2bfloat16(x[i]);
     return y;
   };
-  DevBuf<bf16> dq(shifted(in.q)), dk(shifted(in.k)), dv(shifted(in.v)), dout{std::vector<bf16>(vn)};
+  DevBuf<dbf16> dq(shifted(in.q)), dk(shifted(in.k)), dv(shifted(in.v)), dout{std::vector<dbf16>(vn)};
   DevBuf<float> dg(in.g), db(in.beta), dst(in.state);
   cuda::launch_gated_delta_rule_chunked(dgpu().stream(), dout.p(), dq.p() + 1, dk.p() + 1, dv.p() + 1, dg.p(), db.p(),
                                         dst.p(), c.S, c.KH, c.VH, c.dk, c.dv);
@@ -278,8 +281,8 @@ TEST_CASE("cuda twin delta_chunked: shapes the chunked kernel does not take are 
   CHECK(!cuda::gated_delta_rule_chunked_supports(1, 1, 64, 80));
   CHECK(!cuda::gated_delta_rule_chunked_supports(2, 3, 64, 64));
   CHECK(cuda::gated_delta_rule_chunked_supports(2, 6, 128, 128));
-  std::vector<bf16> none(1);
-  DevBuf<bf16> d(none);
+  std::vector<dbf16> none(1);
+  DevBuf<dbf16> d(none);
   DevBuf<float> f(std::vector<float>(1));
   CHECK_THROWS_AS(cuda::launch_gated_delta_rule_chunked(dgpu().stream(), d.p(), d.p(), d.p(), d.p(), f.p(), f.p(),
                                                         nullptr, 1, 1, 1, 96, 64),

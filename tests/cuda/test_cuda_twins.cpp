@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launch.h"
@@ -29,7 +28,6 @@
 
 using namespace dflash;
 using namespace dflash::kernels;
-using bf16 = __nv_bfloat16;
 
 namespace {
 
@@ -47,7 +45,7 @@ std::vector<float> randn(size_t n, uint64_t seed, double sd = 1.0) {
 struct Gpu {
   cuda::CudaContext context{0};
   std::unique_ptr<Backend<float>> f32 = make_cuda_backend<float>();
-  std::unique_ptr<Backend<bf16>> b16 = make_cuda_backend_bf16();
+  std::unique_ptr<Backend<bf16>> b16 = make_cuda_backend<bf16>();
   ExecContext& ex() { return context.exec(); }
 };
 Gpu& gpu() {
@@ -101,14 +99,22 @@ void require_rel(const std::vector<float>& got, const std::vector<float>& want, 
 
 std::vector<bf16> to_bf16(const std::vector<float>& x) {
   std::vector<bf16> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = __float2bfloat16(x[i]);
+  for (size_t i = 0; i < x.size(); ++i) y[i] = bf16(x[i]);
   return y;
 }
 std::vector<float> to_f32(const std::vector<bf16>& x) {
   std::vector<float> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = __bfloat162float(x[i]);
+  for (size_t i = 0; i < x.size(); ++i) y[i] = float(x[i]);
   return y;
 }
+// The tests hold bf16 as kernels::bf16 (what the backend takes); direct kernel launches take the same bits as
+// cuda::bf16 (__nv_bfloat16).
+cuda::bf16* dev(bf16* p) { return reinterpret_cast<cuda::bf16*>(p); }
+template <typename T>
+T* dev(T* p) {
+  return p;
+}
+
 // x rounded to bf16 and back: the values both sides compute on in the bf16 tests.
 std::vector<float> bf16_round(const std::vector<float>& x) { return to_f32(to_bf16(x)); }
 
@@ -840,9 +846,10 @@ TcRun run_bf16_attention(const DFlashAttentionShape& s, const std::vector<int32_
       gdelta(std::vector<float>(std::max<size_t>(1, lse_for_backward.size())));
   Dev<int32_t> ganch(anchors);
   const cudaStream_t st = static_cast<cudaStream_t>(gpu().ex().stream);
-  fwd(st, gout.p(), glse.p(), d[0].p(), d[1].p(), d[2].p(), d[3].p(), d[4].p(), ganch.p(), s);
-  bwd(st, d[6].p(), d[7].p(), d[8].p(), d[9].p(), d[10].p(), d[5].p(), gout_b.p(), glse_b.p(), d[0].p(), d[1].p(),
-      d[2].p(), d[3].p(), d[4].p(), ganch.p(), s, gdelta.p());
+  auto p = [&](int i) { return dev(d[size_t(i)].p()); };
+  fwd(st, dev(gout.p()), glse.p(), p(0), p(1), p(2), p(3), p(4), ganch.p(), s);
+  bwd(st, p(6), p(7), p(8), p(9), p(10), p(5), dev(gout_b.p()), glse_b.p(), p(0), p(1), p(2), p(3), p(4), ganch.p(), s,
+      gdelta.p());
   return {to_f32(gout.get()), glse.get(),        to_f32(d[6].get()), to_f32(d[7].get()),
           to_f32(d[8].get()), to_f32(d[9].get()), to_f32(d[10].get())};
 }
@@ -868,8 +875,8 @@ void dflash_tc_twin(const AttnCase& c) {
                                       cuda::launch_dflash_attention_forward_tc,
                                       cuda::launch_dflash_attention_backward_tc);
   const TcRun cores = run_bf16_attention(s, c.anchors, in, bf16_round(out_b), lse_b,
-                                         cuda::launch_dflash_attention_forward_cores<bf16>,
-                                         cuda::launch_dflash_attention_backward_cores<bf16>);
+                                         cuda::launch_dflash_attention_forward_cores<cuda::bf16>,
+                                         cuda::launch_dflash_attention_backward_cores<cuda::bf16>);
   const double keys = double(s.ctx_len + s.block);
   const std::vector<double> lse_tol(R.lse.size(), 8.0 * (keys + D) * kU * (std::sqrt(double(D)) * 4 + 5));
   for (const TcRun* run : {&tc, &cores}) {
@@ -953,9 +960,10 @@ TEST_CASE("cuda twin attention_tc: causal attention of the target on tensor core
     Dev<bf16> gq(to_bf16(q)), gk(to_bf16(k)), gv(to_bf16(v)), tc(std::vector<bf16>(q.size())),
         cores(std::vector<bf16>(q.size()));
     const cudaStream_t st = static_cast<cudaStream_t>(gpu().ex().stream);
-    cuda::launch_attention_cached_forward_tc(st, tc.p(), gq.p(), gk.p(), gv.p(), c.n, c.past, c.NH, c.KVH, c.D);
-    cuda::launch_attention_cached_forward_cores<bf16>(st, cores.p(), gq.p(), gk.p(), gv.p(), c.n, c.past, c.NH,
-                                                      c.KVH, c.D);
+    cuda::launch_attention_cached_forward_tc(st, dev(tc.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()), c.n, c.past, c.NH,
+                                             c.KVH, c.D);
+    cuda::launch_attention_cached_forward_cores<cuda::bf16>(st, dev(cores.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()),
+                                                            c.n, c.past, c.NH, c.KVH, c.D);
     require_bound(to_f32(tc.get()), want, mag, 0x1.0p-9, "causal out, tensor cores");
     require_bound(to_f32(cores.get()), want, mag, 0x1.0p-9, "causal out, CUDA cores");
   }

@@ -342,3 +342,36 @@ TEST_CASE("checkpoint: prune keeps the newest k complete, deletes older ones and
     CHECK_NOTHROW(load_checkpoint((root / "step_00000005").string(), r.expected()));
   }
 }
+
+TEST_CASE("checkpoint: the recorded data cursor and RNG are checked against what the step implies for this run") {
+  const std::string out = temp_dir("cursor");
+  Run run(9);
+  // what training_state() records for step 9 of a run with 4 steps per epoch, seed 42, 3 drafter ranks
+  run.state.data = {2, 1, 42};
+  run.state.rng = {{0, 42, 0, 9}, {1, 42, 1, 9}, {2, 42, 2, 9}};
+  const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
+  CheckpointExpectation x = run.expected();
+  x.steps_per_epoch = 4;
+  x.seed = 42;
+  CHECK(load_error(dir, x) == "");
+  x.steps_per_epoch = 0;  // not compared (hand-made expectations, older callers)
+  CHECK(load_error(dir, x) == "");
+
+  x.steps_per_epoch = 5;  // another number of sequences per epoch: step 9 would be epoch 1, step 4 of it
+  std::string err = load_error(dir, x);
+  CHECK_MESSAGE(err.find("data cursor (epoch 2, step_in_epoch 1, shuffle_seed 42) is not where step 9 lands in this "
+                         "run (epoch 1, step_in_epoch 4, seed 42: 5 steps per epoch)") != std::string::npos,
+                err);
+  x.steps_per_epoch = 4;
+  x.seed = 7;
+  err = load_error(dir, x);
+  CHECK_MESSAGE(err.find("shuffle_seed 42") != std::string::npos, err);
+
+  run.state.rng[1].counter = 8;  // a rank's RNG not at the step
+  const std::string dir2 = save_checkpoint(temp_dir("cursor_rng"), run.cfg, run.params, run.opt, run.state);
+  x.seed = 42;
+  err = load_error(dir2, x);
+  CHECK_MESSAGE(err.find("drafter rank 1's RNG (rank 1, seed 42, stream 1, counter 8) is not the one step 9") !=
+                    std::string::npos,
+                err);
+}

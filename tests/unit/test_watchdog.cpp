@@ -11,12 +11,16 @@
 #include <fstream>
 #include <chrono>
 #include <mutex>
+#include <set>
+#include <string>
 #include <thread>
 
+#include "lib/comm/tags.h"
 #include "lib/train/heartbeat.h"
 #include "lib/train/watchdog.h"
 
 using namespace dflash::train;
+namespace comm = dflash::comm;
 using namespace std::chrono_literals;
 
 namespace {
@@ -74,10 +78,26 @@ TEST_CASE("watchdog: timeout 0 is off") {
   CHECK(stalls.count == 0);
 }
 
-TEST_CASE("watchdog: tag names of the trainer's messages") {
-  CHECK(tag_name(7101) == "packet header");
-  CHECK(tag_name(7103) == "packet loss mask");
-  CHECK(tag_name(42) == "tag 42");
+TEST_CASE("watchdog: tag names of the trainer's messages, one per tag of the table") {
+  CHECK(comm::tag_name(7101) == "packet header");
+  CHECK(comm::tag_name(comm::kTagMask) == "packet loss mask");
+  CHECK(comm::tag_name(comm::kTagSpecResult) == "speculative-eval result");
+  CHECK(comm::tag_name(comm::kTagDumpFinal) == "step-dump final hidden");
+  CHECK(comm::tag_name(42) == "tag 42");
+  // no two tags share a number or a name
+  std::set<int> numbers;
+  std::set<std::string> names;
+  int count = 0;
+  for (int t : {comm::kTagHeader, comm::kTagTokens, comm::kTagMask, comm::kTagTaps, comm::kTagFinal, comm::kTagStop,
+                comm::kTagLast, comm::kTagSpecWeights, comm::kTagSpecResultSize, comm::kTagSpecResult,
+                comm::kTagDumpHeader, comm::kTagDumpTokens, comm::kTagDumpMask, comm::kTagDumpAnchors,
+                comm::kTagDumpTaps, comm::kTagDumpFinal}) {
+    numbers.insert(t);
+    names.insert(comm::tag_name(t));
+    ++count;
+  }
+  CHECK(int(numbers.size()) == count);
+  CHECK(int(names.size()) == count);
 }
 
 TEST_CASE("watchdog: the bound follows the steps, with a floor and a cap, and evals and saves are held to the cap") {
