@@ -93,7 +93,7 @@ std::string eval_summary(const std::vector<std::unique_ptr<Evaluator>>& evals, d
 
 }  // namespace
 
-void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                         const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& opt,
                         Logger& log, Watchdog& watchdog) {
   DrafterTransports t(comms, watchdog);
@@ -124,6 +124,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
 
   Timer run_timer;
   int64_t next_step = opt.start_step;
+  bool signalled = false;  // the stop came from a signal (a step's stop_requested), not --stop-after-steps
   while (next_step < plan.total_steps) {
     const int64_t step = next_step++;
     dumper.before(step);
@@ -146,6 +147,7 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
       log_if(log, ckpt.offer_best(next_step, o.metric, o.tau, trainer));  // the best checkpoint keeps one τ
     }
     if (ckpt.due(next_step, last, stop)) log.info("{}", ckpt.save(next_step, trainer));
+    signalled = r.stop_requested;
     if (r.stop_requested)
       log.warn("stopping after step {} on {} (checkpoint written); continue with ckpt.resume=auto", next_step,
                stop_signal() ? signal_name(stop_signal()) : "another drafter rank's signal");
@@ -159,6 +161,14 @@ void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm:
   log_if(log, eval_summary(evals, run_seconds));
   if (writer && next_step == plan.total_steps)
     log.info("drafter: final fp32 weights in {}", write_final_weights(cfg.run.out_dir, trainer.params()));
+  RunStatus end;
+  end.outcome = next_step == plan.total_steps ? RunOutcome::finished
+                : signalled                  ? RunOutcome::stopped
+                                             : RunOutcome::partial;
+  end.step = next_step;
+  end.total_steps = plan.total_steps;
+  end.signal = signalled ? stop_signal() : 0;
+  return end;
 }
 
 }  // namespace dflash::train

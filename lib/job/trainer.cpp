@@ -30,6 +30,7 @@
 #include "lib/job/export_command.h"
 #include "lib/job/job_identity.h"
 #include "lib/job/run_lock.h"
+#include "lib/job/run_status.h"
 #include "lib/job/signals.h"
 #include "lib/job/workers.h"
 #include "lib/model/drafter_export.h"
@@ -314,12 +315,13 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
 }
 
 // This rank's role: the target worker or the drafter worker (lib/job/workers.h).
-void run_my_role(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                 const comm::RoleComms& comms, const io::Dataset& data, const EvalFiles& eval, const Resume& resume,
-                 const ProgramOptions& options, Logger& log, Watchdog& watchdog) {
+// How the run ended on this rank: a target rank does not know (RunOutcome::running), a drafter rank does.
+RunStatus run_my_role(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+                      const comm::RoleComms& comms, const io::Dataset& data, const EvalFiles& eval,
+                      const Resume& resume, const ProgramOptions& options, Logger& log, Watchdog& watchdog) {
   if (layout.role == comm::Role::Target) {
     run_target_worker(cfg, plan, layout, comms, data, resume.start_step, log, watchdog, eval.inputs());
-    return;
+    return {};
   }
   DrafterRunOptions o;
   o.start_step = resume.start_step;
@@ -329,7 +331,17 @@ void run_my_role(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLa
   o.dump_dir = options.dump_dir;
   o.identity = resume.identity;
   o.eval.data = eval.inputs().data;
-  run_drafter_worker(cfg, plan, layout, comms, data, o, log, watchdog);
+  return run_drafter_worker(cfg, plan, layout, comms, data, o, log, watchdog);
+}
+
+// Drafter rank 0's status, on every rank (a sum where only it contributes: also the job's last collective).
+RunStatus gather_run_status(const RunStatus& mine, const comm::RankLayout& layout, comm::Transport& world) {
+  const bool speaker = layout.role == comm::Role::Drafter && layout.dp_rank == 0;
+  double v[4] = {0, 0, 0, 0};
+  if (speaker) v[0] = double(int(mine.outcome)), v[1] = double(mine.step), v[2] = double(mine.total_steps),
+               v[3] = double(mine.signal);
+  world.allreduce_sum(v, 4);
+  return {RunOutcome(int(v[0])), int64_t(v[1]), int64_t(v[2]), int(v[3])};
 }
 
 }  // namespace
@@ -399,8 +411,10 @@ int dflash_mpi_main(int argc, char** argv) {
     log->info("{} ranks ({}); config {} (hash {}); data plane {} (layout.transport {})", size, who, options->config,
               config_hash_hex(cfg), comm::data_plane_name(plane), cfg.layout.transport);
     const Resume resume = resolve_resume(cfg, plan, layout, data, eval, world, *log, init_identity);
-    run_my_role(cfg, plan, layout, comms, data, eval, resume, *options, *log, watchdog);
-    world.barrier();
+    if (rank == 0) write_run_status(cfg.run.out_dir, {RunOutcome::running, resume.start_step, plan.total_steps, 0});
+    const RunStatus mine = run_my_role(cfg, plan, layout, comms, data, eval, resume, *options, *log, watchdog);
+    const RunStatus end = gather_run_status(mine, layout, world);
+    if (rank == 0) write_run_status(cfg.run.out_dir, end);
   } catch (const std::exception& e) {
     abort_world(rank, who, e.what(), log.get(), lock ? &*lock : nullptr);
   }

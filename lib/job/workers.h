@@ -9,6 +9,7 @@
 #include "lib/config/config.h"
 #include "lib/eval/evaluator.h"
 #include "lib/io/dataset.h"
+#include "lib/job/run_status.h"
 #include "lib/model/drafter_params.h"
 #include "lib/report/log.h"
 #include "lib/state/checkpoint.h"
@@ -38,8 +39,8 @@ struct DrafterRunOptions {
 // Steps [start_step, plan.total_steps) on this drafter rank, or fewer on a stop: after each step the reporter
 // (lib/report/reporter.h), the evals that are due (lib/eval/evals.h) and the checkpointer (lib/state/checkpointer.h).
 // The first drafter rank prints progress, writes <out_dir>/metrics.jsonl, the checkpoints and, at the end,
-// drafter_final.safetensors.
-void run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+// drafter_final.safetensors. Returns how the run ended here (lib/job/run_status.h; the same on every drafter rank).
+RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
                         const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& options,
                         Logger& log, Watchdog& watchdog);
 

@@ -32,18 +32,19 @@ common=("$src/mpi_launch/configs/tiny.yaml" --set "target.path=$tiny/target" --s
 
 case "$case" in
   decision)
-    d="$out/d" && mkdir -p "$d/logs"
-    { header 1; line "info  step 10/20"; } >"$d/logs/rank_05.log"
-    [[ $(dflash_attempt_outcome "$d" 0) == partial ]] || fail "exit 0, no final weights, no stop: expected partial"
+    d="$out/d" && mkdir -p "$d"
+    status() { printf '{\n  "outcome": "%s",\n  "step": 10,\n  "total_steps": 20,\n  "requeue": %s\n}\n' "$1" "$2" >"$d/status.json"; }
+    [[ $(dflash_attempt_outcome "$d" 0) == unknown ]] || fail "exit 0 without status.json: expected unknown"
+    status running false
+    [[ $(dflash_attempt_outcome "$d" 0) == unknown ]] || fail "exit 0, status still running: expected unknown"
     [[ $(dflash_attempt_outcome "$d" 1) == failed ]] || fail "exit 1: expected failed"
-    line "warn  stopping after step 10 on SIGUSR1 (checkpoint written); continue with ckpt.resume=auto" >>"$d/logs/rank_05.log"
-    [[ $(dflash_attempt_outcome "$d" 0) == stopped ]] || fail "stop line in the latest attempt: expected stopped"
+    status partial false
+    [[ $(dflash_attempt_outcome "$d" 0) == partial ]] || fail "partial: expected partial"
+    status stopped true
+    [[ $(dflash_attempt_outcome "$d" 0) == stopped ]] || fail "status stopped: expected stopped"
     [[ $(dflash_attempt_outcome "$d" 137) == failed ]] || fail "killed: expected failed"
-    # the next attempt resumed and finished: the earlier attempt's stop line no longer counts
-    { header 2; line "info  resuming from ckpt/step_00000010 at step 10"; line "info  drafter: final fp32 weights"; } \
-      >>"$d/logs/rank_05.log"
-    touch "$d/drafter_final.safetensors"
-    [[ $(dflash_attempt_outcome "$d" 0) == finished ]] || fail "latest attempt finished: expected finished"
+    status finished false
+    [[ $(dflash_attempt_outcome "$d" 0) == finished ]] || fail "status finished: expected finished"
     echo "PASS (decision)"
     ;;
   finished)
@@ -55,6 +56,8 @@ case "$case" in
     [[ $rc -eq 0 ]] || fail "exit $rc"
     grep -q "dflash: attempt ended with exit 0: finished" "$out/job.out" || fail "not reported finished"
     [[ ! -f "$out/scontrol.log" ]] || fail "a finished job was requeued: $(cat "$out/scontrol.log")"
+    grep -q '"outcome": "finished"' "$out/run/status.json" || fail "status.json: $(cat "$out/run/status.json")"
+    grep -q '"step": 2,' "$out/run/status.json" || fail "status.json step: $(cat "$out/run/status.json")"
     echo "PASS (finished)"
     ;;
   signal)
@@ -78,6 +81,9 @@ case "$case" in
     grep -q "dflash: attempt ended with exit 0: stopped" "$out/job.out" || fail "not reported stopped"
     [[ "$(cat "$out/scontrol.log")" == "requeue 42" ]] || fail "no 'scontrol requeue 42'"
     ls -d "$out"/run/ckpt/step_*/DONE >/dev/null || fail "no complete checkpoint to resume from"
+    grep -q '"outcome": "stopped"' "$out/run/status.json" || fail "status.json: $(cat "$out/run/status.json")"
+    grep -q '"requeue": true' "$out/run/status.json" || fail "status.json requeue: $(cat "$out/run/status.json")"
+    grep -q '"signal": "SIGUSR1"' "$out/run/status.json" || fail "status.json signal: $(cat "$out/run/status.json")"
     echo "PASS (signal): checkpoint written, scontrol requeue 42"
     ;;
   signal_twice)
