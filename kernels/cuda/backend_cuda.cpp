@@ -168,6 +168,20 @@ class CudaBackend final : public Backend<T> {
     Scratch partials(ctx, scratch_, scratch_mutex_, bytes > 0 ? bytes : 1);
     cuda::launch_rmsnorm_backward(stream_of(ctx), dx, dw, dy, x, w, rstd, rows, dim, partials.as<float>());
   }
+  void head_norm_rope_forward(ExecContext& ctx, T* y, A* rstd, const T* x, const T* w, const int32_t* pos, int rows,
+                              int heads, int head_dim, double eps, double theta) override {
+    check_norm_rope_head_dim(head_dim);
+    cuda::launch_head_norm_rope_forward(stream_of(ctx), y, rstd, x, w, pos, rows, heads, head_dim, float(eps), theta);
+  }
+  void head_norm_rope_backward(ExecContext& ctx, T* dx, A* dw, const T* dy, const T* x, const T* w, const A* rstd,
+                               const int32_t* pos, int rows, int heads, int head_dim, double theta) override {
+    check_norm_rope_head_dim(head_dim);
+    const size_t bytes =
+        dw ? sizeof(float) * size_t(cuda::head_norm_rope_dw_chunks(rows, heads)) * size_t(head_dim) : 0;
+    Scratch partials(ctx, scratch_, scratch_mutex_, bytes > 0 ? bytes : 1);
+    cuda::launch_head_norm_rope_backward(stream_of(ctx), dx, dw, dy, x, w, rstd, pos, rows, heads, head_dim, theta,
+                                         partials.as<float>());
+  }
   void rope_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                     double theta) override {
     cuda::launch_rope(stream_of(ctx), y, x, pos, rows, heads, head_dim, theta, false);
@@ -222,7 +236,17 @@ class CudaBackend final : public Backend<T> {
   void attention_cached_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int n, int past,
                                 int q_heads, int kv_heads, int head_dim) override {
     check_head_dim(head_dim);
-    cuda::launch_attention_cached_forward(stream_of(ctx), out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+    // bf16 decode / verify over a long cache: split-K on tensor cores, its partials in scratch (the context's
+    // arena, else the backend's buffer, which grows only when a larger split is first seen)
+    const int splits =
+        std::is_same_v<T, bf16> ? cuda::attention_cached_splits(n, past, q_heads, kv_heads, head_dim) : 1;
+    if (splits == 1)
+      return cuda::launch_attention_cached_forward(stream_of(ctx), out, q, k, v, n, past, q_heads, kv_heads,
+                                                   head_dim);
+    const size_t floats = cuda::attention_cached_split_scratch_floats(n, q_heads, head_dim, splits);
+    Scratch partials(ctx, scratch_, scratch_mutex_, sizeof(float) * floats);
+    cuda::launch_attention_cached_forward(stream_of(ctx), out, q, k, v, n, past, q_heads, kv_heads, head_dim, splits,
+                                          partials.as<float>());
   }
   void sigmoid_gate(ExecContext& ctx, T* x, const T* gate, size_t n) override {
     cuda::launch_sigmoid_gate(stream_of(ctx), x, gate, n);
@@ -287,6 +311,11 @@ class CudaBackend final : public Backend<T> {
   }
 
  private:
+  static void check_norm_rope_head_dim(int head_dim) {
+    DFLASH_CHECK(head_dim >= 2 && head_dim <= cuda::kMaxNormRopeHeadDim && head_dim % 2 == 0,
+                 "CUDA head norm + RoPE: head_dim {} must be even, 2..{} (each lane holds 4 rotate-half pairs)",
+                 head_dim, cuda::kMaxNormRopeHeadDim);
+  }
   static void check_head_dim(int head_dim) {
     DFLASH_CHECK(head_dim >= 1 && head_dim <= cuda::kMaxHeadDim,
                  "CUDA attention: head_dim {} is outside what the warp-per-query kernels support (1..{})", head_dim,
