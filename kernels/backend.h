@@ -118,6 +118,16 @@ class Backend {
   // dx (+=) Rᵀ dy.
   virtual void rope_backward(ExecContext& ctx, T* dx, const T* dy, const int32_t* pos, int rows, int heads,
                              int head_dim, double theta) = 0;
+  // Per-head q/k norm and RoPE in one pass: y[rows, heads, head_dim] (=) rope(rmsnorm(x)), i.e. rmsnorm_forward
+  // over rows·heads rows of head_dim, then rope_forward at positions pos[rows]; rstd[rows·heads] (=), as
+  // rmsnorm_forward's. y may alias x. CUDA: head_dim even, ≤ 256; the normed value is not rounded to T in between.
+  virtual void head_norm_rope_forward(ExecContext& ctx, T* y, A* rstd, const T* x, const T* w, const int32_t* pos,
+                                      int rows, int heads, int head_dim, double eps, double theta) = 0;
+  // Its adjoint: dx (+=) rmsnorm_backward(Rᵀ dy), dw[head_dim] (+=, deterministic; skipped when null). x is the
+  // forward input, rstd the forward's. dx must not alias dy.
+  virtual void head_norm_rope_backward(ExecContext& ctx, T* dx, A* dw, const T* dy, const T* x, const T* w,
+                                       const A* rstd, const int32_t* pos, int rows, int heads, int head_dim,
+                                       double theta) = 0;
   // h (=) silu(gate) · up
   virtual void swiglu_forward(ExecContext& ctx, T* h, const T* gate, const T* up, size_t n) = 0;
   // dgate (+=), dup (+=)

@@ -11,14 +11,16 @@
 //            backend separately): the same kernel sequence, for timing only.
 //   attention (not in `all`): the DFlash attention alone, tensor-core and CUDA-core kernels, against the rate of
 //            one cuBLASLt bf16 GEMM in the same run.
+//   decode (not in `all`): the target's cached attention at decode and verify, unsplit against split-K.
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "apps/dflash_bench/bench.h"
 #include "kernels/backend.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/core/timer.h"
@@ -29,6 +31,16 @@
 #endif
 
 namespace dflash::bench {
+
+namespace {
+
+// The options; a size shared by several benchmarks with different defaults is optional (each takes its own).
+struct CudaBenchOptions {
+  std::optional<int> T, H, V, chunk, reps, seq, anchors, block, hidden, layers, heads, kv_heads, head_dim,
+      intermediate, taps, window, cores;
+};
+
+}  // namespace
 
 #if DFLASH_WITH_CUDA
 namespace {
@@ -105,9 +117,9 @@ double time_best(B& be, ExecContext& ctx, int reps, F fn) {
 // ------------------------------- vocab loss -------------------------------
 
 template <typename T>
-int loss_bench(Backend<T>& be, ExecContext& ctx, const Args& args, const char* precision) {
-  const int T_rows = int(args.integer("T", 32768)), H = int(args.integer("H", 5120)), V = int(args.integer("V", 248320));
-  const int C = std::min(int(args.integer("chunk", 2048)), T_rows), reps = int(args.integer("reps", 2));
+int loss_bench(Backend<T>& be, ExecContext& ctx, const CudaBenchOptions& args, const char* precision) {
+  const int T_rows = args.T.value_or(32768), H = args.H.value_or(5120), V = args.V.value_or(248320);
+  const int C = std::min(args.chunk.value_or(2048), T_rows), reps = args.reps.value_or(2);
   DFLASH_USER_CHECK(T_rows >= 1 && H >= 1 && V >= 2 && C >= 1 && reps >= 1,
                     "dflash_bench cuda loss: --T, --H, --chunk, --reps must be ≥ 1 and --V ≥ 2");
   const kernels::VocabLossCoeffs coeffs{1.0, 1.0, 0.1, 1.0};
@@ -201,20 +213,20 @@ struct Layer {
 };
 
 template <typename T>
-int drafter_bench(Backend<T>& be, ExecContext& ctx, const Args& args, const char* precision) {
+int drafter_bench(Backend<T>& be, ExecContext& ctx, const CudaBenchOptions& args, const char* precision) {
   DrafterShape s;
-  s.S = int(args.integer("seq", 32768));
-  s.N = int(args.integer("anchors", 1024));
-  s.B = int(args.integer("block", 32));
-  s.H = int(args.integer("hidden", 5120));
-  s.layers = int(args.integer("layers", 5));
-  s.NH = int(args.integer("heads", 32));
-  s.KVH = int(args.integer("kv-heads", 8));
-  s.D = int(args.integer("head-dim", 128));
-  s.I = int(args.integer("intermediate", 17408));
-  s.taps = int(args.integer("taps", 5));
-  s.window = int(args.integer("window", 0));
-  const int reps = int(args.integer("reps", 2));
+  s.S = args.seq.value_or(32768);
+  s.N = args.anchors.value_or(1024);
+  s.B = args.block.value_or(32);
+  s.H = args.hidden.value_or(5120);
+  s.layers = args.layers.value_or(5);
+  s.NH = args.heads.value_or(32);
+  s.KVH = args.kv_heads.value_or(8);
+  s.D = args.head_dim.value_or(128);
+  s.I = args.intermediate.value_or(17408);
+  s.taps = args.taps.value_or(5);
+  s.window = args.window.value_or(0);
+  const int reps = args.reps.value_or(2);
   DFLASH_USER_CHECK(s.S >= 2 && s.N >= 1 && s.B >= 1 && s.H >= 1 && s.layers >= 1 && s.KVH >= 1 &&
                         s.NH % s.KVH == 0 && s.D >= 2 && s.D % 2 == 0 && s.I >= 1 && s.taps >= 1 && reps >= 1,
                     "dflash_bench cuda drafter: need --heads a multiple of --kv-heads, an even --head-dim, --seq ≥ 2 "
@@ -385,12 +397,12 @@ int drafter_bench(Backend<T>& be, ExecContext& ctx, const Args& args, const char
 // does 7 products per pair instead of 5, recomputing the scores in both of its passes), for the tensor-core
 // kernels and the CUDA-core kernels, against the same run's cuBLASLt GEMM rate at the drafter's q projection
 // shape (NB × H → NH·D): the yardstick (goals: forward ≥ 0.45 of it, backward ≥ 0.35).
-int attention_bench(ExecContext& ctx, const Args& args) {
-  const int S = int(args.integer("seq", 8192)), N = int(args.integer("anchors", 1024)),
-            B = int(args.integer("block", 32)), NH = int(args.integer("heads", 32)),
-            KVH = int(args.integer("kv-heads", 8)), D = int(args.integer("head-dim", 128)),
-            H = int(args.integer("hidden", 5120)), window = int(args.integer("window", 0)),
-            reps = int(args.integer("reps", 2));
+int attention_bench(ExecContext& ctx, const CudaBenchOptions& args) {
+  const int S = args.seq.value_or(8192), N = args.anchors.value_or(1024),
+            B = args.block.value_or(32), NH = args.heads.value_or(32),
+            KVH = args.kv_heads.value_or(8), D = args.head_dim.value_or(128),
+            H = args.hidden.value_or(5120), window = args.window.value_or(0),
+            reps = args.reps.value_or(2);
   DFLASH_USER_CHECK(S >= 2 && N >= 1 && B >= 1 && KVH >= 1 && NH % KVH == 0 && D >= 2 && H >= 1 && reps >= 1,
                     "dflash_bench cuda attention: need --heads a multiple of --kv-heads and every size ≥ 1");
   auto be = kernels::make_cuda_backend<bf16>();
@@ -445,7 +457,7 @@ int attention_bench(ExecContext& ctx, const Args& args) {
   } else {
     std::printf("  tensor cores: not for this shape (head_dim 64/128/256, block·heads/kv_heads ≤ 512)\n");
   }
-  if (args.integer("cores", 1)) {
+  if (args.cores.value_or(1)) {
     const double f = time_best(*be, ctx, reps, [&] {
       kernels::cuda::launch_dflash_attention_forward_cores(st, dev(out.p()), lse.p(), dev(q.p()), dev(kc.p()),
                                                            dev(vc.p()), dev(kb.p()), dev(vb.p()), anchors.p(), s);
@@ -461,8 +473,51 @@ int attention_bench(ExecContext& ctx, const Args& args) {
   return 0;
 }
 
+// ------------------------------- decode -------------------------------
+
+// The target's cached attention (bf16, tensor cores) for a decode step (n = 1) and a verify (n = 16) over a cache
+// of --seq positions at the 27B's attention shape (24 query / 4 kv heads × 256), unsplit (one thread block per
+// (query tile, kv head) walking the whole cache) against split-K (attention_cached_splits's choice, plus its
+// merge). Decode is bound by reading the cache: K and V, seq × kv_heads × head_dim × 2 × 2 bytes, once per step;
+// the rate printed is those bytes over the time.
+int decode_bench(ExecContext& ctx, const CudaBenchOptions& args) {
+  const int cache = args.seq.value_or(8192), NH = args.heads.value_or(24),
+            KVH = args.kv_heads.value_or(4), D = args.head_dim.value_or(256),
+            reps = args.reps.value_or(2);
+  DFLASH_USER_CHECK(cache >= 16 && KVH >= 1 && NH % KVH == 0 && reps >= 1 &&
+                        kernels::cuda::attention_causal_tc_supports(NH, KVH, D, {}),
+                    "dflash_bench cuda decode: need --seq ≥ 16, --heads a multiple of --kv-heads, --head-dim 64, "
+                    "128 or 256");
+  auto be = kernels::make_cuda_backend<bf16>();
+  Dev<bf16> k(size_t(cache) * KVH * D), v(size_t(cache) * KVH * D);
+  fill_normal(*be, ctx, k, 1.0, 30);
+  fill_normal(*be, ctx, v, 1.0, 31);
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.stream);
+  const double cache_bytes = 2.0 * cache * KVH * D * sizeof(bf16);
+  std::printf("cuda decode: bf16 cached attention, cache=%d heads=%d/%d head_dim=%d, K+V %.1f MiB, best of %d%s\n",
+              cache, NH, KVH, D, cache_bytes / (1 << 20), reps, kFigureNote);
+  for (const int n : {1, 16}) {
+    const int past = cache - n;  // the step's own n keys are the cache's last
+    const int splits = kernels::cuda::attention_cached_splits(n, past, NH, KVH, D);
+    Dev<bf16> q(size_t(n) * NH * D), out(size_t(n) * NH * D);
+    Dev<float> scratch(kernels::cuda::attention_cached_split_scratch_floats(n, NH, D, splits));
+    fill_normal(*be, ctx, q, 1.0, 32);
+    auto run = [&](int s) {
+      return time_best(*be, ctx, reps, [&] {
+        kernels::cuda::launch_attention_cached_forward_tc(st, dev(out.p()), dev(q.p()), dev(k.p()), dev(v.p()), n,
+                                                          past, NH, KVH, D, s, scratch.p());
+      });
+    };
+    const double t1 = run(1), ts = splits > 1 ? run(splits) : t1;
+    std::printf("  n=%-2d unsplit %.3f ms %.1f GB/s; %d splits %.3f ms %.1f GB/s (%.2fx)%s\n", n, t1 * 1e3,
+                cache_bytes / t1 * 1e-9, splits, ts * 1e3, cache_bytes / ts * 1e-9, t1 / ts, kFigureNote);
+  }
+  return 0;
+}
+
 template <typename T>
-int run_all(Backend<T>& be, ExecContext& ctx, const std::string& what, const Args& args, const char* precision) {
+int run_all(Backend<T>& be, ExecContext& ctx, const std::string& what, const CudaBenchOptions& args,
+            const char* precision) {
   if (what == "loss" || what == "all") loss_bench(be, ctx, args, precision);
   if (what == "drafter" || what == "all") drafter_bench(be, ctx, args, precision);
   return 0;
@@ -472,28 +527,33 @@ int run_all(Backend<T>& be, ExecContext& ctx, const std::string& what, const Arg
 #endif
 
 int run_cuda(int argc, char** argv) {
-  Args args(argc, argv,
-            {"precision", "T", "H", "V", "chunk", "reps", "seq", "anchors", "block", "hidden", "layers", "heads",
-             "kv-heads", "head-dim", "intermediate", "taps", "window", "cores"},
-            {"help"});
-  if (args.has("help")) {
-    std::printf(
+  CliApp app(
         "dflash_bench cuda [loss|drafter|attention|all] [--precision bf16|fp32] [--reps 2]\n"
         "  loss:    [--T 32768] [--H 5120] [--V 248320] [--chunk 2048]\n"
         "  drafter: [--seq 32768] [--anchors 1024] [--block 32] [--hidden 5120] [--layers 5] [--heads 32]\n"
         "           [--kv-heads 8] [--head-dim 128] [--intermediate 17408] [--taps 5] [--window 0]\n"
         "  attention (bf16): [--seq 8192] [--anchors 1024] [--block 32] [--heads 32] [--kv-heads 8]\n"
         "           [--head-dim 128] [--window 0] [--hidden 5120] [--cores 1 (0: skip the CUDA-core kernels)]\n"
+        "  decode (bf16, cached attention, n = 1 and 16, unsplit vs split-K): [--seq 8192 (the cache)]\n"
+        "           [--heads 24] [--kv-heads 4] [--head-dim 256]\n"
         "Times the CUDA backend against its own cuBLASLt GEMMs alone (same run, same shapes).\n"
-        "Prints 'skipped: ...' and exits 0 where there is no GPU or no CUDA backend.\n");
-    return 0;
-  }
-  const std::string what = args.positional().empty() ? "all" : args.positional()[0];
-  DFLASH_USER_CHECK(what == "loss" || what == "drafter" || what == "attention" || what == "all",
-                    "dflash_bench cuda: unknown benchmark '{}': use loss, drafter, attention or all", what);
-  const std::string precision = args.str("precision", "bf16");
-  DFLASH_USER_CHECK(precision == "bf16" || precision == "fp32",
-                    "dflash_bench cuda: --precision must be bf16 or fp32 (got '{}')", precision);
+        "Prints 'skipped: ...' and exits 0 where there is no GPU or no CUDA backend.\n",
+      "dflash_bench cuda");
+  std::string what = "all", precision = "bf16";
+  CudaBenchOptions o;
+  app.add_option("BENCHMARK", what, "loss, drafter, attention, decode or all (loss and drafter)")
+      ->check(CLI::IsMember({"loss", "drafter", "attention", "decode", "all"}));
+  app.add_option("--precision", precision, "loss and drafter")->check(CLI::IsMember({"bf16", "fp32"}));
+  for (auto [name, value] : {std::pair{"--T", &o.T}, {"--H", &o.H}, {"--V", &o.V}, {"--chunk", &o.chunk},
+                             {"--reps", &o.reps}, {"--seq", &o.seq}, {"--anchors", &o.anchors}, {"--block", &o.block},
+                             {"--hidden", &o.hidden}, {"--layers", &o.layers}, {"--heads", &o.heads},
+                             {"--kv-heads", &o.kv_heads}, {"--head-dim", &o.head_dim},
+                             {"--intermediate", &o.intermediate}, {"--taps", &o.taps}, {"--window", &o.window},
+                             {"--cores", &o.cores}})
+    app.add_option(name, *value, "see above (the default depends on the benchmark)")->check(non_negative_number());
+  if (!parse_command_line(app, argc, argv)) return 0;
+  DFLASH_USER_CHECK(what == "loss" || what == "drafter" || what == "attention" || what == "decode" || what == "all",
+                    "dflash_bench cuda: unknown benchmark '{}': use loss, drafter, attention, decode or all", what);
 #if !DFLASH_WITH_CUDA
   std::printf("skipped: this build has no CUDA backend\n");
   return 0;
@@ -503,13 +563,14 @@ int run_cuda(int argc, char** argv) {
     return 0;
   }
   kernels::cuda::CudaContext context(0);
-  if (what == "attention") return attention_bench(context.exec(), args);
+  if (what == "attention") return attention_bench(context.exec(), o);
+  if (what == "decode") return decode_bench(context.exec(), o);
   if (precision == "bf16") {
     auto be = kernels::make_cuda_backend<bf16>();
-    return run_all(*be, context.exec(), what, args, "bf16");
+    return run_all(*be, context.exec(), what, o, "bf16");
   }
   auto be = kernels::make_cuda_backend<float>();
-  return run_all(*be, context.exec(), what, args, "fp32");
+  return run_all(*be, context.exec(), what, o, "fp32");
 #endif
 }
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "apps/dflash_bench/bench.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/memory.h"
 #include "lib/core/rng.h"
@@ -15,29 +15,30 @@
 namespace dflash::bench {
 
 int run_drafter(int argc, char** argv) {
-  Args args(argc, argv,
-            {"seq", "anchors", "block", "hidden", "layers", "heads", "kv-heads", "head-dim", "intermediate", "taps",
-             "window", "reps", "seed"},
-            {},
-            "dflash_bench drafter [--seq 2048] [--anchors 128] [--block 16] [--hidden 1024] [--layers 2] [--heads 16]\n"
-            "                     [--kv-heads 4] [--head-dim 64] [--intermediate 2816] [--taps 5] [--window 0]\n"
-            "                     [--reps 3] [--seed 1]\n"
-            "Times the drafter's forward + backward over one sequence's anchors against this machine's sgemm rate.\n");
+  CliApp app("Times the drafter's forward + backward over one sequence's anchors against this machine's sgemm rate.",
+             "dflash_bench drafter");
   model::DrafterConfig c;
-  c.hidden = int(args.integer("hidden", 1024));
-  c.layers = int(args.integer("layers", 2));
-  c.heads = int(args.integer("heads", 16));
-  c.kv_heads = int(args.integer("kv-heads", 4));
-  c.head_dim = int(args.integer("head-dim", 64));
-  c.intermediate = int(args.integer("intermediate", 2816));
-  c.block_size = int(args.integer("block", 16));
-  c.n_taps = int(args.integer("taps", 5));
+  int S = 2048, N = 128, reps = 3, window = 0;
+  uint64_t seed = 1;
+  c.hidden = 1024, c.layers = 2, c.heads = 16, c.kv_heads = 4, c.head_dim = 64, c.intermediate = 2816;
+  c.block_size = 16, c.n_taps = 5;
+  app.add_option("--seq", S, "sequence length")->check(positive_number());
+  app.add_option("--anchors", N, "anchors (blocks) drawn from the sequence")->check(positive_number());
+  app.add_option("--block", c.block_size, "block size")->check(positive_number());
+  app.add_option("--hidden", c.hidden, "hidden size");
+  app.add_option("--layers", c.layers, "drafter layers");
+  app.add_option("--heads", c.heads, "attention heads");
+  app.add_option("--kv-heads", c.kv_heads, "key/value heads");
+  app.add_option("--head-dim", c.head_dim, "head dimension");
+  app.add_option("--intermediate", c.intermediate, "MLP width");
+  app.add_option("--taps", c.n_taps, "tapped target layers");
+  app.add_option("--window", window, "sliding attention window (0 = none)")->check(non_negative_number());
+  app.add_option("--reps", reps, "timed repetitions (best of)")->check(positive_number());
+  app.add_option("--seed", seed, "random seed");
+  if (!parse_command_line(app, argc, argv)) return 0;
   c.vocab = 1024;  // only the embedding rows the block tokens touch matter here
   c.mask_token_id = c.vocab - 1;
-  c.window.assign(c.layers, int(args.integer("window", 0)));
-  const int S = int(args.integer("seq", 2048)), N = int(args.integer("anchors", 128));
-  const int reps = int(args.integer("reps", 3));
-  const uint64_t seed = uint64_t(args.integer("seed", 1));
+  c.window.assign(c.layers, window);
   c.validate();
 
   // anchors: N distinct positions drawn uniformly from [0, S - 1), sorted (the training recipe's shape)

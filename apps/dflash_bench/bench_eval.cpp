@@ -16,7 +16,7 @@
 
 #include "apps/dflash_bench/bench.h"
 #include "lib/comm/transport.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/core/timer.h"
@@ -32,14 +32,6 @@
 namespace dflash::bench {
 
 namespace {
-
-constexpr const char* kUsage =
-    "usage: dflash_bench eval [--config tiny,larger] [--prompts 8] [--prompt-len 32] [--max-new 64]\n"
-    "                         [--tree-budget 16] [--tree-topk 4] [--target DIR --drafter DIR --prompt-file P.h5]\n"
-    "  one process (TP 1): greedy, chain speculative and tree speculative decoding of the same prompts\n"
-    "  --config LIST   built-in random target + untrained drafter pairs: tiny, larger (empty: none)\n"
-    "  --prompts N     prompts per row (random ids for the built-in configs; the first N of --prompt-file)\n"
-    "  --target DIR --drafter DIR --prompt-file P.h5   one more row for a real pair (docs/eval.md)\n";
 
 struct Pair {
   std::string name;
@@ -141,19 +133,31 @@ std::vector<std::string> names(const std::string& text) {
 }  // namespace
 
 int run_eval(int argc, char** argv) {
-  Args a(argc, argv, {"config", "prompts", "prompt-len", "max-new", "tree-budget", "tree-topk", "target", "drafter",
-                      "prompt-file"}, {}, kUsage);
-  const int n_prompts = int(a.integer("prompts", 8)), prompt_len = int(a.integer("prompt-len", 32));
-  const int max_new = int(a.integer("max-new", 64));
+  CliApp app("One process (TP 1): greedy, chain speculative and tree speculative decoding of the same prompts: "
+             "tokens/s, target forwards per token, tau and tau_tree.", "dflash_bench eval");
+  std::string configs = "tiny,larger", target_dir, drafter_dir, prompt_file;
+  int n_prompts = 8, prompt_len = 32, max_new = 64;
   model::TreeOptions tree;
-  tree.budget = int(a.integer("tree-budget", 16));
-  tree.topk = int(a.integer("tree-topk", 4));
-  DFLASH_USER_CHECK(n_prompts >= 1 && prompt_len >= 1 && max_new >= 1, "--prompts, --prompt-len and --max-new must "
-                    "be >= 1");
-  DFLASH_USER_CHECK(tree.budget >= 1 && tree.topk >= 1, "--tree-budget and --tree-topk must be >= 1");
-  const bool pair = a.has("target") || a.has("drafter") || a.has("prompt-file");
-  DFLASH_USER_CHECK(!pair || (a.has("target") && a.has("drafter") && a.has("prompt-file")),
-                    "--target, --drafter and --prompt-file go together");
+  tree.budget = 16;
+  tree.topk = 4;
+  app.add_option("--config", configs, "built-in random target + untrained drafter pairs: tiny, larger (empty: none)")
+      ->type_name("LIST");
+  app.add_option("--prompts", n_prompts, "prompts per row (random ids for the built-in configs; the first N of "
+                 "--prompt-file)")->check(positive_number());
+  app.add_option("--prompt-len", prompt_len, "the built-in prompts' length")->check(positive_number());
+  app.add_option("--max-new", max_new, "new tokens per prompt")->check(positive_number());
+  app.add_option("--tree-budget", tree.budget, "tree nodes per verify")->check(positive_number());
+  app.add_option("--tree-topk", tree.topk, "candidates per block position")->check(positive_number());
+  // one more row for a real pair (docs/eval.md): the three go together
+  CLI::Option* target = app.add_option("--target", target_dir, "a real target (with --drafter, --prompt-file)")
+      ->type_name("DIR");
+  CLI::Option* drafter = app.add_option("--drafter", drafter_dir, "its drafter")->type_name("DIR");
+  CLI::Option* file = app.add_option("--prompt-file", prompt_file, "its prompts")->type_name("P.h5");
+  target->needs(drafter, file);
+  drafter->needs(target, file);
+  file->needs(target, drafter);
+  if (!parse_command_line(app, argc, argv)) return 0;
+  const bool pair = !target_dir.empty();
 
   std::printf("eval bench: 1 process (TP 1, OMP threads as set), %d prompts × up to %d new tokens, tree budget %d "
               "top-k %d; built-in rows: random target, untrained drafter (τ ≈ 1: the cost of the machinery)\n\n",
@@ -162,7 +166,7 @@ int run_eval(int argc, char** argv) {
               "forwards / token | τ | tree tokens/s | tree target forwards / token | τ_tree | tree nodes / verify |\n"
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
-  for (const std::string& name : names(a.str("config", "tiny,larger"))) {
+  for (const std::string& name : names(configs)) {
     const Pair p = builtin(name);
     const std::string dir = (std::filesystem::temp_directory_path() /
                              ("dflash_bench_eval_" + name + "_" + std::to_string(::getpid()))).string();
@@ -185,16 +189,15 @@ int run_eval(int argc, char** argv) {
     std::filesystem::remove_all(dir);
   }
   if (pair) {
-    const std::string target_dir = a.str("target", "");
-    const train::DrafterSource src = train::load_drafter_source(a.str("drafter", ""));
+    const train::DrafterSource src = train::load_drafter_source(drafter_dir);
     const model::QwenConfig c = model::load_qwen_config(target_dir);
     DFLASH_USER_CHECK(src.drafter.config.vocab == c.vocab && src.drafter.config.hidden == c.hidden,
                       "--drafter {} does not fit the target {} (vocab / hidden)", src.dir, target_dir);
-    io::Dataset file(a.str("prompt-file", ""), c.vocab);
+    io::Dataset prompt_set(prompt_file, c.vocab);
     std::vector<std::vector<int32_t>> prompts;
-    for (int64_t i = 0; i < file.size() && int(prompts.size()) < n_prompts; ++i)
-      prompts.push_back(model::prompt_of(file.read(i), file.path()));
-    DFLASH_USER_CHECK(!prompts.empty(), "{}: no prompts", file.path());
+    for (int64_t i = 0; i < prompt_set.size() && int(prompts.size()) < n_prompts; ++i)
+      prompts.push_back(model::prompt_of(prompt_set.read(i), prompt_set.path()));
+    DFLASH_USER_CHECK(!prompts.empty(), "{}: no prompts", prompt_set.path());
     const Row r = measure(target_dir, src.drafter.config, src.drafter.params, src.drafter.info.target_layer_ids,
                           prompts, max_new, tree);
     print_row("given: " + std::filesystem::path(src.dir).filename().string(), c, prompts.size(), max_new, r);

@@ -12,7 +12,7 @@
 
 #include "apps/dflash_bench/bench.h"
 #include "kernels/cpu/gemm.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/memory.h"
 #include "lib/core/rng.h"
@@ -65,28 +65,37 @@ ChunkGemmTimes time_chunk_gemms(const float* W, int n, int H, int V, int reps) {
 }  // namespace
 
 int run_loss(int argc, char** argv) {
-  Args args(argc, argv, {"T", "H", "V", "chunk", "mode", "B", "ce", "kl", "tau", "cap", "top-k", "reps", "seed"}, {},
-            "dflash_bench loss [--T 4096] [--H 2048] [--V 32000] [--chunk 1024] [--mode recompute|fused|naive]\n"
-            "                  [--B 16] [--ce 1] [--kl 1] [--tau 1] [--cap 0.1] [--top-k 5] [--reps 1] [--seed 1]\n"
-            "Times forward + backward of the vocab loss in float, the same GEMMs alone (the bound), and the peak\n"
-            "resident memory the loss added. naive = one chunk of all T rows (materialises [T, V] logits).\n");
-  const int T = int(args.integer("T", 4096)), H = int(args.integer("H", 2048)), V = int(args.integer("V", 32000));
-  const int B = int(args.integer("B", 16)), reps = int(args.integer("reps", 1));
-  const std::string mode = args.str("mode", "recompute");
-  DFLASH_USER_CHECK(mode == "recompute" || mode == "fused" || mode == "naive",
-               "--mode must be recompute, fused or naive (got '{}')", mode);
-  DFLASH_USER_CHECK(T >= 1 && H >= 1 && V >= 2 && B >= 2 && reps >= 1, "--T, --H, --reps must be ≥ 1, --V and --B ≥ 2");
+  CliApp app("Times forward + backward of the vocab loss in float, the same GEMMs alone (the bound), and the peak "
+             "resident memory the loss added. naive = one chunk of all T rows (materialises [T, V] logits).",
+             "dflash_bench loss");
+  int T = 4096, H = 2048, V = 32000, B = 16, reps = 1, chunk = 1024, top_k = 5;
+  std::string mode = "recompute";
+  double ce = 1.0, kl = 1.0, tau = 1.0, cap = 0.1;
+  uint64_t seed = 1;
+  app.add_option("--T", T, "rows (anchor block positions)")->check(positive_number());
+  app.add_option("--H", H, "hidden size")->check(positive_number());
+  app.add_option("--V", V, "vocabulary")->check(CLI::Range(2, 1 << 30));
+  app.add_option("--chunk", chunk, "rows per chunk (recompute, fused)")->check(positive_number());
+  app.add_option("--mode", mode, "recompute, fused or naive")->check(CLI::IsMember({"recompute", "fused", "naive"}));
+  app.add_option("--B", B, "block size")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--ce", ce, "cross-entropy weight");
+  app.add_option("--kl", kl, "KL weight (0: no target logits)");
+  app.add_option("--tau", tau, "KL temperature");
+  app.add_option("--cap", cap, "CAP weight");
+  app.add_option("--top-k", top_k, "CAP's top k");
+  app.add_option("--reps", reps, "timed repetitions (best of)")->check(positive_number());
+  app.add_option("--seed", seed, "random seed");
+  if (!parse_command_line(app, argc, argv)) return 0;
   model::VocabLossSettings s;
   s.mode = mode == "recompute" ? model::VocabLossMode::recompute : model::VocabLossMode::fused;
-  s.chunk_size = mode == "naive" ? T : int(args.integer("chunk", 1024));
-  s.ce_weight = args.real("ce", 1.0);
-  s.kl_weight = args.real("kl", 1.0);
-  s.kl_temperature = args.real("tau", 1.0);
-  s.cap_weight = args.real("cap", 0.1);
-  s.top_k = int(args.integer("top-k", 5));
+  s.chunk_size = mode == "naive" ? T : chunk;
+  s.ce_weight = ce;
+  s.kl_weight = kl;
+  s.kl_temperature = tau;
+  s.cap_weight = cap;
+  s.top_k = top_k;
   s.block_size = B;
   const bool target = s.kl_weight != 0;
-  const uint64_t seed = uint64_t(args.integer("seed", 1));
 
   // Inputs: random head with logits of std ~3, blocks of B−1 rows, weights exp(−(k−1)/7).
   Rng rng(seed, 1);

@@ -13,7 +13,7 @@
 #include "apps/dflash_bench/bench.h"
 #include "kernels/backend.h"
 #include "kernels/vocab_loss_rows.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/io/safetensors.h"
@@ -50,14 +50,16 @@ LossAndGrad loss_and_grad(const std::vector<float>& z, const std::vector<float>&
 }  // namespace
 
 int run_numerics(int argc, char** argv) {
-  Args args(argc, argv, {"V", "rows", "sd", "seed"}, {"help"});
-  if (args.has("help")) {
-    std::printf("dflash_bench numerics [--V 248320] [--rows 64] [--sd 3]: bf16 vs fp32 vocab logits, the loss and dZ\n");
-    return 0;
-  }
-  const int V = int(args.integer("V", 248320)), n = int(args.integer("rows", 64));
-  const double sd = args.real("sd", 3.0);
-  DFLASH_USER_CHECK(V >= 2 && n >= 1 && sd > 0, "dflash_bench numerics: need --V ≥ 2, --rows ≥ 1, --sd > 0");
+  CliApp app("bf16 vs fp32 vocab logits: the loss and its row gradient dZ, at the real vocabulary.",
+             "dflash_bench numerics");
+  int V = 248320, n = 64;
+  double sd = 3.0;
+  uint64_t seed = 7;
+  app.add_option("--V", V, "vocabulary")->check(CLI::Range(2, 1 << 30));
+  app.add_option("--rows", n, "rows")->check(positive_number());
+  app.add_option("--sd", sd, "the logits' spread")->check(positive_number());
+  app.add_option("--seed", seed, "random seed");
+  if (!parse_command_line(app, argc, argv)) return 0;
   const kernels::VocabLossCoeffs k{1.0, 1.0, 0.1, 1.0};
   std::printf("numerics: bf16 vs fp32 vocab logits, V=%d, %d rows, logits sd %.1f + offset, one peak token per row "
               "(+4 sd), the target's logits = the drafter's + N(0, 0.5 sd); loss CE + KL (τ 1) + 0.1 CAP\n",
@@ -65,7 +67,7 @@ int run_numerics(int argc, char** argv) {
   std::printf("  %-7s %-12s %-12s %-12s %-12s %-12s %s\n", "offset", "loss (fp32)", "rel. err", "CE rel.", "KL rel.",
               "CAP abs.", "dZ rel. L2");
   for (double offset : {0.0, 8.0, 16.0, 32.0}) {
-    Rng rng(uint64_t(args.integer("seed", 7)));
+    Rng rng(seed);
     std::vector<float> z(size_t(n) * V), u(z.size());
     std::vector<int32_t> y(n);
     for (int r = 0; r < n; ++r) {

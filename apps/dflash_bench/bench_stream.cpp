@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,7 +27,7 @@
 #include "lib/comm/layout.h"
 #include "lib/comm/mpi_transport.h"
 #include "lib/comm/nccl_transport.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/train/packet.h"
@@ -44,32 +43,36 @@ struct StreamResult {
 }  // namespace
 
 int run_stream(int argc, char** argv) {
-  dflash::comm::init_mpi(&argc, &argv);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int rc = 0;
-  try {
-    Args args(argc, argv, {"plane", "seq", "hidden", "taps", "packets", "in-flight", "drafter-ms", "reps", "link-gbs",
-                           "pcie-gbs", "target-tp"});
-    const std::string plane_name = args.str("plane", "mpi");
-    const int S = int(args.integer("seq", 8192)), H = int(args.integer("hidden", 5120));
-    const int n_taps = int(args.integer("taps", 5)), packets = int(args.integer("packets", 6));
-    const int in_flight = int(args.integer("in-flight", 2)), reps = int(args.integer("reps", 3));
-    const double drafter_ms = args.real("drafter-ms", 0);
-    const double link_gbs = args.real("link-gbs", 450), pcie_gbs = args.real("pcie-gbs", 55);
-    const int model_tp = int(args.integer("target-tp", 5));
+  CliApp app("The feature stream and the TP all-reduce on one data plane, measured (mpirun -np K: ranks [0, K-1) one "
+             "target TP group, rank K-1 its drafter), and the same moved to 8 GPUs, modelled.", "dflash_bench stream");
+  std::string plane_name = "mpi";
+  int S = 8192, H = 5120, n_taps = 5, packets = 6, in_flight = 2, reps = 3, model_tp = 5;
+  double drafter_ms = 0, link_gbs = 450, pcie_gbs = 55;
+  app.add_option("--plane", plane_name, "the data plane")->check(CLI::IsMember({"mpi", "nccl"}));
+  app.add_option("--seq", S, "sequence length S of a packet")->check(positive_number());
+  app.add_option("--hidden", H, "hidden size H")->check(positive_number());
+  app.add_option("--taps", n_taps, "tapped layers")->check(positive_number());
+  app.add_option("--packets", packets, "packets sent")->check(positive_number());
+  app.add_option("--in-flight", in_flight, "the back-pressure window and receive depth")->check(positive_number());
+  app.add_option("--drafter-ms", drafter_ms, "simulated drafter compute per packet (a sleep)")
+      ->check(non_negative_number());
+  app.add_option("--reps", reps, "all-reduce repetitions (best of)")->check(positive_number());
+  app.add_option("--link-gbs", link_gbs, "modelled: GPU link GB/s (NVLink 4 per direction)")
+      ->check(positive_number());
+  app.add_option("--pcie-gbs", pcie_gbs, "modelled: PCIe GB/s (PCIe 5 x16 achievable)")->check(positive_number());
+  app.add_option("--target-tp", model_tp, "modelled: the TP group size")->check(positive_number());
+  if (!parse_command_line(app, argc, argv)) return 0;
+  return comm::run_mpi_program({"dflash_bench stream"}, argc, argv, [&](bool) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
     DFLASH_USER_CHECK(size >= 2, "dflash_bench stream: run with mpirun -np K, K ≥ 2 (K-1 target ranks, 1 drafter)");
-    DFLASH_USER_CHECK(S >= 1 && H >= 1 && n_taps >= 1 && packets >= 1 && in_flight >= 1 && reps >= 1,
-                      "dflash_bench stream: --seq, --hidden, --taps, --packets, --in-flight, --reps must be ≥ 1");
     const int tp = size - 1;
     const comm::RankLayout layout = comm::make_rank_layout(tp, 1, 1, size, rank);
     comm::DataPlane plane = comm::DataPlane::Mpi;
     if (plane_name == "nccl") {
       plane = comm::choose_data_plane("nccl", true, comm::nccl_built(), comm::node_shape(MPI_COMM_WORLD));
       kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
-    } else {
-      DFLASH_USER_CHECK(plane_name == "mpi", "--plane {}: use mpi or nccl", plane_name);
     }
     comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, /*timeout_seconds=*/600);
     comm::MpiTransport world(comms.world());
@@ -177,12 +180,8 @@ int run_stream(int argc, char** argv) {
                     1e3 * ring / 2 / (bw * gb), S, H, bw);
       }
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dflash_bench stream rank %d: error: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  return rc;
+    return 0;
+  });
 }
 
 }  // namespace dflash::bench

@@ -18,14 +18,15 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "apps/dflash_bench/bench.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
+#include "lib/job/random_target_options.h"
 #include "lib/core/error.h"
 #include "lib/core/memory.h"
 #include "lib/core/rng.h"
@@ -201,41 +202,30 @@ std::string part_cell(double seconds, double flops, int tp, double sgemm) {
   return buf;
 }
 
-int bench(int argc, char** argv) {
+struct TargetBenchOptions {
+  std::string tp = "1,2,3,5", seq = "512", device = "cpu", model;
+  std::optional<std::string> precision;  // default: bf16 on cuda, fp32 on the CPU
+  int reps = 3;
+};
+
+int bench(const TargetBenchOptions& a, const train::RandomTargetOptions& target_options) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  std::vector<std::string> known = {"model", "tp", "seq", "reps", "tie", "device", "precision"};
-  for (const std::string& o : model::target_option_names()) known.push_back(o);
-  Args a(argc, argv, known, {"tie"},
-         "mpirun -np K dflash_bench target [--tp 1,2,3,5] [--seq 512[,1024,...]] [--reps 3]\n"
-         "       [--device cpu|cuda] [--precision fp32|bf16 (cuda: bf16 by default)] [--model DIR |\n"
-         "       [--arch qwen3|qwen3_5|qwen3_moe|qwen3_5_moe] --hidden 512 --layers 4 --heads 16 --kv-heads 8\n"
-         "       --head-dim 32 --intermediate 1536 --vocab 4096 --dtype bf16 (qwen3_5, qwen3_5_moe:\n"
-         "       --full-attention-interval 4 --linear-k-heads 4 --linear-v-heads 8 --linear-k-dim 64 --linear-v-dim 64\n"
-         "       --conv-kernel 4 ...; qwen3_moe: --experts 16 --experts-per-tok 4 --moe-intermediate 384\n"
-         "       [--mlp-only-layers 0] [--expert-layout fused]; qwen3_5_moe: --experts 16 --experts-per-tok 4\n"
-         "       --moe-intermediate 256 --shared-intermediate 512)]\n"
-         "TP target forward tokens/s, all-reduce time and per layer part compute time for each TP size that\n"
-         "fits the ranks and each sequence length; MoE targets also the experts and expert rows per rank and the\n"
-         "routed MLP's share of the forward.\n");
   std::vector<int> tps;
-  for (int tp : int_list("tp", a.str("tp", "1,2,3,5")))
+  for (int tp : int_list("tp", a.tp))
     if (tp <= world) tps.push_back(tp);
-  DFLASH_USER_CHECK(!tps.empty(), "--tp {}: no size fits in the {} ranks of this run (mpirun -np K)", a.str("tp", ""),
-                    world);
-  const std::vector<int> seqs = int_list("seq", a.str("seq", "512"));
-  const int reps = int(a.integer("reps", 3));
-  DFLASH_USER_CHECK(reps >= 1, "--reps must be ≥ 1, got {}", reps);
-  const std::string device = a.str("device", "cpu");
-  DFLASH_USER_CHECK(device == "cpu" || device == "cuda", "--device {}: use cpu or cuda", device);
-  const std::string precision = a.str("precision", device == "cuda" ? "bf16" : "fp32");
+  DFLASH_USER_CHECK(!tps.empty(), "--tp {}: no size fits in the {} ranks of this run (mpirun -np K)", a.tp, world);
+  const std::vector<int> seqs = int_list("seq", a.seq);
+  const int reps = a.reps;
+  const std::string& device = a.device;
+  const std::string precision = a.precision.value_or(device == "cuda" ? "bf16" : "fp32");
   DFLASH_USER_CHECK(precision == "fp32" || (precision == "bf16" && device == "cuda"),
                     "--precision {} on --device {}: the CPU runs fp32, CUDA fp32 or bf16", precision, device);
   const bool cuda = device == "cuda";
   if (cuda) kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
 
-  std::string dir = a.str("model", "");
+  std::string dir = a.model;
   const bool own_model = dir.empty();
   if (own_model) {
     int pid = int(::getpid());
@@ -257,14 +247,14 @@ int bench(int argc, char** argv) {
       s.linear_v_dim = 64;
       // MoE: 16 experts, top 4, whose active width (4 × 384, or 4 × 256 + the shared 512) is the dense default's
       // 1536, so that a MoE row compares with the dense one at the same active FLOPs per token
-      const std::string arch = a.str("arch", "qwen3");
+      const std::string arch = target_options.arch().value_or("qwen3");
       if (arch == "qwen3_moe" || arch == "qwen3_5_moe") {
         s.experts = 16;
         s.experts_per_token = 4;
         s.moe_intermediate = arch == "qwen3_moe" ? 384 : 256;
         s.shared_expert_intermediate = 512;  // qwen3_5_moe only (a Qwen3-MoE has none)
       }
-      model::apply_target_options(a, s);
+      target_options.apply(s);
       model::write_random_target(dir, s);
     }
   }
@@ -389,21 +379,23 @@ int bench(int argc, char** argv) {
 }  // namespace
 
 int run_target(int argc, char** argv) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) dflash::comm::init_mpi(nullptr, nullptr);
-  int rc = 1;
-  try {
-    rc = bench(argc, argv);
-  } catch (const std::exception& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::fprintf(stderr, "[rank %d] dflash_bench target: error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  if (!initialized) MPI_Finalize();
-  return rc;
+  CliApp app("TP target forward tokens/s, all-reduce time and per layer part compute time for each TP size that "
+             "fits the ranks (mpirun -np K) and each sequence length; MoE targets also the experts and expert rows "
+             "per rank and the routed MLP's share of the forward. The default target: H 512, 4 layers, 16/8 heads x "
+             "32, intermediate 1536, vocab 4096, bf16 (qwen3_5: DeltaNet 4/8 heads x 64; MoE: 16 experts, top 4, "
+             "width 384, qwen3_5_moe 256 + a shared 512).", "dflash_bench target");
+  TargetBenchOptions o;
+  app.add_option("--tp", o.tp, "TP sizes, each run on ranks [0, tp) (those > K skipped)")->type_name("LIST");
+  app.add_option("--seq", o.seq, "sequence lengths")->type_name("LIST");
+  app.add_option("--reps", o.reps, "timed forwards (best of)")->check(positive_number());
+  app.add_option("--device", o.device, "where the forward runs")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--precision", o.precision, "fp32 or bf16 (cuda only; its default)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--model", o.model, "a target directory instead of a random one")->type_name("DIR");
+  const train::RandomTargetOptions target_options(app);
+  if (!parse_command_line(app, argc, argv)) return 0;
+  return comm::run_mpi_program({"dflash_bench target"}, argc, argv,
+                               [&](bool) { return bench(o, target_options); });
 }
 
 }  // namespace dflash::bench

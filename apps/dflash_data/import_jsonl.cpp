@@ -12,19 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/dflash_data/commands.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 
 namespace dflash::data {
 
 namespace {
-
-constexpr const char* kUsage =
-    "usage: dflash_data import-jsonl IN.jsonl OUT.h5 [--vocab V]\n"
-    "  IN.jsonl   one JSON object per line: {\"input_ids\": [ids...], \"loss_mask\": [0/1...]}\n"
-    "             loss_mask is optional (default: every token trained); blank lines are skipped\n"
-    "  --vocab V  reject token ids >= V (the target's vocab_size)\n";
 
 // Reads one line's object into tokens/mask; errors name the file, line and field.
 void parse_line(const std::string& where, const std::string& line, int64_t vocab, std::vector<int32_t>& tokens,
@@ -73,11 +67,17 @@ void parse_line(const std::string& where, const std::string& line, int64_t vocab
 }  // namespace
 
 int run_import_jsonl(int argc, char** argv) {
-  Args args(argc, argv, {"vocab"}, {}, kUsage);
-  DFLASH_USER_CHECK(args.positional().size() == 2, "expected IN.jsonl OUT.h5, got {} argument(s)\n{}",
-               args.positional().size(), kUsage);
-  const std::string in = args.positional()[0], out = args.positional()[1];
-  const int64_t vocab = args.integer("vocab", 0);
+  CliApp app("Converts JSONL of {input_ids, loss_mask?} to an HDF5 dataset (through OUT.h5.partial: a failed import "
+             "leaves an existing OUT.h5 unchanged).", "dflash_data import-jsonl");
+  std::string in, out;
+  int64_t vocab = 0;
+  app.add_option("IN", in, "one JSON object per line: {\"input_ids\": [ids...], \"loss_mask\": [0/1...]}; "
+                 "loss_mask is optional (default: every token trained); blank lines are skipped")
+      ->required()->type_name("IN.jsonl");
+  app.add_option("OUT", out, "the dataset to write")->required()->type_name("OUT.h5");
+  app.add_option("--vocab", vocab, "reject token ids >= V (the target's vocab_size; 0 = no check)")->type_name("V")
+      ->check(non_negative_number());
+  if (!parse_command_line(app, argc, argv)) return 0;
   std::ifstream f(in);
   DFLASH_USER_CHECK(f.good(), "{}: cannot open for reading (does the file exist?)", in);
 

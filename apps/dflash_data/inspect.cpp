@@ -1,31 +1,31 @@
 // dflash_data inspect FILE.h5 [--vocab V] [--seq I]: validates a dataset (exit 1 with the reason when it is
 // not valid) and prints its statistics; --seq prints one sequence's tokens and loss mask.
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "apps/dflash_data/commands.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 
 namespace dflash::data {
 
-namespace {
-constexpr const char* kUsage =
-    "usage: dflash_data inspect FILE.h5 [--vocab V] [--seq I]\n"
-    "  --vocab V  also check every token id < V (the target's vocab_size)\n"
-    "  --seq I    print sequence I (token ids, and the loss mask)\n";
-}
-
 int run_inspect(int argc, char** argv) {
-  Args args(argc, argv, {"vocab", "seq"}, {}, kUsage);
-  DFLASH_USER_CHECK(args.positional().size() == 1, "expected one FILE.h5, got {} argument(s)\n{}",
-               args.positional().size(), kUsage);
-  const std::string path = args.positional()[0];
-  const int64_t vocab = args.integer("vocab", 0);
+  CliApp app("Validates a dataset (exit 1 with the reason when it is not valid) and prints its statistics.",
+             "dflash_data inspect");
+  std::string path;
+  int64_t vocab = 0;
+  std::optional<int64_t> seq;
+  app.add_option("FILE", path, "the dataset")->required()->type_name("FILE.h5");
+  app.add_option("--vocab", vocab, "also check every token id < V (the target's vocab_size; 0 = only ids >= 0)")
+      ->type_name("V")->check(non_negative_number());
+  app.add_option("--seq", seq, "print sequence I (token ids, and the loss mask)")->type_name("I")
+      ->check(non_negative_number());
+  if (!parse_command_line(app, argc, argv)) return 0;
   io::Dataset d(path, vocab);  // validates everything, or throws naming the problem
   io::DatasetStats st = d.stats();
   auto row = [](const char* key, const std::string& value) { std::printf("%-14s %s\n", key, value.c_str()); };
@@ -39,8 +39,8 @@ int run_inspect(int argc, char** argv) {
   row("max token id", vocab > 0 ? fmt::format("{} (vocab {})", st.max_token, vocab)
                                 : fmt::format("{} (no --vocab: only ids >= 0 checked)", st.max_token));
   row("valid", "yes");
-  if (args.has("seq")) {
-    io::Sequence s = d.read(args.integer("seq", 0));
+  if (seq) {
+    io::Sequence s = d.read(*seq);
     std::printf("sequence %lld (%zu tokens)\n", (long long)s.index, s.tokens.size());
     std::printf("  tokens    [%s]\n", fmt::format("{}", fmt::join(s.tokens, ", ")).c_str());
     std::printf("  loss_mask [%s]\n", fmt::format("{}", fmt::join(s.loss_mask, ", ")).c_str());

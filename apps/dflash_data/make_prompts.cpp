@@ -10,33 +10,30 @@
 #include <fmt/format.h>
 
 #include "apps/dflash_data/commands.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/io/dataset.h"
 
 namespace dflash::data {
 
-namespace {
-constexpr const char* kUsage =
-    "usage: dflash_data make-prompts --out OUT.h5 --vocab V [--count 64] [--min-len 16] [--max-len 48]\n"
-    "                                [--reserve 1] [--seed 1]\n"
-    "  --vocab V     the target's vocab_size\n"
-    "  --reserve R   never use the top R ids [V-R, V) (default 1: the drafter's mask token is V-1)\n"
-    "  prompts have loss_mask 0; `dflash_data regenerate` appends the target's trained continuation\n";
-}
-
 int run_make_prompts(int argc, char** argv) {
-  Args a(argc, argv, {"out", "vocab", "count", "min-len", "max-len", "reserve", "seed"}, {}, kUsage);
-  DFLASH_USER_CHECK(a.has("out") && a.has("vocab"), "--out OUT.h5 and --vocab V are required\n{}", kUsage);
-  const std::string out = a.str("out", "");
-  const int64_t vocab = a.integer("vocab", 0), count = a.integer("count", 64), reserve = a.integer("reserve", 1);
-  const int64_t min_len = a.integer("min-len", 16), max_len = a.integer("max-len", 48);
-  const uint64_t seed = uint64_t(a.integer("seed", 1));
-  DFLASH_USER_CHECK(vocab >= 1, "--vocab {}: must be >= 1", vocab);
+  CliApp app("Random prompts (loss_mask 0) for the tiny recipe: token ids uniform in [0, V - reserve); "
+             "`dflash_data regenerate` appends the target's trained continuation.", "dflash_data make-prompts");
+  std::string out;
+  int64_t vocab = 0, count = 64, reserve = 1, min_len = 16, max_len = 48;
+  uint64_t seed = 1;
+  app.add_option("--out", out, "the dataset to write")->required()->type_name("OUT.h5");
+  app.add_option("--vocab", vocab, "the target's vocab_size")->required()->type_name("V")->check(positive_number());
+  app.add_option("--count", count, "prompts")->check(positive_number());
+  app.add_option("--min-len", min_len, "shortest prompt")->check(positive_number());
+  app.add_option("--max-len", max_len, "longest prompt");
+  app.add_option("--reserve", reserve, "never use the top R ids [V-R, V) (1: the drafter's mask token is V-1)")
+      ->type_name("R");
+  app.add_option("--seed", seed, "prompt i is drawn from (seed, i) alone");
+  if (!parse_command_line(app, argc, argv)) return 0;
   DFLASH_USER_CHECK(reserve >= 0 && reserve < vocab, "--reserve {}: must be in [0, vocab {}) so that some ids remain",
               reserve, vocab);
-  DFLASH_USER_CHECK(count >= 1, "--count {}: must be >= 1", count);
   DFLASH_USER_CHECK(min_len >= 1 && min_len <= max_len, "--min-len {} --max-len {}: need 1 <= min-len <= max-len",
               min_len, max_len);
 

@@ -9,36 +9,21 @@
 // as config.json + model.safetensors in the Hugging Face format.
 #include <cstdio>
 
-#include "lib/core/args.h"
-#include "lib/core/error.h"
+#include "lib/core/cli_app.h"
+#include "lib/job/random_target_options.h"
 #include "lib/model/random_target.h"
 
 namespace dflash::data {
 
-namespace {
-constexpr const char* kUsage =
-    "usage: dflash_data make-target --out DIR [--arch qwen3|qwen3_5|qwen3_moe] [--hidden 64] [--layers 2] [--heads 4]\n"
-    "         [--kv-heads 2] [--head-dim 16] [--intermediate 128] [--vocab 256] [--seed 1] [--dtype f32|bf16]\n"
-    "         [--files 1] [--rope-theta 1e6] [--tie]\n"
-    "         qwen3_5 only: [--linear-k-heads] [--linear-v-heads] [--linear-k-dim] [--linear-v-dim]\n"
-    "         [--conv-kernel] [--full-attention-interval] [--partial-rotary]\n"
-    "         qwen3_moe only: [--experts 6] [--experts-per-tok 2] [--moe-intermediate 40] [--norm-topk-prob 1|0]\n"
-    "         [--mlp-only-layers 0,2] [--expert-layout per-expert|fused]\n"
-    "Writes a random Qwen3 (dense) or Qwen3.5 (hybrid Gated DeltaNet + attention) target (config.json +\n"
-    "model.safetensors) in the Hugging Face format.\n"
-    "  --out DIR   the model directory to write (required)\n"
-    "  --files N   split the layers over N files with a model.safetensors.index.json\n"
-    "  --tie       tie_word_embeddings: true (no lm_head.weight)\n";
-}  // namespace
-
 int run_make_target(int argc, char** argv) {
-  std::vector<std::string> known = model::target_option_names();
-  known.push_back("out");
-  Args a(argc, argv, known, {"tie"}, kUsage);
-  DFLASH_USER_CHECK(a.has("out"), "--out DIR is required (the model directory to write)\n{}", kUsage);
+  CliApp app("Writes a random Qwen3 (dense), Qwen3-MoE or Qwen3.5 (hybrid Gated DeltaNet + attention) target "
+             "(config.json + model.safetensors) in the Hugging Face format.", "dflash_data make-target");
+  std::string out;
+  app.add_option("--out", out, "the model directory to write")->required()->type_name("DIR");
+  const train::RandomTargetOptions target_options(app);
+  if (!parse_command_line(app, argc, argv)) return 0;
   model::RandomTargetSpec s;
-  model::apply_target_options(a, s);
-  const std::string out = a.str("out", "");
+  target_options.apply(s);
   model::write_random_target(out, s);
   std::printf("wrote random %s target to %s: H %d, %d layers, %d/%d heads × %d, intermediate %d, vocab %d, %s%s\n",
               s.hybrid ? "Qwen3.5 hybrid" : s.experts > 0 ? "Qwen3-MoE" : "Qwen3", out.c_str(), s.hidden, s.layers, s.heads, s.kv_heads,

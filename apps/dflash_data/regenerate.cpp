@@ -10,19 +10,15 @@
 #include "lib/comm/mpi_init.h"
 #include "lib/comm/mpi_transport.h"
 
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include <fmt/format.h>
 
 #include "apps/dflash_data/commands.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/io/dataset.h"
@@ -33,40 +29,20 @@ namespace dflash::data {
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: dflash_data regenerate --target DIR --prompts IN.h5 --out OUT.h5 [--max-new-tokens 256] [--eos ID]\n"
-    "                              [--limit K] [--vocab-limit N]\n"
-    "  --target DIR        the target model (Hugging Face directory: config.json + safetensors)\n"
-    "  --prompts IN.h5     a dataset; each sequence's prompt is its tokens before the first loss_mask = 1\n"
-    "                      (all of it when none is 1); the old response, if any, is dropped\n"
-    "  --out OUT.h5        prompt (loss_mask 0) + greedy continuation (loss_mask 1), one sequence per prompt\n"
-    "  --max-new-tokens N  tokens generated per prompt (default 256)\n"
-    "  --eos ID            stop a sequence after the target generates ID (kept, trained)\n"
-    "  --limit K           only the first K prompts\n"
-    "  --vocab-limit N     generate only ids < N (keep reserved ids such as the mask token out of the data)\n"
-    "  single process = TP 1; `mpirun -np K dflash_data regenerate ...` runs one TP group of K ranks\n"
-    "  (the prompt runs once, then one position per new token with a KV / recurrent-state cache)\n";
+struct RegenerateOptions {
+  std::string target, prompts, out;
+  int max_new_tokens = 256, eos = -1, vocab_limit = 0;
+  int64_t limit = 0;
+};
 
-// Launched by mpirun / srun? Then MPI is initialised and the world is the TP group; otherwise no MPI at all
-// (a plain run must not depend on MPI singleton start-up working on this machine).
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (std::getenv(v)) return true;
-  return false;
-}
-
-int regenerate(const Args& a, comm::Transport& tp) {
+int regenerate(const RegenerateOptions& a, comm::Transport& tp) {
   const bool writer_rank = tp.rank() == 0;
-  const std::string target_dir = a.str("target", ""), in = a.str("prompts", ""), out = a.str("out", "");
+  const std::string &target_dir = a.target, &in = a.prompts, &out = a.out;
   model::GenerateOptions opt;
-  opt.eos_id = int32_t(a.integer("eos", -1));
-  opt.vocab_limit = int(a.integer("vocab-limit", 0));
-  const int64_t limit = a.integer("limit", 0);
-  const int64_t max_new_tokens = a.integer("max-new-tokens", opt.max_new_tokens);
-  DFLASH_USER_CHECK(max_new_tokens >= 1 && max_new_tokens <= (1 << 20), "--max-new-tokens {}: must be in [1, 1048576]",
-                    max_new_tokens);
-  opt.max_new_tokens = int(max_new_tokens);  // in range: the check above
-  DFLASH_USER_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
+  opt.eos_id = a.eos;
+  opt.vocab_limit = a.vocab_limit;
+  const int64_t limit = a.limit;
+  opt.max_new_tokens = a.max_new_tokens;
   DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory with "
               "config.json and *.safetensors; `dflash_data make-target` writes one)", target_dir);
 
@@ -123,30 +99,34 @@ int regenerate(const Args& a, comm::Transport& tp) {
 }  // namespace
 
 int run_regenerate(int argc, char** argv) {
-  Args a(argc, argv, {"target", "prompts", "out", "max-new-tokens", "eos", "limit", "vocab-limit"}, {}, kUsage);
-  DFLASH_USER_CHECK(a.has("target") && a.has("prompts") && a.has("out"),
-              "--target DIR, --prompts IN.h5 and --out OUT.h5 are required\n{}", kUsage);
-  if (!launched_by_mpi()) {
-    comm::SelfTransport self;
-    return regenerate(a, self);  // errors go to main, which prints them
-  }
-  dflash::comm::init_mpi(nullptr, nullptr);
-  int rc = 1;
-  try {
-    comm::MpiTransport world(MPI_COMM_WORLD);
-    rc = regenerate(a, world);
-  } catch (const std::exception& e) {
-    // one rank may fail alone (e.g. rank 0 cannot write OUT.h5): abort the job rather than leave others waiting
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::fprintf(stderr, "[rank %d] dflash_data regenerate: error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    // most errors hit every rank alike: give rank 0 a moment to remove OUT.h5.partial and abort first
-    if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  return rc;
+  CliApp app("Prompts + the target's greedy continuations: each sequence's prompt (its tokens before the first "
+             "loss_mask = 1; all of it when none is 1; the old response, if any, is dropped) continued greedily, "
+             "with loss_mask 0 on the prompt and 1 on the continuation (a KV / recurrent-state cache: the prompt runs "
+             "once, then one position per new token). Single process = TP 1; `mpirun -np K dflash_data regenerate "
+             "...` runs one TP group of K ranks.", "dflash_data regenerate");
+  RegenerateOptions o;
+  app.add_option("--target", o.target, "the target model (Hugging Face directory: config.json + safetensors)")
+      ->required()->type_name("DIR");
+  app.add_option("--prompts", o.prompts, "a dataset of prompts")->required()->type_name("IN.h5");
+  app.add_option("--out", o.out, "prompt + continuation, one sequence per prompt")->required()->type_name("OUT.h5");
+  app.add_option("--max-new-tokens", o.max_new_tokens, "tokens generated per prompt")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--eos", o.eos, "stop a sequence after the target generates ID (kept, trained; -1 = never)")
+      ->type_name("ID");
+  app.add_option("--limit", o.limit, "only the first K prompts (0 = every prompt)")->check(non_negative_number());
+  app.add_option("--vocab-limit", o.vocab_limit, "generate only ids < N (keep reserved ids such as the mask token "
+                 "out of the data; 0 = every id)")->check(non_negative_number());
+  if (!parse_command_line(app, argc, argv)) return 0;
+  // under mpirun every rank is one rank of the TP group; one rank may fail alone (e.g. rank 0 cannot write OUT.h5):
+  // the wrapper aborts the job rather than leave the others waiting
+  return comm::run_mpi_program({"dflash_data regenerate", /*only_when_launched=*/true}, argc, argv,
+                               [&](bool with_mpi) {
+                                 if (!with_mpi) {
+                                   comm::SelfTransport self;
+                                   return regenerate(o, self);
+                                 }
+                                 comm::MpiTransport world(MPI_COMM_WORLD);
+                                 return regenerate(o, world);
+                               });
 }
 
 }  // namespace dflash::data

@@ -8,22 +8,19 @@
 #include "lib/comm/mpi_init.h"
 #include "lib/comm/mpi_transport.h"
 
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "kernels/backend.h"
 #include "lib/comm/layout.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
@@ -39,35 +36,54 @@ using namespace dflash;
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: dflash_eval --target DIR --drafter DIR --prompts P.h5 [--max-new-tokens 128] [--limit K] [--eos ID]\n"
-    "                   [--vocab-limit N] [--out eval.json] [--check-greedy] [--teacher-forced]\n"
-    "                   [--tree-budget N [--tree-topk K]] [--device cpu|cuda [--precision bf16|fp32]]\n"
-    "  --target DIR          the target model (Hugging Face directory)\n"
-    "  --drafter DIR         a training run folder (its newest complete checkpoint), a ckpt/step_* folder, or an\n"
-    "                        exported drafter folder (config.json + model.safetensors)\n"
-    "  --prompts P.h5        a dataset; each sequence's prompt is its tokens before the first loss_mask = 1\n"
-    "                        (text prompt sets: dflash_data import-prompts / data/prep/dflash-prep prompts)\n"
-    "  --max-new-tokens N    tokens generated per prompt (default 128)\n"
-    "  --limit K             only the first K prompts\n"
-    "  --eos ID              stop a prompt after the target generates ID\n"
-    "  --vocab-limit N       generate only ids < N (default: the drafter's mask_token_id when it is the last id)\n"
-    "  --out FILE            write the results as JSON (atomically)\n"
-    "  --check-greedy        also decode each prompt plainly and fail unless the tokens are identical\n"
-    "  --teacher-forced      also the teacher-forced tau of the drafter on the generated sequences (every anchor,\n"
-    "                        and only the anchors speculative decoding visited)\n"
-    "  --tree-budget N       also decode with tree verification: up to N candidate nodes from the drafter's top-k\n"
-    "                        per block position, verified in one target forward (dense targets); reports tau_tree\n"
-    "  --tree-topk K         candidates per block position for the tree (default 4)\n"
-    "  --device cuda         the target's forward on the GPU (rank r of mpirun: GPU node-local r), in --precision\n"
-    "                        bf16 (default there: as it is served) or fp32; the drafter and the head stay on the CPU.\n"
-    "                        Chain decoding only (--tree-budget needs the CPU)\n"
-    "  single process = TP 1; `mpirun -np K dflash_eval ...` runs one target TP group of K ranks\n";
+// The command line; an absent optional option has a default that depends on the models (see evaluate).
+struct EvalOptions {
+  std::string target, drafter, prompts, out, device = "cpu";
+  std::optional<std::string> precision;  // default: bf16 on cuda, fp32 on the CPU
+  int max_new_tokens = 128;
+  int64_t limit = 0;
+  int eos = -1;
+  std::optional<int> vocab_limit;  // default: the drafter's mask_token_id when it is the target's last id
+  std::optional<int> tree_budget;  // given: also tree decoding
+  std::optional<int> tree_topk;    // default 4; needs --tree-budget
+  bool check_greedy = false, teacher_forced = false;
+};
 
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (std::getenv(v)) return true;
-  return false;
+constexpr const char* kDescription =
+    "dflash_eval: the real acceptance length of a drafter: greedy speculative decoding of every prompt with the target "
+    "and the drafter (docs/eval.md). Single process = TP 1; `mpirun -np K dflash_eval ...` runs the target as one TP "
+    "group of K ranks (the drafter on rank 0, which prints and writes the JSON).";
+
+// Fills o from argv; else the exit code (--help, a usage error: lib/core/cli_app.h).
+std::optional<int> parse_options(int argc, char** argv, EvalOptions& o) {
+  CliApp app(kDescription, "dflash_eval");
+  app.add_option("--target", o.target, "the target model (Hugging Face directory)")->required()->type_name("DIR");
+  app.add_option("--drafter", o.drafter, "a training run folder (its newest complete checkpoint), a ckpt/step_* "
+                 "folder, or an exported drafter folder (config.json + model.safetensors)")->required()->type_name("DIR");
+  app.add_option("--prompts", o.prompts, "a dataset; each sequence's prompt is its tokens before the first "
+                 "loss_mask = 1 (text prompt sets: dflash_data import-prompts / data/prep/dflash-prep prompts)")
+      ->required()->type_name("P.h5");
+  app.add_option("--max-new-tokens", o.max_new_tokens, "tokens generated per prompt")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--limit", o.limit, "only the first K prompts (0 = every prompt)")->check(non_negative_number());
+  app.add_option("--eos", o.eos, "stop a prompt after the target generates ID (-1 = never)")->type_name("ID");
+  app.add_option("--vocab-limit", o.vocab_limit, "generate only ids < N (default: the drafter's mask_token_id when "
+                 "it is the last id)")->check(non_negative_number());
+  app.add_option("--out", o.out, "write the results as JSON (atomically)")->type_name("FILE");
+  app.add_flag("--check-greedy", o.check_greedy, "also decode each prompt plainly and fail unless the tokens are "
+               "identical");
+  app.add_flag("--teacher-forced", o.teacher_forced, "also the teacher-forced tau of the drafter on the generated "
+               "sequences (every anchor, and only the anchors speculative decoding visited)");
+  app.add_option("--tree-budget", o.tree_budget, "also decode with tree verification: up to N candidate nodes from "
+                 "the drafter's top-k per block position, verified in one target forward (dense targets); reports "
+                 "tau_tree (checked below: >= 1)");
+  app.add_option("--tree-topk", o.tree_topk, "candidates per block position for the tree (default 4)")
+      ->check(positive_number());
+  app.add_option("--device", o.device, "cuda: the target's forward on the GPU (rank r of mpirun: GPU node-local r); "
+                 "the drafter and the head stay on the CPU. Chain decoding only (--tree-budget needs the CPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--precision", o.precision, "the GPU target's precision: bf16 (default there: as it is served) or "
+                 "fp32; the CPU runs fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  return parse_or_exit_code(app, argc, argv);
 }
 
 // The teacher-forced τ of the run's last metrics record, when the drafter came from a training run.
@@ -84,24 +100,23 @@ nlohmann::json training_tau(const train::DrafterSource& src) {
   return {{"tau", j["tau"]}, {"step", j.value("step", int64_t(-1))}, {"file", metrics.string()}};
 }
 
-int evaluate(const Args& a, comm::Transport& tp) {
+int evaluate(const EvalOptions& a, comm::Transport& tp) {
   const bool root = tp.rank() == 0;
-  const std::string target_dir = a.str("target", "");
+  const std::string& target_dir = a.target;
   DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory "
                     "with config.json and *.safetensors)", target_dir);
-  const train::DrafterSource src = train::load_drafter_source(a.str("drafter", ""));
+  const train::DrafterSource src = train::load_drafter_source(a.drafter);
   const model::DrafterConfig& dc = src.drafter.config;
   // the target's forward on the GPU (the drafter and the greedy head stay on the CPU: a block of drafts and one
   // argmax row per verify cost far less than the target's forward)
-  const std::string device = a.str("device", "cpu");
-  DFLASH_USER_CHECK(device == "cpu" || device == "cuda", "--device {}: use cpu or cuda", device);
+  const std::string& device = a.device;
   model::TargetOptions target_options;
   target_options.cuda = device == "cuda";
-  target_options.precision = a.str("precision", target_options.cuda ? "bf16" : "fp32");
+  target_options.precision = a.precision.value_or(target_options.cuda ? "bf16" : "fp32");
   DFLASH_USER_CHECK(target_options.precision == "fp32" || (target_options.cuda && target_options.precision == "bf16"),
                     "--precision {} with --device {}: the CPU runs fp32, CUDA fp32 or bf16", target_options.precision,
                     device);
-  DFLASH_USER_CHECK(!(target_options.cuda && a.has("tree-budget")), "--tree-budget needs --device cpu: tree "
+  DFLASH_USER_CHECK(!(target_options.cuda && a.tree_budget), "--tree-budget needs --device cpu: tree "
                     "verification's attention is a CPU kernel (docs/eval.md)");
   if (target_options.cuda) kernels::bind_cuda_device(tp.size() > 1 ? comm::node_local_rank(MPI_COMM_WORLD) : 0);
   model::TargetModel target(target_dir, tp, target_options);
@@ -125,21 +140,17 @@ int evaluate(const Args& a, comm::Transport& tp) {
   model::SpecOptions so;
   so.block_size = dc.block_size;
   so.tap_layer_ids = src.drafter.info.target_layer_ids;
-  so.eos_id = int32_t(a.integer("eos", -1));
-  so.vocab_limit = int(a.integer("vocab-limit", dc.mask_token_id == c.vocab - 1 ? c.vocab - 1 : 0));
-  const int64_t limit = a.integer("limit", 0);
-  const int64_t max_new_tokens = a.integer("max-new-tokens", 128);
-  DFLASH_USER_CHECK(max_new_tokens >= 1 && max_new_tokens <= (1 << 20), "--max-new-tokens {}: must be in [1, 1048576]",
-                    max_new_tokens);
-  so.max_new_tokens = int(max_new_tokens);  // in range: the check above
+  so.eos_id = a.eos;
+  so.vocab_limit = a.vocab_limit.value_or(dc.mask_token_id == c.vocab - 1 ? c.vocab - 1 : 0);
+  const int64_t limit = a.limit;
+  so.max_new_tokens = a.max_new_tokens;
   DFLASH_USER_CHECK(so.eos_id < c.vocab, "--eos {}: not a token id of the target (vocab {})", so.eos_id, c.vocab);
   DFLASH_USER_CHECK(so.vocab_limit >= 0 && so.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}]",
                     so.vocab_limit, c.vocab);
-  DFLASH_USER_CHECK(limit >= 0, "--limit {}: must be >= 0 (0 = every prompt)", limit);
   model::TreeOptions tree;
-  tree.budget = int(a.integer("tree-budget", 0));
-  tree.topk = int(a.integer("tree-topk", 4));
-  const bool with_tree = a.has("tree-budget");
+  tree.budget = a.tree_budget.value_or(0);
+  tree.topk = a.tree_topk.value_or(4);
+  const bool with_tree = a.tree_budget.has_value();
   if (with_tree) {
     DFLASH_USER_CHECK(tree.budget >= 1, "--tree-budget {}: must be >= 1 (nodes besides the root; {} = the chain's "
                       "length)", tree.budget, dc.block_size - 1);
@@ -149,9 +160,9 @@ int evaluate(const Args& a, comm::Transport& tp) {
                       "cannot branch within one forward; tree verification needs a dense target (drop --tree-budget "
                       "for chain decoding)", target_dir);
   } else {
-    DFLASH_USER_CHECK(!a.has("tree-topk"), "--tree-topk needs --tree-budget N");
+    DFLASH_USER_CHECK(!a.tree_topk, "--tree-topk needs --tree-budget N");
   }
-  io::Dataset prompts(a.str("prompts", ""), c.vocab);
+  io::Dataset prompts(a.prompts, c.vocab);
   const int64_t n = model::check_prompts(prompts, limit);
   DFLASH_USER_CHECK(n > 0, "{}: no prompts", prompts.path());
   model::check_generation_fits(c, target_dir, prompts, n, so.max_new_tokens, dc.block_size, "--max-new-tokens");
@@ -184,7 +195,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
   for (int64_t i = 0; i < n; ++i) {
     const std::vector<int32_t> prompt = model::prompt_of(prompts.read(i), prompts.path());
     const model::SpecResult r = model::speculative_generate(target, head, tp, drafter.get(), prompt, so);
-    if (a.has("check-greedy")) {
+    if (a.check_greedy) {
       Timer greedy_timer;
       const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompt, g);
       greedy_seconds += greedy_timer.seconds();
@@ -198,7 +209,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
                    "report it with this prompt)", prompts.path(), i);
       sum_tree.add(t);
     }
-    if (a.has("teacher-forced")) {
+    if (a.teacher_forced) {
       std::vector<int32_t> sequence = prompt;
       sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
       std::vector<int> forced;
@@ -221,7 +232,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
     j["target_tp"] = tp.size();
     j["prompts_file"] = prompts.path();
     j["max_new_tokens"] = so.max_new_tokens;
-    j["lossless_checked"] = a.has("check-greedy");
+    j["lossless_checked"] = a.check_greedy;
     const nlohmann::ordered_json totals = sum.to_json();
     for (auto& [k, v] : totals.items()) j[k] = v;
     if (with_tree) {
@@ -234,11 +245,11 @@ int evaluate(const Args& a, comm::Transport& tp) {
       j["tree_nodes_per_verify"] = t["tree_nodes_per_verify"];
     }
     j["drafter_seconds"] = drafter->seconds();
-    if (a.has("check-greedy")) {
+    if (a.check_greedy) {
       j["greedy_seconds"] = greedy_seconds;
       j["speedup_vs_greedy"] = sum.seconds > 0 ? greedy_seconds / sum.seconds : 0.0;
     }
-    if (a.has("teacher-forced")) {
+    if (a.teacher_forced) {
       // means over no anchor are undefined: null, not 0
       j["teacher_forced_tau"] = forced_all.n > 0 ? nlohmann::json(forced_all.value()) : nlohmann::json(nullptr);
       j["teacher_forced_anchors"] = forced_all.n;
@@ -247,7 +258,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
     }
     const nlohmann::json tt = training_tau(src);
     j["training_tau"] = tt.is_null() ? nlohmann::json(nullptr) : tt["tau"];
-    if (a.has("out")) write_file_atomic(a.str("out", ""), j.dump(2) + "\n");
+    if (!a.out.empty()) write_file_atomic(a.out, j.dump(2) + "\n");
     std::printf("eval: tau %s (speculative, %lld verify forwards) | training tau %s | %.3f target forwards per "
                 "token | %.1f tokens/s%s | acceptance by position %s%s\n",
                 sum.verifies > 0 ? fmt::format("{:.3f}", sum.tau()).c_str()
@@ -256,10 +267,10 @@ int evaluate(const Args& a, comm::Transport& tp) {
                 tt.is_null() ? "n/a" : fmt::format("{:.3f} (step {})", tt["tau"].get<double>(),
                                                    tt["step"].get<int64_t>()).c_str(),
                 j["target_forwards_per_token"].get<double>(), j["tokens_per_second"].get<double>(),
-                a.has("check-greedy") ? fmt::format(" ({:.2f}x plain greedy)", j["speedup_vs_greedy"].get<double>()).c_str()
+                a.check_greedy ? fmt::format(" ({:.2f}x plain greedy)", j["speedup_vs_greedy"].get<double>()).c_str()
                                       : "",
                 fmt::format("[{:.2f}]", fmt::join(sum.acceptance_by_position(), ", ")).c_str(),
-                a.has("check-greedy") ? " | lossless: identical to greedy" : "");
+                a.check_greedy ? " | lossless: identical to greedy" : "");
     if (with_tree)
       std::printf("eval: tau_tree %.3f (trees of up to %d nodes + the root from the top %d per position, %.1f nodes per verify, "
                   "%lld verify forwards) vs tau %.3f | %.3f target forwards per token | %.1f tokens/s | kept %s\n",
@@ -267,7 +278,7 @@ int evaluate(const Args& a, comm::Transport& tp) {
                   (long long)sum_tree.verifies, sum.tau(), j["target_forwards_per_token_tree"].get<double>(),
                   j["tokens_per_second_tree"].get<double>(),
                   fmt::format("[{}]", fmt::join(sum_tree.kept_histogram, ", ")).c_str());
-    if (a.has("teacher-forced"))
+    if (a.teacher_forced)
       std::printf("eval: teacher-forced tau on the generated sequences %.3f over all %lld anchors, %.3f over the %lld "
                   "anchors speculative decoding visited (docs/eval.md: why these differ)\n", forced_all.value(),
                   (long long)forced_all.n, forced_visited.value(), (long long)forced_visited.n);
@@ -278,35 +289,14 @@ int evaluate(const Args& a, comm::Transport& tp) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    Args a(argc, argv, {"target", "drafter", "prompts", "max-new-tokens", "limit", "eos", "vocab-limit", "out",
-                        "check-greedy", "teacher-forced", "tree-budget", "tree-topk", "device", "precision"},
-           {"check-greedy", "teacher-forced"}, kUsage);
-    DFLASH_USER_CHECK(a.has("target") && a.has("drafter") && a.has("prompts"),
-                      "--target DIR, --drafter DIR and --prompts P.h5 are required\n{}", kUsage);
-    if (!launched_by_mpi()) {
+  EvalOptions options;
+  if (const std::optional<int> rc = parse_options(argc, argv, options)) return *rc;
+  return comm::run_mpi_program({"dflash_eval", /*only_when_launched=*/true}, argc, argv, [&](bool with_mpi) {
+    if (!with_mpi) {
       comm::SelfTransport self;
-      return evaluate(a, self);
+      return evaluate(options, self);
     }
-    dflash::comm::init_mpi(nullptr, nullptr);
-    int rc = 1;
-    try {
-      comm::MpiTransport world(MPI_COMM_WORLD);
-      rc = evaluate(a, world);
-    } catch (const std::exception& e) {
-      int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      std::fprintf(stderr, "[rank %d] dflash_eval: error: %s\n", rank, e.what());
-      std::fflush(stderr);
-      if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    MPI_Finalize();
-    return rc;
-  } catch (const HelpShown&) {
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dflash_eval: error: %s\n", e.what());
-    return 1;
-  }
+    comm::MpiTransport world(MPI_COMM_WORLD);
+    return evaluate(options, world);
+  });
 }

@@ -125,6 +125,14 @@ class CpuBackend final : public Backend<T> {
                      double theta) override {
     cpu::rope_backward(dx, dy, pos, rows, heads, head_dim, theta);
   }
+  void head_norm_rope_forward(ExecContext&, T* y, A* rstd, const T* x, const T* w, const int32_t* pos, int rows,
+                              int heads, int head_dim, double eps, double theta) override {
+    cpu::head_norm_rope_forward(y, rstd, x, w, pos, rows, heads, head_dim, T(eps), theta);
+  }
+  void head_norm_rope_backward(ExecContext&, T* dx, A* dw, const T* dy, const T* x, const T* w, const A* rstd,
+                               const int32_t* pos, int rows, int heads, int head_dim, double theta) override {
+    cpu::head_norm_rope_backward(dx, dw, dy, x, w, rstd, pos, rows, heads, head_dim, theta);
+  }
   void swiglu_forward(ExecContext&, T* h, const T* gate, const T* up, size_t n) override {
     cpu::swiglu_forward(h, gate, up, n);
   }

@@ -37,10 +37,9 @@ struct RopeTable {
   }
 };
 
-// out (= or +=) rotation of in by sign·angle, for every row and head.
-template <typename T, bool Accumulate>
-void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_dim, double theta, double sign) {
-  const int half = head_dim / 2;
+// The calling thread's table, covering every position of pos[rows] (called outside parallel regions: the OpenMP
+// threads read the caller's table).
+const RopeTable& rope_table(const int* pos, int rows, int head_dim, double theta) {
   static thread_local RopeTable table;
   int max_pos = 0;
   for (int r = 0; r < rows; ++r) {
@@ -48,7 +47,14 @@ void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_d
     max_pos = std::max(max_pos, pos[r]);
   }
   table.ensure(theta, head_dim, max_pos);
-  const RopeTable& tab = table;
+  return table;
+}
+
+// out (= or +=) rotation of in by sign·angle, for every row and head.
+template <typename T, bool Accumulate>
+void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_dim, double theta, double sign) {
+  const int half = head_dim / 2;
+  const RopeTable& tab = rope_table(pos, rows, head_dim, theta);
 #pragma omp parallel for schedule(static)
   for (int r = 0; r < rows; ++r) {
     const double* cs = tab.at(pos[r]);
@@ -70,7 +76,88 @@ void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_d
   }
 }
 
+// Component i of Rᵀ g for one head (cs: the row's table entry), as rope_backward accumulates it into zeros:
+// T(0) + the rotated value, the same expressions as rotate's.
+template <typename T>
+T rotated_back(const T* g, const double* cs, int i, int half) {
+  // an odd head_dim's last dim passes through the fused forward unrotated: its adjoint is the identity (rope_backward
+  // leaves that dim out, so only even head dims match the two-op sequence in backward)
+  if (i >= 2 * half) return T(0) + g[i];
+  const int p = i < half ? i : i - half;
+  const T c = T(cs[2 * p]), s = T(-1.0 * cs[2 * p + 1]);
+  const T a = g[p], b = g[p + half];
+  return i < half ? T(0) + (a * c - b * s) : T(0) + (b * c + a * s);
+}
+
 }  // namespace
+
+template <typename T>
+void head_norm_rope_forward(T* y, T* rstd, const T* x, const T* w, const int* pos, int rows, int heads,
+                            int head_dim, T eps, double theta) {
+  const int half = head_dim / 2, dim = head_dim;
+  const RopeTable& tab = rope_table(pos, rows, head_dim, theta);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; ++r) {
+    const double* cs = tab.at(pos[r]);
+    for (int h = 0; h < heads; ++h) {
+      const size_t row = size_t(r) * heads + h;
+      const T* xr = x + row * dim;
+      T* yr = y + row * dim;
+      // rmsnorm_forward's row
+      T ss = 0;
+      for (int i = 0; i < dim; ++i) ss += xr[i] * xr[i];
+      T s = T(1) / std::sqrt(ss / T(dim) + eps);
+      rstd[row] = s;
+      for (int i = 0; i < dim; ++i) yr[i] = xr[i] * s * w[i];
+      // rotate's pairs, in place on the normed head
+      for (int i = 0; i < half; ++i) {
+        const T c = T(cs[2 * i]), sn = T(1.0 * cs[2 * i + 1]);
+        const T a = yr[i], b = yr[i + half];
+        yr[i] = a * c - b * sn;
+        yr[i + half] = b * c + a * sn;
+      }
+    }
+  }
+}
+
+template <typename T>
+void head_norm_rope_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, const int* pos,
+                             int rows, int heads, int head_dim, double theta) {
+  const int half = head_dim / 2, dim = head_dim;
+  const RopeTable& tab = rope_table(pos, rows, head_dim, theta);
+#pragma omp parallel
+  {
+    std::vector<T> g(static_cast<size_t>(dim));  // Rᵀ dy of one head
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      const double* cs = tab.at(pos[r]);
+      for (int h = 0; h < heads; ++h) {
+        const size_t row = size_t(r) * heads + h;
+        const T* xr = x + row * dim;
+        T* dxr = dx + row * dim;
+        for (int i = 0; i < dim; ++i) g[size_t(i)] = rotated_back(dy + row * dim, cs, i, half);
+        // rmsnorm_backward's row
+        const T s = rstd[row];
+        T dot = 0;
+        for (int i = 0; i < dim; ++i) dot += g[size_t(i)] * w[i] * xr[i] * s;
+        const T mean_gn = dot / T(dim);
+        for (int i = 0; i < dim; ++i) dxr[i] += s * (g[size_t(i)] * w[i] - xr[i] * s * mean_gn);
+      }
+    }
+  }
+  if (!dw) return;
+  // rmsnorm_backward's dw: column by column over the rows·heads rows in order, Rᵀ dy recomputed per element
+  const size_t n_rows = size_t(rows) * heads;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < dim; ++i) {
+    T acc = 0;
+    for (size_t row = 0; row < n_rows; ++row) {
+      const T gi = rotated_back(dy + row * dim, tab.at(pos[row / size_t(heads)]), i, half);
+      acc += gi * x[row * dim + i] * rstd[row];
+    }
+    dw[i] += acc;
+  }
+}
 
 template <typename T>
 void rope_forward(T* y, const T* x, const int* pos, int rows, int heads, int head_dim, double theta) {
@@ -86,5 +173,13 @@ template void rope_forward<float>(float*, const float*, const int*, int, int, in
 template void rope_forward<double>(double*, const double*, const int*, int, int, int, double);
 template void rope_backward<float>(float*, const float*, const int*, int, int, int, double);
 template void rope_backward<double>(double*, const double*, const int*, int, int, int, double);
+template void head_norm_rope_forward<float>(float*, float*, const float*, const float*, const int*, int, int, int,
+                                            float, double);
+template void head_norm_rope_forward<double>(double*, double*, const double*, const double*, const int*, int, int,
+                                             int, double, double);
+template void head_norm_rope_backward<float>(float*, float*, const float*, const float*, const float*, const float*,
+                                             const int*, int, int, int, double);
+template void head_norm_rope_backward<double>(double*, double*, const double*, const double*, const double*,
+                                              const double*, const int*, int, int, int, double);
 
 }  // namespace dflash::cpu

@@ -5,8 +5,9 @@
 // row t is free of bank conflicts) and used by all the block's rows. Per row the math is the warp-per-query walk
 // of attention_common.cuh (one key per lane, online softmax per tile, lane-owned output dimensions), tested on the
 // CPU (tests/unit/test_cuda_math_target.cpp); a row stops at its own last key. Unverified on GPU. The fp32 path, and
-// the reference of the tensor-core kernel (attention_dflash_tc.cu) the launchers use for bf16 where they can. Not
-// built: splitting a decode step's keys over blocks (n = 1 runs one block per head, or per kv head on tensor cores).
+// the reference of the tensor-core kernel (attention_dflash_tc.cu) the launchers use for bf16 where they can. Split-K
+// over a long cache (flash-decoding) is built for the tensor-core kernel only (the bf16 path); here a decode step
+// (n = 1) still runs one block per head, each walking the whole cache.
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/target_math.h"
@@ -122,10 +123,11 @@ void launch_attention_cached_forward_cores(cudaStream_t st, T* out, const T* q, 
 
 template <typename T>
 void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n, int past,
-                                     int q_heads, int kv_heads, int head_dim) {
+                                     int q_heads, int kv_heads, int head_dim, int splits, float* scratch) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (attention_causal_tc_supports(q_heads, kv_heads, head_dim, {out, q, k, v}))
-      return launch_attention_cached_forward_tc(st, out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+      return launch_attention_cached_forward_tc(st, out, q, k, v, n, past, q_heads, kv_heads, head_dim, splits,
+                                                scratch);
   }
   launch_attention_cached_forward_cores(st, out, q, k, v, n, past, q_heads, kv_heads, head_dim);
 }
@@ -138,7 +140,7 @@ void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const 
 
 #define DFLASH_INSTANTIATE(T)                                                                                    \
   template void launch_attention_cached_forward<T>(cudaStream_t, T*, const T*, const T*, const T*, int, int, int, \
-                                                   int, int);                                                    \
+                                                   int, int, int, float*);                                       \
   template void launch_attention_cached_forward_cores<T>(cudaStream_t, T*, const T*, const T*, const T*, int, int, \
                                                          int, int, int);                                         \
   template void launch_attention_causal_forward<T>(cudaStream_t, T*, const T*, const T*, const T*, int, int, int, \

@@ -17,13 +17,24 @@
 //              A context tile visits the anchor blocks whose rows see any of its keys (block order: fixed); a
 //              block-key tile visits only its own block. Per visited block, the query tile in chunks of 32 rows
 //              (Q, dO, lse, delta through shared memory): Sᵀ = K Qᵀ, Pᵀ, dPᵀ = V dOᵀ, dSᵀ; dV += Pᵀ dO, dK += dSᵀ Q.
-// Work per anchor block grows with its anchor (0–S keys); the grid's order is left to the hardware scheduler
-// (thousands of blocks at the seed's shapes). The context tiles of dK/dV come longest first (tile 0 is seen by
-// every block).
+// Longest first: work per anchor block grows with its anchor (0–S context keys), and the hardware hands out thread
+// blocks in blockIdx order, so blockIdx.x = x runs anchor block n_blocks − 1 − x (forward and dQ): with ascending
+// anchors (lib/train/anchors sorts them) the longest blocks start first and the short ones fill the tail. Unsorted
+// anchors give the same results in another order (each block writes only its own rows). The context tiles of
+// dK/dV come longest first by construction (tile 0 is seen by every block). The target's causal attention reverses
+// its query tiles likewise (the last rows see the most keys).
+//
+// Split-K (flash-decoding) for the target's cached attention with few query rows over a long cache: the key tiles
+// of each (query tile, kv head) are cut into `splits` contiguous ranges, one thread block each (blockIdx.z); a
+// split writes its rows' unnormalised output and (running max, sum) in fp32 to scratch, and a merge kernel (one
+// warp per (query row, head)) combines the splits by log-sum-exp in split order: fixed, no atomics. One split is
+// the unsplit kernel, writing bf16 out directly.
 //
 // Fragment mechanics (kernels/cuda/mma.cuh): a score tile is the C fragment of A (16 rows × D, registers) times a
 // shared tile's rowsᵀ (ldmatrix, not transposed); a product P·X reuses the score tile's C fragments as the A
 // operand (rounded to bf16, as FlashAttention-2 does) against a shared tile's rows (ldmatrix .trans).
+#include <algorithm>
+
 #include "kernels/cuda/attention_math.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -186,8 +197,8 @@ struct QueryRows {
 
 // The query tile and key stream of one thread block, for the forward kernel below (FwdTiles: the DFlash mask;
 // CausalTiles: the target's causal attention over a cache). Each gives: M (rows in the query tile), the offset of
-// row m in q/out and its lse index, n_tiles and tile(t) (its K/V rows and whether it needs a mask), and
-// visible(tile, key column, m).
+// row m in q/out and its lse index, n_tiles and tile(t) (its K/V rows and whether it needs a mask),
+// visible(tile, key column, m), and partial(m) (where a split-K block leaves row m; null o when not split).
 struct TileRows {
   const bf16 *k, *v;  // the tile's first K and V rows
   size_t stride;      // elements between consecutive rows
@@ -200,19 +211,28 @@ struct DFlashFwdParams {
   DFlashAttentionShape s;
 };
 
+// blockIdx.x → work item, longest first (the comment at the top): x = 0 takes the last of n items.
+__device__ __forceinline__ int longest_first(int x, int n) { return n - 1 - x; }
+
+// One query row's split-K partial in scratch: unnormalised output [D] and (row max, row sum) in log2 units.
+struct PartialRow {
+  float *o, *ml;  // null o: the block is not split, it writes out (and lse) itself
+};
+
 template <int BC>
 struct DFlashTiles {
   DFlashFwdParams p;
   int b, g, G, M;
   QueryRows rows;
   BlockKeys keys;
-  __device__ DFlashTiles(const DFlashFwdParams& params, int bx, int by)
-      : p(params), b(bx), g(by), G(params.s.heads / params.s.kv_heads), M(params.s.block * G),
-        rows{bx, by, G, params.s.block, params.s.heads, params.s.head_dim},
-        keys(block_keys(params.s, params.anchors[bx], BC)) {}
+  __device__ DFlashTiles(const DFlashFwdParams& params, int bx, int by, int /*bz: never split*/)
+      : p(params), b(longest_first(bx, params.s.n_blocks)), g(by), G(params.s.heads / params.s.kv_heads),
+        M(params.s.block * G), rows{b, by, G, params.s.block, params.s.heads, params.s.head_dim},
+        keys(block_keys(params.s, params.anchors[b], BC)) {}
   __device__ int n_tiles() const { return keys.n_tiles; }
   __device__ size_t q_offset(int m) const { return rows.offset(m); }
   __device__ size_t stat(int m) const { return rows.stat(m); }
+  __device__ PartialRow partial(int) const { return {nullptr, nullptr}; }
   __device__ TileRows tile(int t) const {
     const KeyTile kt = key_tile(p.s, keys, t, BC);
     const size_t stride = size_t(p.s.kv_heads) * p.s.head_dim;
@@ -227,26 +247,36 @@ struct DFlashTiles {
 };
 
 // Causal attention of the target over a cache: query row i (position past + i) sees keys 0 .. past + i of
-// k, v [past + n, KVH, D]. A thread block takes R consecutive query rows × the G query heads of kv head g.
+// k, v [past + n, KVH, D]. A thread block takes R consecutive query rows × the G query heads of kv head g, and of
+// their key tiles those of split z: [z · tiles_per_split, (z + 1) · tiles_per_split) (all of them unsplit). A split
+// past the block's last key tile has no tiles: its rows write max −∞, sum 0, output 0 (the merge weighs them 0).
 struct CausalParams {
   const bf16 *k, *v;
   int n, past, heads, kv_heads, head_dim, R;
+  int tiles_per_split;      // key tiles per split (splits = gridDim.z)
+  float *part_o, *part_ml;  // [splits, n, heads, D] and [splits, n, heads, 2]; null: one split, no scratch
 };
 
 template <int BC>
 struct CausalTiles {
   CausalParams p;
-  int i0, g, G, M, n_keys;
-  __device__ CausalTiles(const CausalParams& params, int bx, int by)
-      : p(params), i0(bx * params.R), g(by), G(params.heads / params.kv_heads),
-        M(min(params.R, params.n - bx * params.R) * G),
-        n_keys(params.past + min(params.R, params.n - bx * params.R) + bx * params.R) {}
-  __device__ int n_tiles() const { return (n_keys + BC - 1) / BC; }
+  int i0, g, G, M, n_keys, z, first_tile;
+  __device__ CausalTiles(const CausalParams& params, int bx, int by, int bz)
+      : p(params), i0(longest_first(bx, (params.n + params.R - 1) / params.R) * params.R), g(by),
+        G(params.heads / params.kv_heads), M(min(params.R, params.n - i0) * G),
+        n_keys(params.past + min(params.R, params.n - i0) + i0), z(bz), first_tile(bz * params.tiles_per_split) {}
+  __device__ int n_tiles() const { return max(0, min(p.tiles_per_split, (n_keys + BC - 1) / BC - first_tile)); }
   __device__ size_t q_offset(int m) const {
     return (size_t(i0 + m / G) * p.heads + size_t(g) * G + m % G) * size_t(p.head_dim);
   }
   __device__ size_t stat(int m) const { return 0; }
+  __device__ PartialRow partial(int m) const {
+    if (!p.part_o) return {nullptr, nullptr};
+    const size_t r = (size_t(z) * p.n + i0 + m / G) * p.heads + size_t(g) * G + m % G;
+    return {p.part_o + r * p.head_dim, p.part_ml + 2 * r};
+  }
   __device__ TileRows tile(int t) const {
+    t += first_tile;
     KeyTile kt;
     kt.ctx = true;
     kt.start = t * BC;
@@ -273,7 +303,7 @@ __global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Pa
   DFLASH_DYNAMIC_SHARED(uint4, flash_fwd_smem);
   bf16* smem = reinterpret_cast<bf16*>(flash_fwd_smem);
   const SwizzledTile<D> k_s[2] = {{smem}, {smem + BC * D}}, v_s[2] = {{smem + 2 * BC * D}, {smem + 3 * BC * D}};
-  const Tiles<BC> tiles(params, blockIdx.x, blockIdx.y);
+  const Tiles<BC> tiles(params, blockIdx.x, blockIdx.y, blockIdx.z);
   const int M = tiles.M, n_tiles = tiles.n_tiles();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, m0 = warp * 16;
 
@@ -352,9 +382,21 @@ __global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Pa
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
   }
+#pragma unroll  // o[n].reg[2 r] must be a constant index: o stays in registers
   for (int r = 0; r < 2; ++r) {
     const int m = m0 + (lane >> 2) + 8 * r;
     if (m >= M) continue;
+    const PartialRow part = tiles.partial(m);
+    if (part.o) {  // a split: unnormalised, in fp32, with its (max, sum) for the merge
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        *reinterpret_cast<float2*>(part.o + frag_col(n, 2 * r)) = make_float2(o[n].reg[2 * r], o[n].reg[2 * r + 1]);
+      if ((lane & 3) == 0) {
+        part.ml[0] = row_max[r];
+        part.ml[1] = row_sum[r];
+      }
+      continue;
+    }
     const float inv_l = 1.0f / row_sum[r];
     bf16* dst = out + tiles.q_offset(m);
 #pragma unroll
@@ -363,6 +405,32 @@ __global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Pa
           pack_bf16x2_rn(o[n].reg[2 * r] * inv_l, o[n].reg[2 * r + 1] * inv_l);
     if (lse && (lane & 3) == 0) lse[tiles.stat(m)] = (row_max[r] + log2f(row_sum[r])) * kLn2;
   }
+}
+
+// Split-K merge, one warp per (query row, head) r of `rows`: out[r] (=) Σ_z w_z o_z / Σ_z w_z l_z with
+// w_z = 2^(m_z − max_z m_z), the splits taken in order z = 0, 1, …: the same bits whatever the thread order. Split 0
+// holds key 0, which every row sees, so the max is finite; an empty split (m = −∞, l = 0, o = 0) weighs 0.
+template <int D>
+__global__ void attention_split_merge_kernel(bf16* out, const float* part_o, const float* part_ml, int rows,
+                                             int splits) {
+  const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  float m_max = -INFINITY;
+  for (int z = 0; z < splits; ++z) m_max = fmaxf(m_max, part_ml[2 * (size_t(z) * rows + r)]);
+  constexpr int kPerLane = D / kWarp;  // dimensions lane + 32·c
+  float acc[kPerLane], l = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) acc[c] = 0.0f;
+  for (int z = 0; z < splits; ++z) {
+    const size_t zr = size_t(z) * rows + r;
+    const float w = exp2f(part_ml[2 * zr] - m_max);
+    l += w * part_ml[2 * zr + 1];
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) acc[c] += w * part_o[zr * D + lane + kWarp * c];
+  }
+  const float inv_l = 1.0f / l;
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) out[size_t(r) * D + lane + kWarp * c] = __float2bfloat16_rn(acc[c] * inv_l);
 }
 
 // delta = rowsum(dO ⊙ O), one warp per (query row, head).
@@ -382,7 +450,7 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
   DFLASH_DYNAMIC_SHARED(uint4, dflash_dq_smem);
   bf16* smem = reinterpret_cast<bf16*>(dflash_dq_smem);
   const SwizzledTile<D> k_s[2] = {{smem}, {smem + BC * D}}, v_s[2] = {{smem + 2 * BC * D}, {smem + 3 * BC * D}};
-  const DFlashTiles<BC> tiles(params, blockIdx.x, blockIdx.y);
+  const DFlashTiles<BC> tiles(params, blockIdx.x, blockIdx.y, 0);
   const int M = tiles.M, n_tiles = tiles.n_tiles();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, m0 = warp * 16;
 
@@ -654,21 +722,48 @@ void forward_tc(cudaStream_t st, bf16* out, float* lse, const bf16* q, const bf1
       out, lse, q, DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s});
 }
 
-// Query rows per causal thread block: about 128 rows of the query tile (R positions × G heads), at most 512.
-int causal_rows_per_block(int G) { return G >= 128 ? 1 : 128 / G; }
+// Query rows per causal thread block: about 128 rows of the query tile (R positions × G heads), at most 512, and
+// no more positions than there are (a decode step: 1 position, ⌈G / 16⌉ warps, not 8 idle ones).
+int causal_rows_per_block(int G, int n) { return std::min(G >= 128 ? 1 : 128 / G, n); }
+
+// The split-K policy (attention_cached_splits): enough thread blocks for about one per SM of an H100/H200 (132),
+// each split at least kMinSplitTiles key tiles (so that its K/V streaming, double-buffered, outweighs writing and
+// merging its D + 2 floats per row), at most kMaxSplits.
+constexpr int kSplitTargetBlocks = 132;
+constexpr int kMinSplitTiles = 4;
+constexpr int kMaxSplits = 64;
+
+// Key tiles of the longest query tile (its last row sees past + n keys), and the tiles per split for `splits`.
+int causal_key_tiles(int n, int past, int D) { return (past + n + key_tile_for(D) - 1) / key_tile_for(D); }
+int tiles_per_split(int n, int past, int D, int splits) {
+  const int tiles = causal_key_tiles(n, past, D);
+  return (tiles + splits - 1) / splits;
+}
 
 template <int D>
 void causal_tc(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const bf16* v, int n, int past, int NH,
-               int KVH) {
+               int KVH, int splits, float* scratch) {
   constexpr int BC = key_tile_for(D);
-  const int G = NH / KVH, R = causal_rows_per_block(G);
+  const int G = NH / KVH, R = causal_rows_per_block(G, n);
   const int warps = (R * G + 15) / 16;
   const size_t smem = key_stream_smem(D);
   auto* kernel = &flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>;
   allow_smem(kernel, smem);
-  DFLASH_LAUNCH(dim3(unsigned((n + R - 1) / R), unsigned(KVH)), warps * kWarp, smem, st,
-                flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>)(
-      out, nullptr, q, CausalParams{k, v, n, past, NH, KVH, D, R});
+  // splits covering the longest query tile's key tiles with none empty there (e.g. 7 tiles asked in 4: 2 a split)
+  const int per_split = tiles_per_split(n, past, D, splits);
+  splits = (causal_key_tiles(n, past, D) + per_split - 1) / per_split;
+  CausalParams params{k, v, n, past, NH, KVH, D, R, per_split, nullptr, nullptr};
+  if (splits > 1) {
+    params.part_o = scratch;
+    params.part_ml = scratch + size_t(splits) * n * NH * D;
+  }
+  DFLASH_LAUNCH(dim3(unsigned((n + R - 1) / R), unsigned(KVH), unsigned(splits)), warps * kWarp, smem, st,
+                flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>)(out, nullptr, q, params);
+  if (splits == 1) return;
+  constexpr int kMergeWarps = 8;
+  const int rows = n * NH;
+  DFLASH_LAUNCH(unsigned((rows + kMergeWarps - 1) / kMergeWarps), kMergeWarps * kWarp, 0, st,
+                attention_split_merge_kernel<D>)(out, params.part_o, params.part_ml, rows, splits);
 }
 
 template <int D>
@@ -716,13 +811,34 @@ bool attention_causal_tc_supports(int q_heads, int kv_heads, int head_dim, std::
   return true;
 }
 
+int attention_cached_splits(int n, int past, int q_heads, int kv_heads, int head_dim) {
+  if (n <= 0 || past < 0 || !attention_causal_tc_supports(q_heads, kv_heads, head_dim, {})) return 1;
+  const int R = causal_rows_per_block(q_heads / kv_heads, n);
+  const long long blocks = (long long)((n + R - 1) / R) * kv_heads;
+  const long long by_sms = (kSplitTargetBlocks + blocks - 1) / blocks;  // 1 once the unsplit grid fills the GPU
+  const long long by_keys = causal_key_tiles(n, past, head_dim) / kMinSplitTiles;
+  const int asked = int(std::max(1LL, std::min({by_sms, by_keys, (long long)kMaxSplits})));
+  // as the launcher cuts them: equal whole-tile ranges (33 asked of 256 tiles: 8 a split, 32 splits)
+  const int per_split = tiles_per_split(n, past, head_dim, asked);
+  return (causal_key_tiles(n, past, head_dim) + per_split - 1) / per_split;
+}
+
+size_t attention_cached_split_scratch_floats(int n, int q_heads, int head_dim, int splits) {
+  if (splits <= 1 || n <= 0 || q_heads <= 0) return 0;
+  return size_t(splits) * size_t(n) * size_t(q_heads) * (size_t(head_dim) + 2);
+}
+
 void launch_attention_cached_forward_tc(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const bf16* v,
-                                        int n, int past, int q_heads, int kv_heads, int head_dim) {
+                                        int n, int past, int q_heads, int kv_heads, int head_dim, int splits,
+                                        float* scratch) {
   if (n <= 0 || q_heads <= 0) return;
+  if (splits > 1 && !scratch)
+    cuda_fail("launch_attention_cached_forward_tc", __FILE__, __LINE__, "split-K needs its scratch");
+  splits = std::max(1, std::min(splits, causal_key_tiles(n, past, head_dim)));
   switch (head_dim) {
-    case 64: return causal_tc<64>(st, out, q, k, v, n, past, q_heads, kv_heads);
-    case 128: return causal_tc<128>(st, out, q, k, v, n, past, q_heads, kv_heads);
-    case 256: return causal_tc<256>(st, out, q, k, v, n, past, q_heads, kv_heads);
+    case 64: return causal_tc<64>(st, out, q, k, v, n, past, q_heads, kv_heads, splits, scratch);
+    case 128: return causal_tc<128>(st, out, q, k, v, n, past, q_heads, kv_heads, splits, scratch);
+    case 256: return causal_tc<256>(st, out, q, k, v, n, past, q_heads, kv_heads, splits, scratch);
     default: cuda_fail("launch_attention_cached_forward_tc", __FILE__, __LINE__, "head_dim must be 64, 128 or 256");
   }
 }

@@ -185,7 +185,24 @@ class CudaBackend final : public Backend<T> {
                         int dim) override {
     const size_t bytes = dw ? sizeof(float) * size_t(cuda::rmsnorm_dw_chunks(rows)) * size_t(dim) : 0;
     Scratch partials(ctx, scratch_, scratch_mutex_, bytes > 0 ? bytes : 1);
-    on_device(cuda::launch_rmsnorm_backward<D>, stream_of(ctx), dx, dw, dy, x, w, rstd, rows, dim, partials.as<float>());
+    on_device(cuda::launch_rmsnorm_backward<D>, stream_of(ctx), dx, dw, dy, x, w, rstd, rows, dim,
+              partials.as<float>());
+  }
+  void head_norm_rope_forward(ExecContext& ctx, T* y, A* rstd, const T* x, const T* w, const int32_t* pos, int rows,
+                              int heads, int head_dim, double eps, double theta) override {
+    check_norm_rope_head_dim(head_dim);
+    on_device(cuda::launch_head_norm_rope_forward<D>, stream_of(ctx), y, rstd, x, w, pos, rows, heads, head_dim,
+              float(eps), theta);
+  }
+  void head_norm_rope_backward(ExecContext& ctx, T* dx, A* dw, const T* dy, const T* x, const T* w, const A* rstd,
+                               const int32_t* pos, int rows, int heads, int head_dim, double theta) override {
+    check_norm_rope_head_dim(head_dim);
+    const size_t bytes =
+        dw ? sizeof(float) * size_t(cuda::head_norm_rope_dw_chunks(rows, heads)) * size_t(head_dim) : 0;
+    Scratch partials(ctx, scratch_, scratch_mutex_, bytes > 0 ? bytes : 1);
+    on_device(cuda::launch_head_norm_rope_backward<D>, stream_of(ctx), dx, dw, dy, x, w, rstd, pos, rows, heads,
+              head_dim, theta,
+                                         partials.as<float>());
   }
   void rope_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                     double theta) override {
@@ -220,7 +237,8 @@ class CudaBackend final : public Backend<T> {
                                 const T* k_blk, const T* v_blk, const int32_t* anchors,
                                 const DFlashAttentionShape& shape) override {
     check_head_dim(shape.head_dim);
-    on_device(cuda::launch_dflash_attention_forward<D>, stream_of(ctx), out, lse, q, k_ctx, v_ctx, k_blk, v_blk, anchors, shape);
+    on_device(cuda::launch_dflash_attention_forward<D>, stream_of(ctx), out, lse, q, k_ctx, v_ctx, k_blk, v_blk,
+              anchors, shape);
   }
   void dflash_attention_backward(ExecContext& ctx, T* dq, T* dk_ctx, T* dv_ctx, T* dk_blk, T* dv_blk, const T* dout,
                                  const T* out, const A* lse, const T* q, const T* k_ctx, const T* v_ctx,
@@ -229,7 +247,8 @@ class CudaBackend final : public Backend<T> {
     check_head_dim(shape.head_dim);
     const size_t queries = size_t(shape.n_blocks) * shape.block * shape.heads;
     Scratch delta(ctx, scratch_, scratch_mutex_, sizeof(float) * (queries > 0 ? queries : 1));
-    on_device(cuda::launch_dflash_attention_backward<D>, stream_of(ctx), dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q,
+    on_device(cuda::launch_dflash_attention_backward<D>, stream_of(ctx), dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout,
+              out, lse, q,
                                            k_ctx, v_ctx, k_blk, v_blk, anchors, shape, delta.as<float>());
   }
   void attention_causal_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int S, int q_heads,
@@ -241,7 +260,17 @@ class CudaBackend final : public Backend<T> {
   void attention_cached_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int n, int past,
                                 int q_heads, int kv_heads, int head_dim) override {
     check_head_dim(head_dim);
-    on_device(cuda::launch_attention_cached_forward<D>, stream_of(ctx), out, q, k, v, n, past, q_heads, kv_heads, head_dim);
+    // bf16 decode / verify over a long cache: split-K on tensor cores, its partials in scratch (the context's
+    // arena, else the backend's buffer, which grows only when a larger split is first seen)
+    const int splits =
+        std::is_same_v<T, bf16> ? cuda::attention_cached_splits(n, past, q_heads, kv_heads, head_dim) : 1;
+    if (splits == 1)
+      return on_device(cuda::launch_attention_cached_forward<D>, stream_of(ctx), out, q, k, v, n, past, q_heads,
+                       kv_heads, head_dim, 1, static_cast<float*>(nullptr));
+    const size_t floats = cuda::attention_cached_split_scratch_floats(n, q_heads, head_dim, splits);
+    Scratch partials(ctx, scratch_, scratch_mutex_, sizeof(float) * floats);
+    on_device(cuda::launch_attention_cached_forward<D>, stream_of(ctx), out, q, k, v, n, past, q_heads, kv_heads,
+              head_dim, splits, partials.as<float>());
   }
   // Tree verification runs in dflash_eval's host-side loop on the CPU backend: no device kernel (yet).
   bool supports(Feature f) const override { return f != Feature::tree_attention; }
@@ -275,7 +304,8 @@ class CudaBackend final : public Backend<T> {
                  "CUDA gated delta rule: key head dim {} (supported 1..{}), {} value heads over {} key heads (must "
                  "be a multiple)",
                  dk, cuda::kMaxDeltaKeyDim, v_heads, k_heads);
-    on_device(cuda::launch_gated_delta_rule<D>, stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+    on_device(cuda::launch_gated_delta_rule<D>, stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads, v_heads, dk,
+              dv);
   }
   void gated_rmsnorm_forward(ExecContext& ctx, T* y, const T* x, const T* z, const T* w, int rows, int dim,
                              double eps) override {
@@ -288,11 +318,13 @@ class CudaBackend final : public Backend<T> {
   void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,
                             const A* weights, double tau, int top_k, VocabLossRow* rows,
                             VocabLossRowValues* values) override {
-    on_device(cuda::launch_vocab_loss_row_stats<D>, stream_of(ctx), z, u, n, V, labels, weights, tau, top_k, rows, values);
+    on_device(cuda::launch_vocab_loss_row_stats<D>, stream_of(ctx), z, u, n, V, labels, weights, tau, top_k, rows,
+              values);
   }
   void vocab_loss_row_grad(ExecContext& ctx, T* z, const T* u, int n, int V, const int32_t* labels, const A* weights,
                            const VocabLossRow* rows, double grad_scale, const VocabLossCoeffs& coeffs) override {
-    on_device(cuda::launch_vocab_loss_row_grad<D>, stream_of(ctx), z, u, n, V, labels, weights, rows, grad_scale, coeffs);
+    on_device(cuda::launch_vocab_loss_row_grad<D>, stream_of(ctx), z, u, n, V, labels, weights, rows, grad_scale,
+              coeffs);
   }
 
   void adamw_step(ExecContext& ctx, float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
@@ -313,6 +345,11 @@ class CudaBackend final : public Backend<T> {
   }
 
  private:
+  static void check_norm_rope_head_dim(int head_dim) {
+    DFLASH_CHECK(head_dim >= 2 && head_dim <= cuda::kMaxNormRopeHeadDim && head_dim % 2 == 0,
+                 "CUDA head norm + RoPE: head_dim {} must be even, 2..{} (each lane holds 4 rotate-half pairs)",
+                 head_dim, cuda::kMaxNormRopeHeadDim);
+  }
   static void check_head_dim(int head_dim) {
     DFLASH_CHECK(head_dim >= 1 && head_dim <= cuda::kMaxHeadDim,
                  "CUDA attention: head_dim {} is outside what the warp-per-query kernels support (1..{})", head_dim,

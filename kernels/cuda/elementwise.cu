@@ -1,10 +1,13 @@
 // Elementwise and row-copy kernels: gather/scatter rows (also the embedding gather), SwiGLU, residual, accumulate,
 // scale, the attention's sigmoid output gate, the conversions to T from fp32 and back (contiguous, or a row block
-// into strided columns). Grid-stride loops, arithmetic in float. Simple over fast: no vectorised loads.
+// into strided columns). Grid-stride loops, arithmetic in float. The kernels that stream large arrays (SwiGLU,
+// residual, accumulate, scale, the conversions) move 16 bytes a thread per access where the pointers allow
+// (pack16.cuh); the row copies and the gate stay scalar.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/norm_math.h"
+#include "kernels/cuda/pack16.cuh"
 #include "kernels/cuda/target_math.h"
 
 namespace dflash::kernels::cuda {
@@ -37,20 +40,48 @@ __global__ void scale_rows_kernel(T* x, const float* weight, int dim) {
   for (int d = threadIdx.x; d < dim; d += blockDim.x) x[i * dim + d] = from_f<T>(to_f(x[i * dim + d]) * w);
 }
 
+__device__ __forceinline__ size_t grid_first() { return blockIdx.x * size_t(blockDim.x) + threadIdx.x; }
+__device__ __forceinline__ size_t grid_stride() { return size_t(gridDim.x) * blockDim.x; }
+
+// The streaming kernels below: packs of W = kPack<T> elements (16 bytes of T) per access when every pointer is
+// pack-aligned, then the scalar tail (all of it when one is not); `op` is the one per-element formula of both loops.
+// Outputs may alias inputs: a thread reads a pack before it writes the same pack.
 template <typename T>
 __global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    h[i] = from_f<T>(cuda_math::swiglu(to_f(gate[i]), to_f(up[i])));
+  constexpr int W = kPack<T>;
+  auto op = [](T g, T u) { return from_f<T>(cuda_math::swiglu(to_f(g), to_f(u))); };
+  const size_t packs = pack_aligned<T, W>(h) && pack_aligned<T, W>(gate) && pack_aligned<T, W>(up) ? n / W : 0;
+  for (size_t j = grid_first(); j < packs; j += grid_stride()) {
+    const Pack<T, W> g = load_pack<W>(gate, j), u = load_pack<W>(up, j);
+    Pack<T, W> o;
+#pragma unroll
+    for (int e = 0; e < W; ++e) o.v[e] = op(g.v[e], u.v[e]);
+    store_pack<W>(h, j, o);
+  }
+  for (size_t i = packs * W + grid_first(); i < n; i += grid_stride()) h[i] = op(gate[i], up[i]);
 }
 
 template <typename T>
 __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float dg, du;
-    cuda_math::swiglu_grad(to_f(dh[i]), to_f(gate[i]), to_f(up[i]), dg, du);
-    dgate[i] = from_f<T>(to_f(dgate[i]) + dg);
-    dup[i] = from_f<T>(to_f(dup[i]) + du);
+  constexpr int W = kPack<T>;
+  auto op = [](T dh_, T g, T u, T& dg, T& du) {
+    float fg, fu;
+    cuda_math::swiglu_grad(to_f(dh_), to_f(g), to_f(u), fg, fu);
+    dg = from_f<T>(to_f(dg) + fg);
+    du = from_f<T>(to_f(du) + fu);
+  };
+  const bool vec = pack_aligned<T, W>(dgate) && pack_aligned<T, W>(dup) && pack_aligned<T, W>(dh) &&
+                   pack_aligned<T, W>(gate) && pack_aligned<T, W>(up);
+  const size_t packs = vec ? n / W : 0;
+  for (size_t j = grid_first(); j < packs; j += grid_stride()) {
+    const Pack<T, W> d = load_pack<W>(dh, j), g = load_pack<W>(gate, j), u = load_pack<W>(up, j);
+    Pack<T, W> dg = load_pack<W>(dgate, j), du = load_pack<W>(dup, j);
+#pragma unroll
+    for (int e = 0; e < W; ++e) op(d.v[e], g.v[e], u.v[e], dg.v[e], du.v[e]);
+    store_pack<W>(dgate, j, dg);
+    store_pack<W>(dup, j, du);
   }
+  for (size_t i = packs * W + grid_first(); i < n; i += grid_stride()) op(dh[i], gate[i], up[i], dgate[i], dup[i]);
 }
 
 template <typename T>
@@ -61,32 +92,75 @@ __global__ void sigmoid_gate_kernel(T* x, const T* gate, size_t n) {
 
 template <typename T>
 __global__ void residual_kernel(T* out, const T* a, const T* b, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+  constexpr int W = kPack<T>;
+  auto op = [](T x, T y) { return from_f<T>(to_f(x) + to_f(y)); };
+  const size_t packs = pack_aligned<T, W>(out) && pack_aligned<T, W>(a) && pack_aligned<T, W>(b) ? n / W : 0;
+  for (size_t j = grid_first(); j < packs; j += grid_stride()) {
+    const Pack<T, W> pa = load_pack<W>(a, j), pb = load_pack<W>(b, j);
+    Pack<T, W> o;
+#pragma unroll
+    for (int e = 0; e < W; ++e) o.v[e] = op(pa.v[e], pb.v[e]);
+    store_pack<W>(out, j, o);
+  }
+  for (size_t i = packs * W + grid_first(); i < n; i += grid_stride()) out[i] = op(a[i], b[i]);
 }
 
 template <typename T>
 __global__ void accumulate_kernel(T* y, const T* x, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    y[i] = from_f<T>(to_f(y[i]) + to_f(x[i]));
+  constexpr int W = kPack<T>;
+  auto op = [](T a, T b) { return from_f<T>(to_f(a) + to_f(b)); };
+  const size_t packs = pack_aligned<T, W>(y) && pack_aligned<T, W>(x) ? n / W : 0;
+  for (size_t j = grid_first(); j < packs; j += grid_stride()) {
+    const Pack<T, W> px = load_pack<W>(x, j);
+    Pack<T, W> py = load_pack<W>(y, j);
+#pragma unroll
+    for (int e = 0; e < W; ++e) py.v[e] = op(py.v[e], px.v[e]);
+    store_pack<W>(y, j, py);
+  }
+  for (size_t i = packs * W + grid_first(); i < n; i += grid_stride()) y[i] = op(y[i], x[i]);
 }
 
 template <typename T>
 __global__ void scale_kernel(T* x, float s, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    x[i] = from_f<T>(to_f(x[i]) * s);
+  constexpr int W = kPack<T>;
+  auto op = [s](T a) { return from_f<T>(to_f(a) * s); };
+  const size_t packs = pack_aligned<T, W>(x) ? n / W : 0;
+  for (size_t j = grid_first(); j < packs; j += grid_stride()) {
+    Pack<T, W> p = load_pack<W>(x, j);
+#pragma unroll
+    for (int e = 0; e < W; ++e) p.v[e] = op(p.v[e]);
+    store_pack<W>(x, j, p);
+  }
+  for (size_t i = packs * W + grid_first(); i < n; i += grid_stride()) x[i] = op(x[i]);
 }
 
+// The conversions move W = kPack<T> elements a thread: 16 bytes of T and 4·W bytes of float.
 template <typename T>
 __global__ void convert_from_float_kernel(T* dst, const float* src, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] = from_f<T>(src[i]);
+  constexpr int W = kPack<T>;
+  const size_t packs = pack_aligned<T, W>(dst) && pack_aligned<float, W>(src) ? n / W : 0;
+  for (size_t j = grid_first(); j < packs; j += grid_stride()) {
+    const Pack<float, W> p = load_pack<W>(src, j);
+    Pack<T, W> o;
+#pragma unroll
+    for (int e = 0; e < W; ++e) o.v[e] = from_f<T>(p.v[e]);
+    store_pack<W>(dst, j, o);
+  }
+  for (size_t i = packs * W + grid_first(); i < n; i += grid_stride()) dst[i] = from_f<T>(src[i]);
 }
 
 template <typename T>
 __global__ void convert_to_float_kernel(float* dst, const T* src, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] = to_f(src[i]);
+  constexpr int W = kPack<T>;
+  const size_t packs = pack_aligned<float, W>(dst) && pack_aligned<T, W>(src) ? n / W : 0;
+  for (size_t j = grid_first(); j < packs; j += grid_stride()) {
+    const Pack<T, W> p = load_pack<W>(src, j);
+    Pack<float, W> o;
+#pragma unroll
+    for (int e = 0; e < W; ++e) o.v[e] = to_f(p.v[e]);
+    store_pack<W>(dst, j, o);
+  }
+  for (size_t i = packs * W + grid_first(); i < n; i += grid_stride()) dst[i] = to_f(src[i]);
 }
 
 // One block per row.
@@ -101,6 +175,9 @@ __global__ void scale_matrix_kernel(T* c, int cols, int ld, float beta) {
   T* row = c + size_t(blockIdx.x) * ld;
   for (int j = threadIdx.x; j < cols; j += blockDim.x) row[j] = beta == 0.0f ? from_f<T>(0.0f) : from_f<T>(to_f(row[j]) * beta);
 }
+
+// Threads a grid-stride loop over n elements in packs of w needs (one per pack).
+size_t packed(size_t n, int w) { return (n + size_t(w) - 1) / size_t(w); }
 
 }  // namespace
 
@@ -128,12 +205,12 @@ void launch_scale_rows(cudaStream_t st, T* x, const float* weight, int n, int di
 template <typename T>
 void launch_swiglu_forward(cudaStream_t st, T* h, const T* gate, const T* up, size_t n) {
   if (!n) return;
-  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, swiglu_forward_kernel<T>)(h, gate, up, n);
+  DFLASH_LAUNCH(grid_for(packed(n, kPack<T>)), kThreads, 0, st, swiglu_forward_kernel<T>)(h, gate, up, n);
 }
 template <typename T>
 void launch_swiglu_backward(cudaStream_t st, T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n) {
   if (!n) return;
-  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, swiglu_backward_kernel<T>)(dgate, dup, dh, gate, up, n);
+  DFLASH_LAUNCH(grid_for(packed(n, kPack<T>)), kThreads, 0, st, swiglu_backward_kernel<T>)(dgate, dup, dh, gate, up, n);
 }
 template <typename T>
 void launch_sigmoid_gate(cudaStream_t st, T* x, const T* gate, size_t n) {
@@ -143,27 +220,27 @@ void launch_sigmoid_gate(cudaStream_t st, T* x, const T* gate, size_t n) {
 template <typename T>
 void launch_residual(cudaStream_t st, T* out, const T* a, const T* b, size_t n) {
   if (!n) return;
-  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, residual_kernel<T>)(out, a, b, n);
+  DFLASH_LAUNCH(grid_for(packed(n, kPack<T>)), kThreads, 0, st, residual_kernel<T>)(out, a, b, n);
 }
 template <typename T>
 void launch_accumulate(cudaStream_t st, T* y, const T* x, size_t n) {
   if (!n) return;
-  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, accumulate_kernel<T>)(y, x, n);
+  DFLASH_LAUNCH(grid_for(packed(n, kPack<T>)), kThreads, 0, st, accumulate_kernel<T>)(y, x, n);
 }
 template <typename T>
 void launch_scale(cudaStream_t st, T* x, float s, size_t n) {
   if (!n) return;
-  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, scale_kernel<T>)(x, s, n);
+  DFLASH_LAUNCH(grid_for(packed(n, kPack<T>)), kThreads, 0, st, scale_kernel<T>)(x, s, n);
 }
 template <typename T>
 void launch_convert_from_float(cudaStream_t st, T* dst, const float* src, size_t n) {
   if (!n) return;
-  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, convert_from_float_kernel<T>)(dst, src, n);
+  DFLASH_LAUNCH(grid_for(packed(n, kPack<T>)), kThreads, 0, st, convert_from_float_kernel<T>)(dst, src, n);
 }
 template <typename T>
 void launch_convert_to_float(cudaStream_t st, float* dst, const T* src, size_t n) {
   if (!n) return;
-  DFLASH_LAUNCH(grid_for(n), kThreads, 0, st, convert_to_float_kernel<T>)(dst, src, n);
+  DFLASH_LAUNCH(grid_for(packed(n, kPack<T>)), kThreads, 0, st, convert_to_float_kernel<T>)(dst, src, n);
 }
 template <typename T>
 void launch_convert_to_float_strided(cudaStream_t st, float* dst, int ld_dst, const T* src, int ld_src, int rows,

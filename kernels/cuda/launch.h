@@ -73,6 +73,19 @@ void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, con
 template <typename T>
 void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                  double theta, bool backward);
+// Fused per-head RMSNorm + RoPE (head_norm_rope_forward/backward of kernels/backend.h): one warp per group of
+// consecutive (row, head) items, each lane holding its rotate-half pairs (i, i + head_dim/2) in registers.
+constexpr int kMaxNormRopeHeadDim = 256;  // even head_dim up to this: 4 pairs per lane
+template <typename T>
+void launch_head_norm_rope_forward(cudaStream_t st, T* y, float* rstd, const T* x, const T* w, const int32_t* pos,
+                                   int rows, int heads, int head_dim, float eps, double theta);
+// partials: device scratch of head_norm_rope_dw_chunks(rows, heads) · head_dim floats (used only when dw is
+// non-null): one row of dw partial sums per warp, summed in a fixed order afterwards.
+int head_norm_rope_dw_chunks(int rows, int heads);
+template <typename T>
+void launch_head_norm_rope_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
+                                    const float* rstd, const int32_t* pos, int rows, int heads, int head_dim,
+                                    double theta, float* partials);
 // y (=) partial RoPE of x over the first rot_dim dims of each head (the rest copied when y ≠ x).
 template <typename T>
 void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
@@ -117,18 +130,29 @@ void launch_dflash_attention_backward_tc(cudaStream_t st, bf16* dq, bf16* dk_ctx
 template <typename T>
 void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int S,
                                      int q_heads, int kv_heads, int head_dim);
-// query row i at position past + i sees keys 0 .. past + i of k, v [past + n, KVH, D]
+// query row i at position past + i sees keys 0 .. past + i of k, v [past + n, KVH, D]. splits > 1 (split-K over
+// the keys, tensor cores only; the CUDA-core kernel ignores it) needs `scratch`: device memory of
+// attention_cached_split_scratch_floats(n, q_heads, head_dim, splits) floats, used only by this call's kernels.
 template <typename T>
 void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n, int past,
-                                     int q_heads, int kv_heads, int head_dim);
+                                     int q_heads, int kv_heads, int head_dim, int splits = 1,
+                                     float* scratch = nullptr);
 // The same on the CUDA-core kernel always; and on tensor cores (bf16: head_dim 64, 128 or 256, q_heads a multiple of
 // kv_heads, every tensor 16-byte aligned), which the launcher above takes for bf16 when it can.
 template <typename T>
 void launch_attention_cached_forward_cores(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n,
                                            int past, int q_heads, int kv_heads, int head_dim);
 bool attention_causal_tc_supports(int q_heads, int kv_heads, int head_dim, std::initializer_list<const void*> tensors);
+// Split-K of the tensor-core cached attention (flash-decoding): the number of key splits for a shape, a pure
+// function of it (1: unsplit; prefill and short caches; the launcher uses exactly these), and the scratch they
+// take (0 for splits ≤ 1): a partial output [splits, n, q_heads, head_dim] and (max, sum) [splits, n, q_heads, 2],
+// in floats. Asked for other splits, the launcher may use fewer (whole-tile ranges of equal length, never an
+// empty one for the longest query tile), never more.
+int attention_cached_splits(int n, int past, int q_heads, int kv_heads, int head_dim);
+size_t attention_cached_split_scratch_floats(int n, int q_heads, int head_dim, int splits);
 void launch_attention_cached_forward_tc(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const bf16* v,
-                                        int n, int past, int q_heads, int kv_heads, int head_dim);
+                                        int n, int past, int q_heads, int kv_heads, int head_dim, int splits = 1,
+                                        float* scratch = nullptr);
 
 // ---- deltanet.cu (Gated DeltaNet, forward only) ----
 // tail: [K−1, C] carried inputs (null: zeros, nothing kept), updated after the conv.

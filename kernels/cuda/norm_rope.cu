@@ -4,6 +4,8 @@
 // norms, small hidden sizes) one warp per row, 8 rows a block, the Σ in a fixed xor-shuffle tree: a 256-thread block
 // on a 128-wide row leaves half its threads idle at every barrier. dw without atomics: per-chunk column partials,
 // then a fixed sum over chunks (deterministic). RoPE: one thread per (row, pair), angles in double as on the CPU.
+// Fused per-head RMSNorm + RoPE (the q/k norms of attention): one warp per few (row, head) items, the head in
+// registers, one read and one write of it (below).
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
@@ -123,6 +125,158 @@ __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int rows, int 
   }
 }
 
+// ---- fused per-head RMSNorm + RoPE ----
+// One warp per run of consecutive (row, head) items: lane l holds the pairs (i, i + D/2) for i = l + 32k < D/2,
+// so the rotation never leaves its registers, and each lane works out the cos/sin of its pairs once per row (not
+// per head: the angles in double cost more than the head's memory traffic). Lane l sums its lower elements, then
+// its upper ones: for D a multiple of 64 that is the order l, l + 32, … of the warp RMSNorm kernel above, so the
+// Σ x² (and rstd) are the two-op path's bits.
+constexpr int kPairsPerLane = kMaxNormRopeHeadDim / 2 / kWarp;
+constexpr int kNormRopeMaxChunks = 4096;  // dw partial rows at most (4 MiB at D = 256)
+constexpr int kNormRopeHeadsPerWarp = 8;   // a warp's items without dw: up to 8 heads of one row
+
+// cos/sin of the lane's pairs at position p; (1, 0) past the pairs.
+__device__ void lane_cos_sin(int p, int lane, int half, int head_dim, double theta, float (&c)[kPairsPerLane],
+                             float (&s)[kPairsPerLane]) {
+#pragma unroll
+  for (int k = 0; k < kPairsPerLane; ++k) {
+    const int i = lane + k * kWarp;
+    c[k] = 1.0f;
+    s[k] = 0.0f;
+    if (i < half) cuda_math::rope_cos_sin(p, i, head_dim, theta, c[k], s[k]);
+  }
+}
+
+// y (=) rope(rmsnorm(x)) for items [warp·per_warp, +per_warp); rstd[item] (=). y may alias x: a lane writes only
+// the elements it read, after the warp's Σ.
+template <typename T>
+__global__ void head_norm_rope_forward_kernel(T* y, float* rstd, const T* x, const T* w, const int32_t* pos,
+                                              int items, int heads, int head_dim, int per_warp, float eps,
+                                              double theta) {
+  const int warp = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int first = warp * per_warp;
+  if (first >= items) return;  // whole warps: no block barriers below
+  const int last = first + per_warp < items ? first + per_warp : items;
+  const int half = head_dim / 2;
+  float wa[kPairsPerLane], wb[kPairsPerLane], c[kPairsPerLane], s[kPairsPerLane];
+#pragma unroll
+  for (int k = 0; k < kPairsPerLane; ++k) {
+    const int i = lane + k * kWarp;
+    wa[k] = i < half ? to_f(w[i]) : 0.0f;
+    wb[k] = i < half ? to_f(w[half + i]) : 0.0f;
+  }
+  int row = -1;
+  for (int item = first; item < last; ++item) {
+    if (item / heads != row) {  // warp-uniform
+      row = item / heads;
+      lane_cos_sin(pos[row], lane, half, head_dim, theta, c, s);
+    }
+    const size_t base = size_t(item) * head_dim;
+    float a[kPairsPerLane], b[kPairsPerLane];
+    float ss = 0;
+#pragma unroll
+    for (int k = 0; k < kPairsPerLane; ++k) {
+      const int i = lane + k * kWarp;
+      a[k] = i < half ? to_f(x[base + i]) : 0.0f;
+      ss += a[k] * a[k];
+    }
+#pragma unroll
+    for (int k = 0; k < kPairsPerLane; ++k) {
+      const int i = lane + k * kWarp;
+      b[k] = i < half ? to_f(x[base + half + i]) : 0.0f;
+      ss += b[k] * b[k];
+    }
+    const float sr = cuda_math::rmsnorm_rstd(warp_sum(ss), head_dim, eps);
+    if (lane == 0) rstd[item] = sr;
+#pragma unroll
+    for (int k = 0; k < kPairsPerLane; ++k) {
+      const int i = lane + k * kWarp;
+      if (i >= half) continue;
+      float ya, yb;
+      cuda_math::rope_rotate(cuda_math::rmsnorm_y(a[k], sr, wa[k]), cuda_math::rmsnorm_y(b[k], sr, wb[k]), c[k], s[k],
+                             ya, yb);
+      y[base + i] = from_f<T>(ya);  // one rounding to T: the normed value stays in float
+      y[base + half + i] = from_f<T>(yb);
+    }
+  }
+}
+
+// dx (+=) rmsnorm_backward(Rᵀ dy) for the warp's items; partials[warp, :] (=) the warp's Σ of dw terms, items in
+// order (when partials is non-null).
+template <typename T>
+__global__ void head_norm_rope_backward_kernel(T* dx, float* partials, const T* dy, const T* x, const T* w,
+                                               const float* rstd, const int32_t* pos, int items, int heads,
+                                               int head_dim, int per_warp, double theta) {
+  const int warp = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int first = warp * per_warp;
+  if (first >= items) return;
+  const int last = first + per_warp < items ? first + per_warp : items;
+  const int half = head_dim / 2;
+  float wa[kPairsPerLane], wb[kPairsPerLane], c[kPairsPerLane], s[kPairsPerLane];
+  float dwa[kPairsPerLane], dwb[kPairsPerLane];
+#pragma unroll
+  for (int k = 0; k < kPairsPerLane; ++k) {
+    const int i = lane + k * kWarp;
+    wa[k] = i < half ? to_f(w[i]) : 0.0f;
+    wb[k] = i < half ? to_f(w[half + i]) : 0.0f;
+    dwa[k] = dwb[k] = 0.0f;
+  }
+  int row = -1;
+  for (int item = first; item < last; ++item) {
+    if (item / heads != row) {
+      row = item / heads;
+      lane_cos_sin(pos[row], lane, half, head_dim, theta, c, s);
+    }
+    const size_t base = size_t(item) * head_dim;
+    const float sr = rstd[item];
+    float ga[kPairsPerLane], gb[kPairsPerLane], xa[kPairsPerLane], xb[kPairsPerLane];
+#pragma unroll
+    for (int k = 0; k < kPairsPerLane; ++k) {
+      const int i = lane + k * kWarp;
+      ga[k] = gb[k] = xa[k] = xb[k] = 0.0f;
+      if (i >= half) continue;
+      // Rᵀ = rotation by −angle
+      cuda_math::rope_rotate(to_f(dy[base + i]), to_f(dy[base + half + i]), c[k], -s[k], ga[k], gb[k]);
+      xa[k] = to_f(x[base + i]);
+      xb[k] = to_f(x[base + half + i]);
+    }
+    float dot = 0;  // lower elements, then upper: the warp RMSNorm kernel's order for D a multiple of 64
+#pragma unroll
+    for (int k = 0; k < kPairsPerLane; ++k) dot += cuda_math::rmsnorm_gn(ga[k], wa[k], xa[k], sr);
+#pragma unroll
+    for (int k = 0; k < kPairsPerLane; ++k) dot += cuda_math::rmsnorm_gn(gb[k], wb[k], xb[k], sr);
+    const float mean_gn = warp_sum(dot) / float(head_dim);
+#pragma unroll
+    for (int k = 0; k < kPairsPerLane; ++k) {
+      const int i = lane + k * kWarp;
+      if (i >= half) continue;
+      dx[base + i] = from_f<T>(to_f(dx[base + i]) + cuda_math::rmsnorm_dx(ga[k], wa[k], xa[k], sr, mean_gn));
+      dx[base + half + i] =
+          from_f<T>(to_f(dx[base + half + i]) + cuda_math::rmsnorm_dx(gb[k], wb[k], xb[k], sr, mean_gn));
+      dwa[k] += cuda_math::rmsnorm_dw_term(ga[k], xa[k], sr);
+      dwb[k] += cuda_math::rmsnorm_dw_term(gb[k], xb[k], sr);
+    }
+  }
+  if (!partials) return;
+#pragma unroll
+  for (int k = 0; k < kPairsPerLane; ++k) {
+    const int i = lane + k * kWarp;
+    if (i >= half) continue;
+    partials[size_t(warp) * head_dim + i] = dwa[k];
+    partials[size_t(warp) * head_dim + half + i] = dwb[k];
+  }
+}
+
+// Items a warp takes: up to 8 heads of a row (so the cos/sin are shared), more when dw needs its partial rows
+// capped at kNormRopeMaxChunks.
+int norm_rope_items_per_warp(int rows, int heads, bool dw) {
+  const long long items = (long long)rows * heads;
+  long long per = heads < kNormRopeHeadsPerWarp ? heads : kNormRopeHeadsPerWarp;
+  if (per < 1) per = 1;
+  if (dw && (items + per - 1) / per > kNormRopeMaxChunks) per = (items + kNormRopeMaxChunks - 1) / kNormRopeMaxChunks;
+  return int(per);
+}
+
 // Partial RoPE out of place: y[·, rot_dim:] = x[·, rot_dim:] (the dims that do not rotate). Grid-stride over
 // rows·heads·(head_dim − rot_dim).
 template <typename T>
@@ -189,7 +343,41 @@ void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, 
                                                                                           head_dim, rot_dim);
 }
 
+int head_norm_rope_dw_chunks(int rows, int heads) {
+  const long long items = (long long)rows * heads, per = norm_rope_items_per_warp(rows, heads, true);
+  return items > 0 ? int((items + per - 1) / per) : 1;
+}
+
+template <typename T>
+void launch_head_norm_rope_forward(cudaStream_t st, T* y, float* rstd, const T* x, const T* w, const int32_t* pos,
+                                   int rows, int heads, int head_dim, float eps, double theta) {
+  const int items = rows * heads;
+  if (items <= 0 || head_dim <= 0) return;
+  const int per = norm_rope_items_per_warp(rows, heads, false), warps = (items + per - 1) / per;
+  DFLASH_LAUNCH((warps + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, st, head_norm_rope_forward_kernel<T>)(
+      y, rstd, x, w, pos, items, heads, head_dim, per, eps, theta);
+}
+
+template <typename T>
+void launch_head_norm_rope_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
+                                    const float* rstd, const int32_t* pos, int rows, int heads, int head_dim,
+                                    double theta, float* partials) {
+  const int items = rows * heads;
+  if (items <= 0 || head_dim <= 0) return;
+  const int per = norm_rope_items_per_warp(rows, heads, dw != nullptr), warps = (items + per - 1) / per;
+  DFLASH_LAUNCH((warps + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, st, head_norm_rope_backward_kernel<T>)(
+      dx, dw ? partials : nullptr, dy, x, w, rstd, pos, items, heads, head_dim, per, theta);
+  if (!dw) return;
+  // the warps' partial rows summed in warp order: deterministic, no atomics
+  DFLASH_LAUNCH(unsigned((head_dim + kThreads - 1) / kThreads), kThreads, 0, st, rmsnorm_dw_final_kernel)(
+      dw, partials, warps, head_dim);
+}
+
 #define DFLASH_INSTANTIATE(T)                                                                                  \
+  template void launch_head_norm_rope_forward<T>(cudaStream_t, T*, float*, const T*, const T*, const int32_t*, \
+                                                 int, int, int, float, double);                                \
+  template void launch_head_norm_rope_backward<T>(cudaStream_t, T*, float*, const T*, const T*, const T*,      \
+                                                  const float*, const int32_t*, int, int, int, double, float*); \
   template void launch_rmsnorm_forward<T>(cudaStream_t, T*, float*, const T*, const T*, int, int, float);      \
   template void launch_rmsnorm_backward<T>(cudaStream_t, T*, float*, const T*, const T*, const T*, const float*, \
                                            int, int, float*);                                                  \

@@ -1,11 +1,13 @@
 // The vocab-loss row passes on logits in device memory (T = float or bf16; exponentials in float, sums over the
 // vocabulary in double, as on the CPU). One thread block per row; the per-element and per-row math is
 // cuda_math (loss_math.h), which the CPU tests check against kernels/cpu/vocab_loss_rows.h. Reductions are fixed
-// trees (deterministic). Unverified on GPU; simple over fast: up to three passes over the row from global memory.
+// trees (deterministic). Unverified on GPU; simple over fast: up to three passes over the row from global memory,
+// each in 16-byte loads where the row is aligned (for_row: V = 248,320 bf16 is 31,040 packs of 8).
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/loss_math.h"
+#include "kernels/cuda/pack16.cuh"
 
 namespace dflash::kernels::cuda {
 
@@ -14,6 +16,28 @@ namespace {
 using cuda_math::RowMax;
 using cuda_math::RowPass2In;
 using cuda_math::RowSums;
+
+// f(v, z_v, u_v) for the elements of a row this thread owns: when both rows are 16-byte aligned, packs of
+// W = kPack<T> elements (thread t takes packs t, t + kThreads, …: 16-byte loads), then the V mod W tail one
+// element a thread; otherwise the plain strided loop. u_v = fill without u. The partition is fixed by the row's
+// address and V, so the sums (in double) are the same bits from run to run, in any thread order.
+template <typename T, typename F>
+__device__ void for_row(const T* zr, const T* ur, int V, float fill, F&& f) {
+  constexpr int W = kPack<T>;
+  const int packs = pack_aligned<T, W>(zr) && (!ur || pack_aligned<T, W>(ur)) ? V / W : 0;
+  for (int j = threadIdx.x; j < packs; j += kThreads) {
+    const Pack<T, W> pz = load_pack<W>(zr, size_t(j));
+    if (ur) {
+      const Pack<T, W> pu = load_pack<W>(ur, size_t(j));
+#pragma unroll
+      for (int e = 0; e < W; ++e) f(j * W + e, to_f(pz.v[e]), to_f(pu.v[e]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < W; ++e) f(j * W + e, to_f(pz.v[e]), fill);
+    }
+  }
+  for (int v = packs * W + threadIdx.x; v < V; v += kThreads) f(v, to_f(zr[v]), ur ? to_f(ur[v]) : fill);
+}
 
 template <typename T>
 __global__ void row_stats_kernel(const T* z, const T* u, int V, const int32_t* labels, const float* weights,
@@ -28,7 +52,7 @@ __global__ void row_stats_kernel(const T* z, const T* u, int V, const int32_t* l
   const int y = labels[row];
 
   RowMax mx;
-  for (int v = tid; v < V; v += kThreads) mx.add(to_f(zr[v]), ur ? to_f(ur[v]) : -INFINITY);
+  for_row(zr, ur, V, -INFINITY, [&](int, float zv, float uv) { mx.add(zv, uv); });
   mx = block_merge(mx);
 
   RowPass2In in;
@@ -41,14 +65,15 @@ __global__ void row_stats_kernel(const T* z, const T* u, int V, const int32_t* l
   in.has_u = ur != nullptr;
   RowSums sums;
   if (isfinite(mx.z)) {  // block-uniform: every thread holds the same merged maximum
-    for (int v = tid; v < V; v += kThreads) sums.add(in, v, to_f(zr[v]), ur ? to_f(ur[v]) : 0.0f);
+    for_row(zr, ur, V, 0.0f, [&](int v, float zv, float uv) { sums.add(in, v, zv, uv); });
     sums = block_merge(sums);
   }
 
   SumD excl;
   if (isfinite(mx.z) && cuda_math::needs_excl_pass(mx, sums, y)) {  // block-uniform as well
     const float second = sums.second(mx.z);
-    for (int v = tid; v < V; v += kThreads) excl.v += cuda_math::excl_term(v, to_f(zr[v]), sums.argmax, second);
+    const T* no_u = nullptr;  // this pass reads z only
+    for_row(zr, no_u, V, 0.0f, [&](int v, float zv, float) { excl.v += cuda_math::excl_term(v, zv, sums.argmax, second); });
     excl = block_merge(excl);
   }
 
@@ -87,7 +112,19 @@ __global__ void row_grad_kernel(T* z, const T* u, int V, const int32_t* labels, 
   }
   __syncthreads();
   const cuda_math::GradRow g = g_sh;
-  for (int v = tid; v < V; v += kThreads) zr[v] = from_f<T>(cuda_math::grad_element(g, to_f(zr[v]), ur ? to_f(ur[v]) : 0.0f));
+  // every element independently (the same bits in any partition): 16-byte packs when the rows allow, as for_row
+  constexpr int W = kPack<T>;
+  const int packs = pack_aligned<T, W>(zr) && (!ur || pack_aligned<T, W>(ur)) ? V / W : 0;
+  for (int j = tid; j < packs; j += kThreads) {
+    Pack<T, W> pz = load_pack<W>(zr, size_t(j));
+    Pack<T, W> pu{};
+    if (ur) pu = load_pack<W>(ur, size_t(j));
+#pragma unroll
+    for (int e = 0; e < W; ++e) pz.v[e] = from_f<T>(cuda_math::grad_element(g, to_f(pz.v[e]), ur ? to_f(pu.v[e]) : 0.0f));
+    store_pack<W>(zr, size_t(j), pz);
+  }
+  for (int v = packs * W + tid; v < V; v += kThreads)
+    zr[v] = from_f<T>(cuda_math::grad_element(g, to_f(zr[v]), ur ? to_f(ur[v]) : 0.0f));
   __syncthreads();
   if (tid == 0 && !g.zero) {
     zr[g.y] = from_f<T>(float(g.at_y));

@@ -1,10 +1,9 @@
 #include "lib/core/subcommands.h"
 
 #include <cstdio>
-#include <exception>
 #include <string>
 
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 
 namespace dflash {
 
@@ -27,14 +26,7 @@ int run_subcommand(const char* program, std::span<const Subcommand> subcommands,
   }
   for (const auto& s : subcommands) {
     if (first != s.name) continue;
-    try {
-      return s.run(argc - 1, argv + 1);
-    } catch (const HelpShown&) {
-      return 0;  // --help printed the subcommand's usage and options
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s %s: error: %s\n", program, s.name, e.what());
-      return 1;
-    }
+    return run_program(std::string(program) + " " + s.name, [&] { return s.run(argc - 1, argv + 1); });
   }
   std::fprintf(stderr, "%s: unknown subcommand '%s'\n", program, first.c_str());
   usage(program, subcommands, footer);

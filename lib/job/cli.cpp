@@ -5,8 +5,7 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 
 namespace dflash::train {
@@ -23,28 +22,16 @@ constexpr const char* kDescription =
     "SIGTERM / SIGUSR1 to the ranks (or to mpirun, which forwards it): finish the step, write a checkpoint, exit 0;\n"
     "continue with ckpt.resume: auto. Keys: docs/config.md. Example: mpi_launch/configs/tiny.yaml\n";
 
-// Runs app.parse; --help prints (when asked) and gives false; a usage error becomes a dflash::Error.
-bool parse(CLI::App& app, int argc, char** argv, bool print_help, const char* what) {
-  try {
-    app.parse(argc, argv);
-    return true;
-  } catch (const CLI::CallForHelp&) {
-    if (print_help) std::fputs(app.help().c_str(), stdout);
-    return false;
-  } catch (const CLI::ParseError& e) {
-    DFLASH_USER_FAIL("{}; `{} --help` lists the options", e.what(), what);
-  }
-}
-
 }  // namespace
 
 std::optional<ProgramOptions> parse_program_options(int argc, char** argv, bool print_help) {
   ProgramOptions o;
-  CLI::App app(kDescription, "dflash_mpi");
-  app.set_help_flag("-h,--help", "print this help and exit");
-  app.add_option("CONFIG", o.config, "the run's YAML config")->required();
+  CliApp app(kDescription, "dflash_mpi");
+  app.add_option("CONFIG", o.config, "the run's YAML config")->required()->type_name("CONFIG.yaml");
   app.add_option("--set", o.sets, "override one config key, e.g. --set optim.lr=3e-4 (repeatable)")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)  // every --set (CliApp's default keeps the last)
+      ->type_name("KEY=VALUE");
   app.add_option("--stop-after-steps", o.stop_after,
                  "run K steps from the start (or the resumed step), write a checkpoint, exit")
       ->check(CLI::Validator(
@@ -63,11 +50,13 @@ std::optional<ProgramOptions> parse_program_options(int argc, char** argv, bool 
           },
           "K >= 1"));
   app.add_option("--dump-step", o.dump_dir,
-                 "run one step; write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors");
+                 "run one step; write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors")
+      ->type_name("DIR");
   app.add_flag("--check", o.check, "(no mpirun) validate everything the job would read, print the plan, run nothing");
   app.add_option("--print-key", o.print_key,
-                 "(no mpirun) print one key's resolved value (paths resolved), e.g. run.out_dir, and exit");
-  if (!parse(app, argc, argv, print_help, "dflash_mpi")) return std::nullopt;
+                 "(no mpirun) print one key's resolved value (paths resolved), e.g. run.out_dir, and exit")
+      ->type_name("KEY");
+  if (!parse_command_line(app, argc, argv, print_help)) return std::nullopt;
   for (const auto& s : o.sets)
     DFLASH_USER_CHECK(s.find('=') != std::string::npos, "dflash_mpi: --set {}: expected key=value, e.g. "
                       "--set optim.lr=3e-4", s);
@@ -105,31 +94,33 @@ std::optional<ExportOptions> parse_export_command(int argc, char** argv, const s
                                                   bool print_help) {
   ExportOptions o;
   std::string ids;
-  CLI::App app(program + ": writes a trained drafter for serving: model.safetensors + config.json + "
+  CliApp app(program + ": writes a trained drafter for serving: model.safetensors + config.json + "
                              "modeling_dflash.py, loadable with transformers' AutoModel.from_pretrained(OUT_DIR, "
                              "trust_remote_code=True) (docs/export.md); no MPI needed. `dflash_mpi --export` and "
                              "`dflash_data export` are the same command.",
-               program);
-  app.set_help_flag("-h,--help", "print this help and exit");
+             program);
   // not ->required(): an unknown option is then reported before a missing positional, naming it
-  app.add_option("SOURCE", o.step_dir,
+  app.add_option("SOURCE", o.source,
                  "a run folder (its newest complete checkpoint: ckpt/step_* with DONE), a checkpoint step folder "
-                 "(ckpt/step_XXXXXXXX, ckpt/best) or an exported drafter folder");
+                 "(ckpt/step_XXXXXXXX, ckpt/best) or an exported drafter folder")
+      ->type_name("DIR");
   app.add_option("OUT_DIR", o.out_dir,
-                 "the folder to write: new, empty, or a previous export (never one holding other files)");
+                 "the folder to write: new, empty, or a previous export (never one holding other files)")
+      ->type_name("DIR");
   app.add_flag("--best", o.best, "export SOURCE/ckpt/best (the step with the best eval tau) instead of the newest");
   app.add_option("--dtype", o.dtype, "bf16 (default; rounded to nearest even) or f32 (the master weights bit-exact)")
       ->check(CLI::IsMember({"bf16", "f32"}));
   app.add_option("--target-layer-ids", ids,
-                 "the tapped target layers, e.g. 1,9,17,25,33 (default: the checkpoint's state.json extra.export)");
+                 "the tapped target layers, e.g. 1,9,17,25,33 (default: the checkpoint's state.json extra.export)")
+      ->type_name("LIST");
   app.add_option("--num-target-layers", o.num_target_layers,
                  "the target's num_hidden_layers (default: the checkpoint's)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_option("--max-position-embeddings", o.max_position_embeddings,
                  "the target's max_position_embeddings (default: the checkpoint's)")
-      ->check(CLI::PositiveNumber);
-  if (!parse(app, argc, argv, print_help, program.c_str())) return std::nullopt;
-  DFLASH_USER_CHECK(!o.step_dir.empty() && !o.out_dir.empty(),
+      ->check(positive_number());
+  if (!parse_command_line(app, argc, argv, print_help)) return std::nullopt;
+  DFLASH_USER_CHECK(!o.source.empty() && !o.out_dir.empty(),
                     "expected SOURCE and OUT_DIR; `{} --help` lists the options", program);
   if (!ids.empty()) o.target_layer_ids = parse_layer_ids(ids);
   return o;

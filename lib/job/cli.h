@@ -24,9 +24,7 @@ struct ProgramOptions {
 // The one export (docs/export.md, lib/job/export_command.h): `dflash_mpi --export` and `dflash_data export` parse
 // the same options with the same messages.
 struct ExportOptions {
-  // SOURCE: a run folder, a checkpoint step folder or an exported drafter folder (named step_dir from the days it
-  // took only a step folder; tests/unit/test_cli.cpp reads it by that name)
-  std::string step_dir;
+  std::string source;               // SOURCE: a run folder, a checkpoint step folder or an exported drafter folder
   std::string out_dir;              // OUT_DIR
   bool best = false;                // --best: SOURCE/ckpt/best instead of the run's newest complete checkpoint
   std::string dtype = "bf16";       // --dtype bf16 | f32

@@ -114,7 +114,7 @@ ExportSource resolve_export_source(const std::string& source, bool best) {
 
 std::string export_command(const ExportOptions& o) {
   DFLASH_USER_CHECK(o.dtype == "bf16" || o.dtype == "f32", "--dtype must be bf16 or f32, got '{}'", o.dtype);
-  const ExportSource src = resolve_export_source(o.step_dir, o.best);
+  const ExportSource src = resolve_export_source(o.source, o.best);
   // OUT_DIR before reading gigabytes: a previous export or nothing, and never the source or inside it (a
   // checkpoint folder is deleted whole by ckpt.keep)
   model::check_export_out_dir(o.out_dir);
@@ -144,7 +144,7 @@ std::string export_command(const ExportOptions& o) {
 
   std::string what;
   if (src.kind == "run")
-    what = fmt::format("{} (its newest complete checkpoint {}, step {})", o.step_dir, src.dir, s.step);
+    what = fmt::format("{} (its newest complete checkpoint {}, step {})", o.source, src.dir, s.step);
   else if (src.kind == "best")
     what = fmt::format("{} (the run's best checkpoint, step {})", src.dir, s.step);
   else if (s.kind == "checkpoint")

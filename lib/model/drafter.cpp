@@ -44,7 +44,7 @@ struct DrafterSizes {
   size_t forward_final() const { return a(NB) + e(NB * H); }
   // backward: d_x, d_mid, d_ctx persist across layers; then the larger of one layer's scratch and d_fc_out.
   size_t backward_fixed() const { return 2 * e(NB * H) + e(S * H); }
-  // d_h, d_gate, d_up; d_xn2; d_attn; d_q, d_kb, d_vb, d_kc, d_vc; d_qn, d_kbn, d_kcn; d_xn
+  // d_h, d_gate, d_up; d_xn2; d_attn; d_q, d_kb, d_vb, d_kc, d_vc; d_qraw, d_kbraw, d_kcraw; d_xn
   size_t backward_layer() const {
     return 3 * e(NB * I) + e(NB * H) + e(NB * Q) + e(NB * Q) + 2 * e(NB * KV) + 2 * e(S * KV) + e(NB * Q) +
            e(NB * KV) + e(S * KV) + e(NB * H);
@@ -149,12 +149,10 @@ void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const D
     be.linear_forward(ec, s.vb, s.xn, lw.v_proj, NB, H, KVH * D);
     be.linear_forward(ec, s.kc_raw, a.ctx, lw.k_proj, S, H, KVH * D);
     be.linear_forward(ec, s.vc, a.ctx, lw.v_proj, S, H, KVH * D);
-    be.rmsnorm_forward(ec, s.q, s.q_rstd, s.q_raw, lw.q_norm, NB * NH, D, eps);
-    be.rmsnorm_forward(ec, s.kb, s.kb_rstd, s.kb_raw, lw.k_norm, NB * KVH, D, eps);
-    be.rmsnorm_forward(ec, s.kc, s.kc_rstd, s.kc_raw, lw.k_norm, S * KVH, D, eps);
-    be.rope_forward(ec, s.q, s.q, a.blk_pos, NB, NH, D, c.rope_theta);
-    be.rope_forward(ec, s.kb, s.kb, a.blk_pos, NB, KVH, D, c.rope_theta);
-    be.rope_forward(ec, s.kc, s.kc, a.ctx_pos, S, KVH, D, c.rope_theta);
+    // per-head norm and RoPE in one pass each (rstd per (row, head), as rmsnorm_forward saves it)
+    be.head_norm_rope_forward(ec, s.q, s.q_rstd, s.q_raw, lw.q_norm, a.blk_pos, NB, NH, D, eps, c.rope_theta);
+    be.head_norm_rope_forward(ec, s.kb, s.kb_rstd, s.kb_raw, lw.k_norm, a.blk_pos, NB, KVH, D, eps, c.rope_theta);
+    be.head_norm_rope_forward(ec, s.kc, s.kc_rstd, s.kc_raw, lw.k_norm, a.ctx_pos, S, KVH, D, eps, c.rope_theta);
 
     s.attn = t(size_t(NB) * NH * D);
     s.lse = acc(size_t(NB) * NH);
@@ -237,23 +235,16 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
     be.dflash_attention_backward(ec, d_q, d_kc, d_vc, d_kb, d_vb, d_attn, s.attn, s.lse, s.q, s.kc, s.vc, s.kb,
                                  s.vb, a.anchors_dev, drafter_attention_shape(c, l, S, N));
 
-    // RoPE, then q_norm / k_norm, back to the raw projections
-    T* d_qn = zeros(size_t(NB) * NH * D);
-    T* d_kbn = zeros(size_t(NB) * KVH * D);
-    T* d_kcn = zeros(size_t(S) * KVH * D);
-    be.rope_backward(ec, d_qn, d_q, a.blk_pos, NB, NH, D, c.rope_theta);
-    be.rope_backward(ec, d_kbn, d_kb, a.blk_pos, NB, KVH, D, c.rope_theta);
-    be.rope_backward(ec, d_kcn, d_kc, a.ctx_pos, S, KVH, D, c.rope_theta);
-    // the raw-projection gradients reuse d_q, d_kb, d_kc: their contents were consumed by RoPE's backward
-    T* d_qraw = d_q;
-    T* d_kbraw = d_kb;
-    T* d_kcraw = d_kc;
-    be.zero(ec, d_qraw, sizeof(T) * size_t(NB) * NH * D);
-    be.zero(ec, d_kbraw, sizeof(T) * size_t(NB) * KVH * D);
-    be.zero(ec, d_kcraw, sizeof(T) * size_t(S) * KVH * D);
-    be.rmsnorm_backward(ec, d_qraw, lg.q_norm, d_qn, s.q_raw, lw.q_norm, s.q_rstd, NB * NH, D);
-    be.rmsnorm_backward(ec, d_kbraw, lg.k_norm, d_kbn, s.kb_raw, lw.k_norm, s.kb_rstd, NB * KVH, D);
-    be.rmsnorm_backward(ec, d_kcraw, lg.k_norm, d_kcn, s.kc_raw, lw.k_norm, s.kc_rstd, S * KVH, D);
+    // RoPE, then q_norm / k_norm, back to the raw projections: one fused pass each (rmsnorm_backward of Rᵀ d)
+    T* d_qraw = zeros(size_t(NB) * NH * D);
+    T* d_kbraw = zeros(size_t(NB) * KVH * D);
+    T* d_kcraw = zeros(size_t(S) * KVH * D);
+    be.head_norm_rope_backward(ec, d_qraw, lg.q_norm, d_q, s.q_raw, lw.q_norm, s.q_rstd, a.blk_pos, NB, NH, D,
+                               c.rope_theta);
+    be.head_norm_rope_backward(ec, d_kbraw, lg.k_norm, d_kb, s.kb_raw, lw.k_norm, s.kb_rstd, a.blk_pos, NB, KVH, D,
+                               c.rope_theta);
+    be.head_norm_rope_backward(ec, d_kcraw, lg.k_norm, d_kc, s.kc_raw, lw.k_norm, s.kc_rstd, a.ctx_pos, S, KVH, D,
+                               c.rope_theta);
 
     // projections: block side into d_xn, context side into d_ctx (shared k/v weights get both)
     T* d_xn = zeros(size_t(NB) * H);

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "lib/core/args.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/qwen_config.h"
 
@@ -52,14 +51,6 @@ struct RandomTargetSpec {
 // conv1d N(0, 1/K), A_log and dt_bias N(0, 0.5²), the gated norm 1 + N(0, 0.1²). Throws on an invalid shape (via the config checks) or an unwritable directory.
 void write_random_target(const std::string& dir, const RandomTargetSpec& spec);
 
-// Fills `spec` from the size options that are given (--arch qwen3|qwen3_5 --hidden --layers --heads --kv-heads
-// --head-dim --intermediate --vocab --seed --files --rope-theta --dtype f32|bf16 --tie; hybrids also
-// --linear-k-heads --linear-v-heads --linear-k-dim --linear-v-dim --conv-kernel --full-attention-interval
-// --partial-rotary; qwen3_moe: --experts 6 --experts-per-tok 2 --moe-intermediate 40 --norm-topk-prob 1|0
-// --mlp-only-layers 0,2 --expert-layout per-expert|fused; qwen3_5_moe: the hybrid options, --experts
-// --experts-per-tok --moe-intermediate --expert-layout and --shared-intermediate 32); absent ones keep spec's values. target_option_names() lists them for an Args parser.
-// Shared by `dflash_data make-target` and the tests that make targets.
-void apply_target_options(const Args& args, RandomTargetSpec& spec);
-std::vector<std::string> target_option_names();
+// The command-line options that fill a spec: lib/job/random_target_options.h.
 
 }  // namespace dflash::model

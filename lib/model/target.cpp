@@ -137,6 +137,8 @@ class EngineT final : public TargetModel::Engine {
   void load_attention(int l, TargetLayer<T>& L);
   void load_linear_attention(int l, TargetLayer<T>& L);
   void load_moe(int l, TargetLayer<T>& L);
+  // the whole embedding table into embed_table_ (device backends), in row chunks through the fp32 stages
+  void load_embedding_table();
   // host floats → a weight in the backend's memory, rounded to T
   TargetWeight<T> upload(const std::vector<float>& host);
   // the activation arena holds at least `bytes` (reallocated, empty, when smaller)
@@ -156,9 +158,10 @@ class EngineT final : public TargetModel::Engine {
   std::shared_ptr<kernels::Backend<T>> backend_;  // declared before the weights, which live in its memory
   QwenConfig config_;
   TargetShard shard_;
-  io::Checkpoint ckpt_;  // kept open: embedding rows are read per forward
+  io::Checkpoint ckpt_;  // kept open: a host backend reads the embedding rows per forward
   std::vector<TargetLayer<T>> layers_;
   TargetWeight<T> final_norm_;  // [H]
+  Buffer embed_table_;          // [vocab, H] in T on a device backend (gathered there); empty on the host
   Arena activations_;           // one forward's activations and scratch (backend memory)
   Buffer load_stage_;           // fp32 staging of one tensor at load (device backends with T ≠ float)
   std::vector<float> host_stage_;   // [S, H] host staging: embedding rows, taps (device backends)
@@ -178,6 +181,7 @@ EngineT<T>::EngineT(const std::string& model_dir, comm::Transport& tp, const Tar
       ckpt_(model_dir) {
   const int64_t H = config_.hidden;
   ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
+  if (backend_->memory() != MemoryKind::host) load_embedding_table();
   std::vector<float> final_norm = ckpt_.read(ckpt_.expect(config_.weight_prefix + "norm.weight", {H}).name);
   fold_norm_offset(config_, final_norm);
   final_norm_ = upload(final_norm);
@@ -209,6 +213,40 @@ TargetWeight<T> EngineT<T>::upload(const std::vector<float>& host) {
     be.convert_from_float(ctx, w.buffer.template as<T>(), src, host.size());
   }
   return w;
+}
+
+template <typename T>
+void EngineT<T>::load_embedding_table() {
+  kernels::Backend<T>& be = *backend_;
+  ExecContext& ctx = be.context();
+  const int64_t V = config_.vocab, H = config_.hidden;
+  const std::string name = config_.weight_prefix + "embed_tokens.weight";
+  embed_table_ = Buffer(be.memory(), size_t(V) * size_t(H) * sizeof(T));
+  // chunks of ~16 Mi floats (64 MiB of host staging), not the whole fp32 table on the host at once
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 24) / H);
+  host_stage_.resize(size_t(std::min(chunk, V) * H));
+  if constexpr (!std::is_same_v<T, float>) {
+    if (load_stage_.bytes() < host_stage_.size() * sizeof(float)) {
+      be.synchronize(ctx);
+      load_stage_ = Buffer(be.memory(), host_stage_.size() * sizeof(float));
+    }
+  }
+  for (int64_t r0 = 0; r0 < V; r0 += chunk) {
+    const int64_t r1 = std::min(V, r0 + chunk);
+    const size_t n = size_t(r1 - r0) * size_t(H);
+    T* dst = embed_table_.as<T>() + size_t(r0) * size_t(H);
+    // the host stage is refilled only after the previous chunk's upload has been taken from it
+    be.synchronize(ctx);
+    ckpt_.read_rows(name, r0, r1, host_stage_.data());
+    if constexpr (std::is_same_v<T, float>) {
+      be.upload(ctx, dst, host_stage_.data(), n * sizeof(float));
+    } else {
+      be.upload(ctx, load_stage_.data(), host_stage_.data(), n * sizeof(float));
+      be.convert_from_float(ctx, dst, load_stage_.as<float>(), n);
+    }
+  }
+  be.synchronize(ctx);
+  host_stage_ = std::vector<float>();  // the forwards size it again for their own S
 }
 
 template <typename T>
@@ -469,6 +507,8 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   const bool direct = outputs == be.memory();
   // an fp32 [S, H] array in backend memory: the embedding rows' upload, the bf16 all-reduce, the host outputs
   const bool f32_scratch = !std::is_same_v<T, float> && be.memory() != MemoryKind::host;
+  // a device backend gathers the embedding rows from its own copy of the table (token ids uploaded into the arena)
+  const bool device_embed = embed_table_.data() != nullptr;
 
   // one arena for the forward: the arrays below, then the token mixer's scratch (rewound after each layer)
   const size_t mixer = std::max(attention_scratch_bytes<T>(c, shard_, S),
@@ -476,7 +516,8 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
                                          c.experts > 0 ? moe_scratch_bytes<T>(c, shard_, S) : size_t(0)));
   reserve_activations(3 * Arena::footprint(sh * sizeof(T)) + 2 * Arena::footprint(s * size_t(ic) * sizeof(T)) +
                       Arena::footprint(s * sizeof(A)) + Arena::footprint(s * sizeof(int32_t)) +
-                      (f32_scratch ? Arena::footprint(sh * sizeof(float)) : 0) + mixer);
+                      (f32_scratch ? Arena::footprint(sh * sizeof(float)) : 0) +
+                      (device_embed ? Arena::footprint(s * sizeof(int32_t)) : 0) + mixer);
   activations_.reset();
   T* x = activations_.alloc<T>(sh);     // [S, H] residual stream (in T, as HF keeps it), identical on every TP rank
   T* h = activations_.alloc<T>(sh);     // [S, H] normed input of the current sub-block
@@ -486,6 +527,7 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   A* rstd = activations_.alloc<A>(s);
   int32_t* pos = activations_.alloc<int32_t>(s);
   float* f32 = f32_scratch ? activations_.alloc<float>(sh) : nullptr;
+  int32_t* ids = device_embed ? activations_.alloc<int32_t>(s) : nullptr;  // [S] token ids in backend memory
 
   std::vector<int32_t> host_pos(s);
   for (int i = 0; i < S; ++i) host_pos[size_t(i)] = past + i;
@@ -495,17 +537,23 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   }
   be.upload(ctx, pos, host_pos.data(), s * sizeof(int32_t));
 
-  // embedding rows from the mmapped checkpoint (host), one [S, H] upload (rounded to T there)
+  // embedding rows: a device backend gathers them from its table (S ids uploaded, no [S, H] upload); a host one
+  // reads them from the mmapped checkpoint (no second copy of the table in host memory)
   const std::string embed = c.weight_prefix + "embed_tokens.weight";
-  host_stage_.resize(sh);
-  for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &host_stage_[size_t(i) * H]);
-  if constexpr (std::is_same_v<T, float>) {
-    be.upload(ctx, x, host_stage_.data(), sh * sizeof(float));
-  } else if (f32) {
-    be.upload(ctx, f32, host_stage_.data(), sh * sizeof(float));
-    be.convert_from_float(ctx, x, f32, sh);
+  if (device_embed) {
+    be.upload(ctx, ids, tokens, s * sizeof(int32_t));
+    be.embedding_forward(ctx, x, embed_table_.as<T>(), ids, S, H, c.vocab);
   } else {
-    be.convert_from_float(ctx, x, host_stage_.data(), sh);  // a host backend reads the host stage itself
+    host_stage_.resize(sh);
+    for (int i = 0; i < S; ++i) ckpt_.read_rows(embed, tokens[i], tokens[i] + 1, &host_stage_[size_t(i) * H]);
+    if constexpr (std::is_same_v<T, float>) {
+      be.upload(ctx, x, host_stage_.data(), sh * sizeof(float));
+    } else if (f32) {
+      be.upload(ctx, f32, host_stage_.data(), sh * sizeof(float));
+      be.convert_from_float(ctx, x, f32, sh);
+    } else {
+      be.convert_from_float(ctx, x, host_stage_.data(), sh);  // a host backend reads the host stage itself
+    }
   }
 
   const size_t tap_ld = size_t(n_taps) * size_t(H);

@@ -83,12 +83,12 @@ void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T
   }
   shard_linear(be, k, h, L.wk.data(), S, H, kvd);
   shard_linear(be, v, h, L.wv.data(), S, H, kvd);
-  be.rmsnorm_forward(ctx, q, rstd, q, L.q_norm.data(), S * qh, hd, c.rms_norm_eps);
-  be.rmsnorm_forward(ctx, k, rstd, k, L.k_norm.data(), S * kvh, hd, c.rms_norm_eps);
-  if (c.rotary_dim == hd) {
-    be.rope_forward(ctx, q, q, pos, S, qh, hd, c.rope_theta);
-    be.rope_forward(ctx, k, k, pos, S, kvh, hd, c.rope_theta);
-  } else {
+  if (c.rotary_dim == hd) {  // per-head q/k norm and RoPE in one pass each
+    be.head_norm_rope_forward(ctx, q, rstd, q, L.q_norm.data(), pos, S, qh, hd, c.rms_norm_eps, c.rope_theta);
+    be.head_norm_rope_forward(ctx, k, rstd, k, L.k_norm.data(), pos, S, kvh, hd, c.rms_norm_eps, c.rope_theta);
+  } else {  // partial RoPE (Qwen3.5): the norm, then the rotation of the first rotary_dim dims
+    be.rmsnorm_forward(ctx, q, rstd, q, L.q_norm.data(), S * qh, hd, c.rms_norm_eps);
+    be.rmsnorm_forward(ctx, k, rstd, k, L.k_norm.data(), S * kvh, hd, c.rms_norm_eps);
     be.rope_partial_forward(ctx, q, q, pos, S, qh, hd, c.rotary_dim, c.rope_theta);
     be.rope_partial_forward(ctx, k, k, pos, S, kvh, hd, c.rotary_dim, c.rope_theta);
   }

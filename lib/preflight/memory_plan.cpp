@@ -61,10 +61,10 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   // target rank, as lib/model/target.cpp allocates it: the weights in the compute precision (run.precision: bf16
   // on cuda by default, 2 bytes; fp32 4), one arena in that precision with the residual stream, normed input and
   // partial sum [S, H], the MLP's gate and up [S, ic] and the token mixer's scratch (flash attention: nothing
-  // S × S); bf16 adds one fp32 [S, H] array (the embedding rows' upload, the all-reduce's fp32 sum, the outputs'
-  // conversion). Packets (taps + final hidden, fp32) stay on the GPU with the NCCL data plane (the multi-GPU
-  // default): packets_in_flight of them in flight plus the one being filled (lib/train/packet.h); the embedding
-  // rows come through a host staging array.
+  // S × S); bf16 adds one fp32 [S, H] array (the all-reduce's fp32 sum, the outputs' conversion). Packets (taps +
+  // final hidden, fp32) stay on the GPU with the NCCL data plane (the multi-GPU default): packets_in_flight of them
+  // in flight plus the one being filled (lib/train/packet.h). On a GPU the whole embedding table sits in device
+  // memory in the compute precision (uploaded once at load, rows gathered there); the CPU reads it from the mmap.
   const model::QwenConfig& t = in.target;
   const double th = t.hidden, q_local = double(t.heads) / in.target_tp + 1, kv_local = double(t.kv_heads);
   const double mlp_local = double(t.intermediate) / in.target_tp + 128;
@@ -72,6 +72,7 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   p.target.role = "target TP rank (largest shard)";
   p.target.items = {
       {fmt::format("weights ({})", tp_name), double(in.target_rank_params) * act},
+      {fmt::format("embedding table ({}, gathered on the GPU)", tp_name), in.cuda ? double(t.vocab) * th * act : 0.0},
       {fmt::format("residual stream, normed input, partial sum ({})", tp_name), S * th * act * 3},
       {fmt::format("q, k, v, attention output ({})", tp_name), S * t.head_dim * (2 * q_local + 2 * kv_local) * act},
       {fmt::format("MLP gate, up ({})", tp_name), S * mlp_local * 2 * act},
@@ -79,7 +80,7 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
        S * th * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
       {"cuBLASLt workspace", in.cuda ? 32.0 * (1 << 20) : 0.0},
   };
-  if (in.bf16) p.target.items.push_back({"fp32 scratch: embedding upload, all-reduce sum, outputs", S * th * 4});
+  if (in.bf16) p.target.items.push_back({"fp32 scratch: all-reduce sum, outputs", S * th * 4});
 
   // drafter rank
   const double P = double(model::drafter_param_count(d));

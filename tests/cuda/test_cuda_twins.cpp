@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -307,6 +309,74 @@ TEST_CASE("cuda twin elementwise: gather, scatter, weighted scatter-add, row sca
   }
 }
 
+namespace {
+
+// The streaming kernels on pointers `off` elements into their buffers: off = 0 takes the 16-byte packs and the
+// scalar tail, off = 1 or 3 the scalar loop for all of it. Returns every output, as fp32.
+template <typename T>
+std::vector<std::vector<float>> streaming_outputs(Backend<T>& be, size_t n, int off) {
+  auto dev = [&](const std::vector<float>& v) {
+    std::vector<float> padded(v.size() + 8, 0.0f);
+    std::copy(v.begin(), v.end(), padded.begin() + off);
+    if constexpr (std::is_same_v<T, bf16>) return Dev<bf16>(to_bf16(padded)); else return Dev<float>(padded);
+  };
+  auto host = [&](const Dev<T>& d) {
+    std::vector<float> all;
+    if constexpr (std::is_same_v<T, bf16>) all = to_f32(d.get()); else all = d.get();
+    return std::vector<float>(all.begin() + off, all.begin() + off + long(n));
+  };
+  const auto gate = randn(n, 41, 4.0), up = randn(n, 42), dh = randn(n, 43), acc0 = randn(n, 44);
+  Dev<T> ggate = dev(gate), gup = dev(up), gdh = dev(dh), gh = dev(zeros<float>(n)), gdg = dev(acc0), gdu = dev(acc0),
+         gres = dev(zeros<float>(n)), gacc = dev(acc0), gscl = dev(acc0), gconv = dev(zeros<float>(n));
+  std::vector<float> padded(n + 8, -3.0f);
+  std::copy(up.begin(), up.end(), padded.begin() + off);
+  Dev<float> gf(padded), gwide(std::vector<float>(n + 8, 0.0f));
+  ExecContext& ex = gpu().ex();
+  be.swiglu_forward(ex, gh.p() + off, ggate.p() + off, gup.p() + off, n);
+  be.swiglu_backward(ex, gdg.p() + off, gdu.p() + off, gdh.p() + off, ggate.p() + off, gup.p() + off, n);
+  be.residual_forward(ex, gres.p() + off, ggate.p() + off, gup.p() + off, n);
+  be.accumulate(ex, gacc.p() + off, gup.p() + off, n);
+  be.scale(ex, gscl.p() + off, -0.37, n);
+  be.convert_from_float(ex, gconv.p() + off, gf.p() + off, n);
+  be.convert_to_float(ex, gwide.p() + off, gdh.p() + off, n);
+  const auto wide = gwide.get();
+  return {host(gh), host(gdg), host(gdu), host(gres), host(gacc), host(gscl), host(gconv),
+          std::vector<float>(wide.begin() + off, wide.begin() + off + long(n))};
+}
+
+}  // namespace
+
+TEST_CASE("cuda twin elementwise: 16-byte packs and the scalar tail give the same bits (misaligned, odd lengths)") {
+  // the same per-element formula on both paths: aligned (packs + tail) and misaligned (scalar) runs agree exactly,
+  // in fp32 and bf16; fp32 residual / accumulate / scale / conversions also equal the CPU's
+  for (size_t n : {size_t(1), size_t(7), size_t(1001), size_t(4103)}) {
+    INFO("n " << n);
+    const auto f0 = streaming_outputs(*gpu().f32, n, 0), f1 = streaming_outputs(*gpu().f32, n, 1),
+               f3 = streaming_outputs(*gpu().f32, n, 3);
+    const auto b0 = streaming_outputs(*gpu().b16, n, 0), b1 = streaming_outputs(*gpu().b16, n, 1),
+               b3 = streaming_outputs(*gpu().b16, n, 3);
+    for (size_t k = 0; k < f0.size(); ++k) {
+      INFO("output " << k);
+      require_within(f1[k], f0[k], {0.0}, "fp32 misaligned by 1 vs aligned");
+      require_within(f3[k], f0[k], {0.0}, "fp32 misaligned by 3 vs aligned");
+      require_within(b1[k], b0[k], {0.0}, "bf16 misaligned by 1 vs aligned");
+      require_within(b3[k], b0[k], {0.0}, "bf16 misaligned by 3 vs aligned");
+    }
+    const auto gate = randn(n, 41, 4.0), up = randn(n, 42), dh = randn(n, 43), acc0 = randn(n, 44);
+    std::vector<float> res(n), acc = acc0, scl = acc0;
+    cpu().residual_forward(hx(), res.data(), gate.data(), up.data(), n);
+    cpu().accumulate(hx(), acc.data(), up.data(), n);
+    cpu().scale(hx(), scl.data(), -0.37, n);
+    require_within(f0[3], res, {0.0}, "residual");
+    require_within(f0[4], acc, {0.0}, "accumulate");
+    require_within(f0[5], scl, {0.0}, "scale");
+    require_within(f0[6], up, {0.0}, "convert_from_float (fp32 copy)");
+    require_within(f0[7], dh, {0.0}, "convert_to_float (fp32 copy)");
+    require_within(b0[6], bf16_round(up), {0.0}, "convert_from_float (bf16, nearest even)");
+    require_within(b0[7], bf16_round(dh), {0.0}, "convert_to_float (bf16 widened)");
+  }
+}
+
 // ============================== RMSNorm, RoPE ==============================
 
 TEST_CASE("cuda twin norm_rope: RMSNorm forward/backward (dx +=, dw += deterministic) and RoPE") {
@@ -363,6 +433,88 @@ TEST_CASE("cuda twin norm_rope: RMSNorm forward/backward (dx +=, dw += determini
   // device double pow/cos/sin within 1–2 ulp of glibc's, then the same float rotation: a few float ulp
   require_rel(gy.get(), y, 8 * kU, 8 * kU * 4, "rope forward");
   require_rel(gdx.get(), dx, 8 * kU, 8 * kU * 8, "rope backward");
+}
+
+namespace {
+
+// The fused head norm + RoPE of one backend type (float or bf16) against the CPU's (which equals rmsnorm then rope
+// bit for bit, tests/unit/test_head_norm_rope.cpp) on the same (bf16-rounded for bf16) inputs.
+template <typename T>
+void head_norm_rope_twin(Backend<T>& be, int rows, int heads, int D, uint64_t seed) {
+  const bool b16 = std::is_same_v<T, bf16>;
+  INFO((b16 ? "bf16" : "fp32") << " rows " << rows << " heads " << heads << " D " << D);
+  const size_t n = size_t(rows) * heads * D, items = size_t(rows) * heads;
+  auto in = [&](std::vector<float> v) { return b16 ? bf16_round(v) : v; };
+  const auto x = in(randn(n, seed, 2.0)), w = in(randn(D, seed + 1)), dy = in(randn(n, seed + 2)),
+             dx0 = in(randn(n, seed + 3)), dw0 = randn(D, seed + 4);
+  std::vector<int32_t> pos(rows);
+  for (int r = 0; r < rows; ++r) pos[r] = (r * 7919 + 11) % 100003;
+  std::vector<float> y(n), rstd(items), dx = dx0, dw = dw0, g(n, 0.0f);
+  cpu().head_norm_rope_forward(hx(), y.data(), rstd.data(), x.data(), w.data(), pos.data(), rows, heads, D, 1e-6, 1e6);
+  cpu().head_norm_rope_backward(hx(), dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), pos.data(),
+                                rows, heads, D, 1e6);
+  cpu().rope_backward(hx(), g.data(), dy.data(), pos.data(), rows, heads, D, 1e6);  // Rᵀ dy, for the dw bound
+
+  auto dev = [&](const std::vector<float>& v) {
+    if constexpr (std::is_same_v<T, bf16>) return Dev<bf16>(to_bf16(v)); else return Dev<float>(v);
+  };
+  auto host = [&](const Dev<T>& d) {
+    if constexpr (std::is_same_v<T, bf16>) return to_f32(d.get()); else return d.get();
+  };
+  Dev<T> gx = dev(x), gw = dev(w), gdy = dev(dy), gy = dev(std::vector<float>(n)), gdx = dev(dx0);
+  Dev<float> grstd(zeros<float>(items)), gdw(dw0);
+  Dev<int32_t> gpos(pos);
+  be.head_norm_rope_forward(gpu().ex(), gy.p(), grstd.p(), gx.p(), gw.p(), gpos.p(), rows, heads, D, 1e-6, 1e6);
+  be.head_norm_rope_backward(gpu().ex(), gdx.p(), gdw.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), gpos.p(), rows, heads,
+                             D, 1e6);
+  // rstd: Σ x² over D positive terms, 2·D·u relative (halved by the sqrt) + a few ulp
+  require_rel(grstd.get(), rstd, (D + 8) * kU, 0, "rstd");
+  // y = n_a c − n_b s: the norm's error ((D + 8)·u relative to n), cos/sin a float ulp apart at most, the rotation's
+  // two roundings; |n_a| + |n_b| ≤ √2 ‖(y_a, y_b)‖ ≤ 2 (|y_a| + |y_b|). bf16: plus one rounding of y.
+  const int half = D / 2;
+  std::vector<double> ty(n), tdx(n), tdw(D);
+  for (size_t it = 0; it < items; ++it)
+    for (int i = 0; i < D; ++i) {
+      const size_t e = it * D + i, p = it * D + (i < half ? i + half : i - half);
+      ty[e] = 2 * (D + 24) * kU * (std::fabs(y[e]) + std::fabs(y[p])) + (b16 ? kB * std::fabs(y[e]) : 0) + 1e-30;
+      // dx: rstd·(g w − n·mean(g ⊙ n)) with a signed Σ over D terms: bounded on the row's scale, as the RMSNorm
+      // twin above; bf16: one rounding of the += result
+      tdx[e] = 8 * (D + 8) * kU * (std::fabs(dx[e]) + 10) + (b16 ? kB * std::fabs(dx[e]) : 0);
+    }
+  // dw: a signed Σ over rows·heads of g·x·rstd; the CPU in order, the GPU per warp then over ≤ 4096 warps
+  for (int i = 0; i < D; ++i) {
+    double abs_sum = 0;
+    for (size_t it = 0; it < items; ++it) abs_sum += std::fabs(double(g[it * D + i]) * x[it * D + i] * rstd[it]);
+    tdw[i] = 2.0 * (double(items) + 4096 + 8) * kU * abs_sum + 2 * kU * (std::fabs(dw[i]) + std::fabs(dw0[i]));
+  }
+  require_within(host(gy), y, ty, "y");
+  require_within(host(gdx), dx, tdx, "dx");
+  require_within(gdw.get(), dw, tdw, "dw");
+  // deterministic dw; y may alias x; a null dw leaves dx the same
+  Dev<float> gdw2(dw0);
+  Dev<T> gdx2 = dev(dx0), galias = dev(x);
+  be.head_norm_rope_backward(gpu().ex(), gdx2.p(), gdw2.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), gpos.p(), rows, heads,
+                             D, 1e6);
+  require_within(gdw2.get(), gdw.get(), {0.0}, "dw run to run");
+  be.head_norm_rope_forward(gpu().ex(), galias.p(), grstd.p(), galias.p(), gw.p(), gpos.p(), rows, heads, D, 1e-6, 1e6);
+  require_within(host(galias), host(gy), {0.0}, "y aliasing x");
+  Dev<T> gdx3 = dev(dx0);
+  be.head_norm_rope_backward(gpu().ex(), gdx3.p(), nullptr, gdy.p(), gx.p(), gw.p(), grstd.p(), gpos.p(), rows, heads,
+                             D, 1e6);
+  require_within(host(gdx3), host(gdx), {0.0}, "dx without dw");
+}
+
+}  // namespace
+
+TEST_CASE("cuda twin norm_rope: fused head RMSNorm + RoPE (fp32, bf16) against the CPU, head dims 2 to 256") {
+  // D 16 (8 pairs: a quarter warp), 34 (17 pairs), 64/128/256 (1, 2, 4 pairs a lane), 2; one head, 3, 12 (warps of
+  // 8 items cross rows), and 4100 × 8 items (> 8 · 4096: a warp takes 9 items for its dw partial row)
+  const int shapes[][3] = {{5, 3, 16}, {7, 1, 34}, {9, 12, 64}, {6, 3, 128}, {3, 2, 256}, {1, 1, 2}, {4100, 8, 16}};
+  uint64_t seed = 300;
+  for (const auto& s : shapes) {
+    head_norm_rope_twin<float>(*gpu().f32, s[0], s[1], s[2], seed += 10);
+    head_norm_rope_twin<bf16>(*gpu().b16, s[0], s[1], s[2], seed += 10);
+  }
 }
 
 // ============================== attention ==============================
@@ -479,7 +631,9 @@ std::vector<double> grad_tolerance(const std::vector<float>& z, const float* u, 
   return tol;
 }
 
-void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k) {
+// off > 0: the logits start off floats into their buffers (every row misaligned for V a multiple of 4: the scalar
+// loops; off = 0 with such V: the 16-byte packs).
+void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k, int off = 0) {
   auto z = randn(size_t(n) * V, 70, 3.0), u = randn(size_t(n) * V, 71, 3.0);
   std::vector<int32_t> labels(n);
   std::vector<float> w(n);
@@ -497,7 +651,21 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k)
   std::vector<float> grad = z;
   cpu().vocab_loss_row_grad(hx(), grad.data(), up, n, V, labels.data(), w.data(), rows.data(), 0.25, k);
 
-  Dev<float> gz(z), gu(u), gw(w);
+  auto shifted = [&](const std::vector<float>& v) {
+    std::vector<float> p(v.size() + size_t(off), 0.0f);
+    std::copy(v.begin(), v.end(), p.begin() + off);
+    return p;
+  };
+  Dev<float> gz_buf(shifted(z)), gu_buf(shifted(u)), gw(w);
+  struct {
+    Dev<float>* d;
+    int off;
+    float* p() const { return d->p() + off; }
+    std::vector<float> get() const {
+      const auto all = d->get();
+      return std::vector<float>(all.begin() + off, all.end());
+    }
+  } gz{&gz_buf, off}, gu{&gu_buf, off};
   Dev<int32_t> glab(labels);
   Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
   Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
@@ -539,6 +707,12 @@ TEST_CASE("cuda twin vocab_loss: row statistics and row gradient (CE, KL with te
   vocab_twin(9, 1000, true, 1.0, {1, 1, 0.1, 1});
   vocab_twin(9, 32003, true, 2.0, {1, 0.5, 0.2, 2});
   vocab_twin(6, 4099, false, 1.0, {1, 0, 0.3, 1});
+}
+
+TEST_CASE("cuda twin vocab_loss: rows in 16-byte packs and misaligned rows (scalar loops) give the CPU's results") {
+  vocab_twin(5, 4096, true, 2.0, {1, 0.5, 0.2, 2});      // every row aligned: packs only
+  vocab_twin(5, 4096, true, 2.0, {1, 0.5, 0.2, 2}, 1);   // every row misaligned: scalar only
+  vocab_twin(5, 1003, false, 1.0, {1, 0, 0.3, 1}, 2);    // rows of mixed alignment, a tail of 3
 }
 
 // ============================== optimizer ==============================
@@ -969,6 +1143,141 @@ TEST_CASE("cuda twin attention_tc: causal attention of the target on tensor core
   }
   CHECK_FALSE(cuda::attention_causal_tc_supports(8, 3, 128, {}));
   CHECK_FALSE(cuda::attention_causal_tc_supports(8, 2, 80, {}));
+}
+
+// ---- split-K (flash-decoding) of the cached attention on tensor cores ----
+// A split's rows hold an unnormalised fp32 output and (max, sum); the merge rescales them in fp32 and rounds the
+// output once, so the split result has the bound of the unsplit kernel (P rounded to bf16 relative to the split's
+// own max: still 2^-9 Σ p|v|; out rounded once: 2^-9 |out|) and the two differ by at most the sum of their bounds.
+namespace {
+
+struct CachedCase {
+  int n, past, NH, KVH, D;
+};
+
+// The double reference of causal attention over a cache (row i at position past + i sees keys 0 .. past + i),
+// and the magnitude Σ p|v| of the P-rounding bound.
+void cached_reference(const CachedCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                      const std::vector<float>& v, std::vector<double>& want, std::vector<double>& mag) {
+  const int G = c.NH / c.KVH;
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  want.assign(q.size(), 0.0);
+  mag.assign(q.size(), 0.0);
+  for (int i = 0; i < c.n; ++i)
+    for (int h = 0; h < c.NH; ++h) {
+      const size_t qo = (size_t(i) * c.NH + h) * c.D;
+      const int seen = c.past + i + 1, g = h / G;
+      std::vector<double> sc(seen);
+      double mx = -INFINITY, l = 0;
+      for (int t = 0; t < seen; ++t) {
+        double acc = 0;
+        for (int d = 0; d < c.D; ++d) acc += double(q[qo + d]) * k[(size_t(t) * c.KVH + g) * c.D + d];
+        mx = std::max(mx, sc[t] = acc * scale);
+      }
+      for (double x : sc) l += std::exp(x - mx);
+      for (int t = 0; t < seen; ++t) {
+        const double p = std::exp(sc[t] - mx) / l;
+        for (int d = 0; d < c.D; ++d) {
+          const double vv = v[(size_t(t) * c.KVH + g) * c.D + d];
+          want[qo + d] += p * vv;
+          mag[qo + d] += p * std::fabs(vv);
+        }
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("cuda twin attention_tc: split-K cached attention (decode, verify, past 0) vs the reference and 1 split") {
+  struct Case {
+    CachedCase c;
+    // splits asked, and those the launcher uses: ⌈tiles / ⌈tiles / splits⌉⌉ (tiles of 64 keys, 32 at D 256)
+    int splits, used;
+  };
+  for (const Case& tc : {Case{{1, 300, 12, 2, 128}, 3, 3},   // decode, G 6: 301 keys = 5 tiles (the last of 45)
+                         Case{{1, 200, 4, 1, 256}, 4, 4},    // decode, G 4, D 256: 7 tiles (the last of 9), 2 a split
+                         Case{{16, 150, 4, 4, 64}, 2, 2},    // verify, G 1: 166 keys, 3 tiles; the mask across splits
+                         Case{{100, 0, 8, 2, 256}, 4, 4},    // past 0, 4 query tiles: the first's splits 1..3 empty
+                         Case{{64, 200, 6, 1, 64}, 4, 3},    // verify n 64, G 6: 4 query tiles (the last of 1 row)
+                         Case{{1, 500, 24, 4, 256}, 4, 4}}) {  // the 27B's heads, 16 tiles
+    const CachedCase& c = tc.c;
+    INFO("n " << c.n << " past " << c.past << " NH " << c.NH << " KVH " << c.KVH << " D " << c.D << " splits "
+              << tc.splits);
+    REQUIRE(cuda::attention_causal_tc_supports(c.NH, c.KVH, c.D, {}));
+    const int keys = c.past + c.n;
+    const auto q = bf16_round(randn(size_t(c.n) * c.NH * c.D, 170)),
+               k = bf16_round(randn(size_t(keys) * c.KVH * c.D, 171)),
+               v = bf16_round(randn(size_t(keys) * c.KVH * c.D, 172));
+    std::vector<double> want, mag;
+    cached_reference(c, q, k, v, want, mag);
+    const size_t floats = cuda::attention_cached_split_scratch_floats(c.n, c.NH, c.D, tc.splits);
+    REQUIRE(floats == size_t(tc.splits) * c.n * c.NH * (c.D + 2));
+    Dev<bf16> gq(to_bf16(q)), gk(to_bf16(k)), gv(to_bf16(v)), one(std::vector<bf16>(q.size())),
+        split(std::vector<bf16>(q.size())), again(std::vector<bf16>(q.size()));
+    // scratch full of NaN: a partial the merge reads but no split wrote would poison the output
+    Dev<float> scratch(std::vector<float>(floats, std::numeric_limits<float>::quiet_NaN()));
+    const cudaStream_t st = static_cast<cudaStream_t>(gpu().ex().stream);
+    cuda::launch_attention_cached_forward_tc(st, dev(one.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()), c.n, c.past, c.NH,
+                                             c.KVH, c.D);
+    cuda::launch_attention_cached_forward_tc(st, dev(split.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()), c.n, c.past,
+                                             c.NH, c.KVH, c.D, tc.splits, scratch.p());
+    // every partial of the `used` splits was written (empty splits included), none past them
+    const std::vector<float> parts = scratch.get();
+    const size_t written = size_t(tc.used) * c.n * c.NH * (c.D + 2);
+    CHECK(std::none_of(parts.begin(), parts.begin() + written, [](float x) { return std::isnan(x); }));
+    CHECK(std::all_of(parts.begin() + written, parts.end(), [](float x) { return std::isnan(x); }));
+    // the same bits from other scratch contents (zeros): nothing unwritten is read
+    Dev<float> zeros_scratch(std::vector<float>(floats, 0.0f));
+    cuda::launch_attention_cached_forward_tc(st, dev(again.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()), c.n, c.past,
+                                             c.NH, c.KVH, c.D, tc.splits, zeros_scratch.p());
+    const std::vector<bf16> split_bits = split.get(), again_bits = again.get();
+    CHECK(std::memcmp(split_bits.data(), again_bits.data(), split_bits.size() * sizeof(bf16)) == 0);
+
+    const std::vector<float> got_one = to_f32(one.get()), got_split = to_f32(split_bits);
+    require_bound(got_one, want, mag, 0x1.0p-9, "cached out, 1 split");
+    require_bound(got_split, want, mag, 0x1.0p-9, "cached out, split-K");
+    // split against unsplit: within the sum of the two bounds
+    std::vector<double> one_d(got_one.begin(), got_one.end()), mag2(mag.size());
+    for (size_t i = 0; i < mag2.size(); ++i) mag2[i] = 2 * mag[i] + 2 * std::fabs(want[i]);
+    require_bound(got_split, one_d, mag2, 0x1.0p-9, "cached out, split-K vs 1 split");
+  }
+}
+
+TEST_CASE("cuda twin attention_tc: split-K through the bf16 backend against the CPU, and the split policy") {
+  // the policy: about 132 thread blocks, at least 4 key tiles a split, at most 64 splits; 1 where the unsplit grid
+  // already fills the GPU (prefill) or the cache is short
+  CHECK(cuda::attention_cached_splits(1, 8191, 24, 4, 256) == 32);    // 4 blocks: 33 for 132, 256 tiles: 8 a split
+  CHECK(cuda::attention_cached_splits(16, 8176, 24, 4, 256) == 32);   // 16 rows × 6 heads: still 1 query tile
+  CHECK(cuda::attention_cached_splits(64, 8128, 24, 4, 256) == 9);    // 4 query tiles of 21 rows × 4 kv heads
+  CHECK(cuda::attention_cached_splits(1, 300, 8, 8, 128) == 1);       // 5 tiles: too short to split
+  CHECK(cuda::attention_cached_splits(1, 1000, 512, 1, 64) == 4);     // 16 tiles, 4 a split
+  CHECK(cuda::attention_cached_splits(8192, 0, 24, 4, 256) == 1);     // prefill: 1564 blocks
+  CHECK(cuda::attention_cached_splits(1, 8191, 8, 2, 96) == 1);       // not a tensor-core shape
+  CHECK(cuda::attention_cached_split_scratch_floats(16, 24, 256, 32) == size_t(32) * 16 * 24 * 258);
+  CHECK(cuda::attention_cached_split_scratch_floats(16, 24, 256, 1) == 0);
+
+  for (const CachedCase c : {CachedCase{1, 1100, 4, 1, 64}, CachedCase{16, 1100, 8, 2, 128}}) {
+    INFO("n " << c.n << " past " << c.past << " NH " << c.NH << " KVH " << c.KVH << " D " << c.D);
+    REQUIRE(cuda::attention_cached_splits(c.n, c.past, c.NH, c.KVH, c.D) == 4);  // 18 tiles
+    const int keys = c.past + c.n;
+    const auto q = bf16_round(randn(size_t(c.n) * c.NH * c.D, 173)),
+               k = bf16_round(randn(size_t(keys) * c.KVH * c.D, 174)),
+               v = bf16_round(randn(size_t(keys) * c.KVH * c.D, 175));
+    std::vector<double> want, mag;
+    cached_reference(c, q, k, v, want, mag);
+    std::vector<float> cpu_out(q.size());
+    cpu().attention_cached_forward(hx(), cpu_out.data(), q.data(), k.data(), v.data(), c.n, c.past, c.NH, c.KVH, c.D);
+    Dev<bf16> gq(to_bf16(q)), gk(to_bf16(k)), gv(to_bf16(v)), gout(std::vector<bf16>(q.size()));
+    gpu().b16->attention_cached_forward(gpu().ex(), gout.p(), gq.p(), gk.p(), gv.p(), c.n, c.past, c.NH, c.KVH, c.D);
+    const std::vector<float> got = to_f32(gout.get());
+    require_bound(got, want, mag, 0x1.0p-9, "cached out through the backend, split-K");
+    // the CPU twin (fp32 on the same bf16 inputs): its fp32 bound (as the target family's) plus the kernel's
+    const double t_out = 8.0 * (keys + c.D) * kU * (std::sqrt(double(c.D)) * 4 + 5);
+    std::vector<double> tol(cpu_out.size());
+    for (size_t i = 0; i < tol.size(); ++i)
+      tol[i] = t_out + 2 * (0x1.0p-9 * mag[i] + 0x1.0p-9 * std::fabs(cpu_out[i]));
+    require_within(got, cpu_out, tol, "cached out through the backend vs the CPU backend");
+  }
 }
 
 TEST_CASE("cuda twin target: causal attention over a KV cache (prefill, decode, GQA) and the sigmoid gate") {

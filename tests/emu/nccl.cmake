@@ -3,7 +3,9 @@
 # after DFLASH_EMU_NCCL_TIMEOUT_S (20 s here: a regression fails with the emulation's message, not ctest's kill).
 # The planted defects (unmatched_send, send_send, duplicate_device) must print the emulation's message (matched
 # below) and exit 1; any failed check of the program prints "FAILED", which fails every entry.
-add_executable(nccl_emu_check ${CMAKE_CURRENT_LIST_DIR}/nccl_emu_check.cpp)
+# lib/comm/mpi_init.cpp alone (no dflash library): the one MPI start-up and error handling of every program
+add_executable(nccl_emu_check ${CMAKE_CURRENT_LIST_DIR}/nccl_emu_check.cpp ${CMAKE_SOURCE_DIR}/lib/comm/mpi_init.cpp)
+target_include_directories(nccl_emu_check PRIVATE ${CMAKE_SOURCE_DIR})
 target_link_libraries(nccl_emu_check PRIVATE dflash_emu MPI::MPI_C)
 target_compile_definitions(nccl_emu_check PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
 if(NOT DFLASH_MPIRUN)  # set in tests/integration's scope, not visible here

@@ -45,6 +45,8 @@
 #include <thread>
 #include <vector>
 
+#include "lib/comm/mpi_init.h"
+
 namespace {
 
 int wrank = 0, wsize = 1, failures = 0;
@@ -789,15 +791,17 @@ int case_duplicate_device() {
 int main(int argc, char** argv) {
   case_name = argc > 1 ? argv[1] : "";
   const bool single = case_name == "thread_single";
+  // thread_single asks for less than MPI_THREAD_MULTIPLE on purpose: NCCL's refusal of it is the case
+  return dflash::comm::run_mpi_program({"nccl_emu_check", false, single ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE},
+                                       argc, argv, [&](bool) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, single ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE, &provided);
+  MPI_Query_thread(&provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
   MPI_Comm_size(MPI_COMM_WORLD, &wsize);
   int code = 0;
   if (single) {
     if (provided >= MPI_THREAD_MULTIPLE) {
       note("skipped: the MPI library gives MPI_THREAD_MULTIPLE when asked for MPI_THREAD_FUNNELED");
-      MPI_Finalize();
       return 77;
     }
     ncclUniqueId id{};
@@ -831,7 +835,6 @@ int main(int argc, char** argv) {
     if (!found) {
       if (wrank == 0)
         std::fprintf(stderr, "usage: mpirun -np N nccl_emu_check CASE (unknown case '%s')\n", case_name.c_str());
-      MPI_Finalize();
       return 2;
     }
   }
@@ -840,6 +843,6 @@ int main(int argc, char** argv) {
   if (wrank == 0)
     std::printf("nccl_emu_check %s on %d rank(s): %s\n", case_name.c_str(), wsize,
                 total ? "FAILED" : code ? "planted defect reported (exit 1, as a real run would)" : "ok");
-  MPI_Finalize();
   return total ? 1 : code;
+  });
 }

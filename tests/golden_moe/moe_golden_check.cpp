@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/generate.h"
@@ -42,10 +42,12 @@ int run(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  Args a(argc, argv, {"model", "tol"}, {});
-  const std::string dir = a.str("model", "");
-  DFLASH_CHECK(!dir.empty(), "moe_golden_check: --model DIR (a folder of tests/golden_moe) is required");
-  const double tol = a.real("tol", 1e-4);
+  CliApp app("The Qwen3-MoE targets' TP forward against transformers' fixtures.", "moe_golden_check");
+  std::string dir;
+  double tol = 1e-4;
+  app.add_option("--model", dir, "a folder of tests/golden_moe")->required()->type_name("DIR");
+  app.add_option("--tol", tol, "relative tolerance");
+  if (!parse_command_line(app, argc, argv)) return 0;
   model::TargetOptions opt;
   opt.attention_block = 16;
   opt.mlp_grain = 8;

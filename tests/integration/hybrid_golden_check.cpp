@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/generate.h"
@@ -38,13 +38,17 @@ int run(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  Args a(argc, argv, {"model", "tol", "attention-block", "mlp-grain"}, {});
-  const std::string dir = a.str("model", "");
-  DFLASH_CHECK(!dir.empty(), "hybrid_golden_check: --model DIR (a folder of tests/golden_hybrid) is required");
-  const double tol = a.real("tol", 1e-4);
+  CliApp app("The Qwen3.5 hybrid target's TP forward against transformers' fixtures.", "hybrid_golden_check");
+  std::string dir;
+  double tol = 1e-4;
   model::TargetOptions opt;
-  opt.attention_block = int(a.integer("attention-block", 16));
-  opt.mlp_grain = int(a.integer("mlp-grain", 8));
+  opt.attention_block = 16;
+  opt.mlp_grain = 8;
+  app.add_option("--model", dir, "a folder of tests/golden_hybrid")->required()->type_name("DIR");
+  app.add_option("--tol", tol, "relative tolerance");
+  app.add_option("--attention-block", opt.attention_block, "attention block")->check(positive_number());
+  app.add_option("--mlp-grain", opt.mlp_grain, "MLP grain")->check(positive_number());
+  if (!parse_command_line(app, argc, argv)) return 0;
 
   comm::MpiTransport tp(MPI_COMM_WORLD);
   model::TargetModel target(dir, tp, opt);

@@ -107,7 +107,7 @@ void check_ring(comm::Transport& t, bool on_device, int rank, int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dflash::comm::init_mpi(&argc, &argv);
+  return comm::run_mpi_program({"nccl_check"}, argc, argv, [&](bool) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -118,11 +118,10 @@ int main(int argc, char** argv) {
       std::printf("skipped: needs NCCL in the build (%s) and one GPU per rank: %d rank(s) on a node, %d GPU(s)%s\n",
                   comm::nccl_built() ? "yes" : "no", node.max_ranks_per_node, node.min_gpus_per_node,
                   timeout_check && size < 2 ? "; --timeout-check needs 2 ranks" : "");
-    MPI_Finalize();
     return 77;
   }
 #if DFLASH_WITH_CUDA
-  try {
+  {
     kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
     if (!timeout_check) {
       std::unique_ptr<comm::Transport> t = comm::make_nccl_transport(MPI_COMM_WORLD, "world", 60);
@@ -160,13 +159,10 @@ int main(int argc, char** argv) {
       }
       MPI_Barrier(MPI_COMM_WORLD);  // rank 1 idles here; its communicator sees rank 0's abort, or is destroyed
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nccl_check rank %d: error: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
   }
 #endif
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Finalize();
   return total == 0 ? 0 : 1;
+  });
 }

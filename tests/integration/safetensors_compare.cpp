@@ -4,22 +4,24 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <exception>
 
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/io/safetensors.h"
 
 using namespace dflash;
 
 int main(int argc, char** argv) {
   try {
-    Args args(argc, argv, {"rtol"});
-    if (args.positional().size() != 2) {
-      std::fprintf(stderr, "usage: safetensors_compare A B [--rtol R]\n");
-      return 2;
-    }
-    const double rtol = args.real("rtol", 1e-5);
-    io::SafetensorsFile a(args.positional()[0]), b(args.positional()[1]);
+    CliApp app("Compares two safetensors files tensor by tensor.", "safetensors_compare");
+    std::string path_a, path_b;
+    double rtol = 1e-5;
+    app.add_option("A", path_a, "a safetensors file")->required()->type_name("FILE");
+    app.add_option("B", path_b, "the other")->required()->type_name("FILE");
+    app.add_option("--rtol", rtol, "relative tolerance");
+    if (const std::optional<int> rc = parse_or_exit_code(app, argc, argv)) return *rc;
+    io::SafetensorsFile a(path_a), b(path_b);
     if (a.names() != b.names()) {
       std::fprintf(stderr, "tensor names differ\n");
       return 1;

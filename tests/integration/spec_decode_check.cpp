@@ -23,11 +23,12 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
 #include "lib/model/generate.h"
@@ -90,33 +91,51 @@ double tau(const model::SpecResult& r) {
 }
 
 int run(int argc, char** argv) {
-  Args a(argc, argv, {"target", "prompts", "drafter", "count", "max-new", "block", "taps", "vocab-limit", "min-tau",
-                          "tree-budget", "tree-topk"});
+  CliApp app("Speculative decoding is lossless against greedy decoding; oracle acceptance counts.",
+             "spec_decode_check");
+  std::string target_dir, prompts_path, drafter_dir, taps_text = "1,2,3,4,5";
+  int count = 4, max_new = 40, block = 8;
+  std::optional<int> vocab_limit_given;
+  std::optional<double> min_tau;
+  model::TreeOptions tree;
+  tree.budget = 0;
+  tree.topk = 4;
+  app.add_option("--target", target_dir, "the target")->required()->type_name("DIR");
+  app.add_option("--prompts", prompts_path, "the prompts")->required()->type_name("P.h5");
+  app.add_option("--drafter", drafter_dir, "also a trained drafter")->type_name("DIR");
+  app.add_option("--count", count, "prompts")->check(positive_number());
+  app.add_option("--max-new", max_new, "new tokens per prompt")->check(positive_number());
+  app.add_option("--block", block, "the untrained drafter's block size")->check(positive_number());
+  app.add_option("--taps", taps_text, "the untrained drafter's tapped layers")->type_name("LIST");
+  app.add_option("--vocab-limit", vocab_limit_given, "generate only ids < N (default vocab - 1)");
+  app.add_option("--min-tau", min_tau, "with --drafter: fail below this tau");
+  app.add_option("--tree-budget", tree.budget, "also tree decoding with this budget (0 = none)")
+      ->check(non_negative_number());
+  app.add_option("--tree-topk", tree.topk, "the tree's top-k")->check(positive_number());
+  if (!parse_command_line(app, argc, argv)) return 0;
   comm::MpiTransport tp(MPI_COMM_WORLD);
   const bool root = tp.rank() == 0;
-  const std::string target_dir = a.str("target", "");
   model::TargetModel target(target_dir, tp);
   model::GreedyHead head(target_dir, tp);
   const model::QwenConfig& c = target.config();
-  io::Dataset prompts(a.str("prompts", ""), c.vocab);
-  const int count = int(a.integer("count", 4)), max_new = int(a.integer("max-new", 40));
+  io::Dataset prompts(prompts_path, c.vocab);
 
   // the drafters: untrained, and the given one (both need the target's embedding and lm_head on rank 0)
   std::unique_ptr<train::DrafterSource> trained;
-  if (a.has("drafter")) trained = std::make_unique<train::DrafterSource>(train::load_drafter_source(a.str("drafter", "")));
+  if (!drafter_dir.empty()) trained = std::make_unique<train::DrafterSource>(train::load_drafter_source(drafter_dir));
   model::DrafterConfig dc;
-  std::vector<int> taps = parse_ids(a.str("taps", "1,2,3,4,5"));
+  std::vector<int> taps = parse_ids(taps_text);
   if (trained) {
     dc = trained->drafter.config;
     taps = trained->drafter.info.target_layer_ids;
   } else {
     dc.hidden = c.hidden, dc.layers = 2, dc.heads = 4, dc.kv_heads = 2, dc.head_dim = 16, dc.intermediate = 128;
-    dc.block_size = int(a.integer("block", 8)), dc.n_taps = int(taps.size()), dc.vocab = c.vocab;
+    dc.block_size = block, dc.n_taps = int(taps.size()), dc.vocab = c.vocab;
     dc.mask_token_id = c.vocab - 1;
     dc.window = {0, 0};
   }
   dc.validate();
-  const int B = dc.block_size, vocab_limit = int(a.integer("vocab-limit", c.vocab - 1));
+  const int B = dc.block_size, vocab_limit = vocab_limit_given.value_or(c.vocab - 1);
   model::DrafterParams<float> random_params(dc);
   random_params.init_random(7, 0.02);
   model::TargetVocab vocab;
@@ -139,9 +158,6 @@ int run(int argc, char** argv) {
   so.max_new_tokens = max_new;
   so.vocab_limit = vocab_limit;
   std::vector<int> trained_accepted, random_accepted, forced_accepted, visited_forced;
-  model::TreeOptions tree;
-  tree.budget = int(a.integer("tree-budget", 0));
-  tree.topk = int(a.integer("tree-topk", 4));
   model::TreeOptions chain_tree;  // budget B − 1, top-k 1: the chain as a tree
   chain_tree.budget = B - 1;
   chain_tree.topk = 1;
@@ -280,10 +296,9 @@ int run(int argc, char** argv) {
     }
     std::printf("\n");
   }
-  if (trained && a.has("min-tau")) {
-    const double min_tau = std::stod(a.str("min-tau", "0"));
-    DFLASH_CHECK(mean(trained_accepted) >= min_tau, "drafter tau {:.3f} is below --min-tau {}",
-                 mean(trained_accepted), min_tau);
+  if (trained && min_tau) {
+    DFLASH_CHECK(mean(trained_accepted) >= *min_tau, "drafter tau {:.3f} is below --min-tau {}",
+                 mean(trained_accepted), *min_tau);
   }
   return 0;
 }

@@ -33,7 +33,7 @@
 #include "lib/comm/layout.h"
 #include "lib/comm/nccl_transport.h"
 #include "lib/comm/mpi_transport.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/model/random_target.h"
@@ -106,21 +106,31 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dflash::comm::init_mpi(&argc, &argv);
+  CliApp app("The feature stream from a target TP group to the drafters keeps order and content.", "stream_check");
+  std::string dir, plane_name = "mpi", drafter_memory = "host";
+  int tp_size = 5, dp = 2, packets = 6, wrong_len = -1;
+  std::optional<int> stop_after_given;  // default: every packet
+  app.add_option("--dir", dir, "scratch folder")->required()->type_name("DIR");
+  app.add_option("--tp", tp_size, "target TP size")->check(positive_number());
+  app.add_option("--dp", dp, "drafter ranks")->check(positive_number());
+  app.add_option("--packets", packets, "packets per drafter")->check(non_negative_number());
+  app.add_option("--stop-after", stop_after_given, "stop after this many packets")->check(non_negative_number());
+  app.add_option("--wrong-len", wrong_len, "send packet K with a wrong length: expect the receiver's message");
+  app.add_option("--plane", plane_name, "the data plane")->check(CLI::IsMember({"mpi", "mpi_nocancel", "nccl"}));
+  app.add_option("--drafter-memory", drafter_memory, "where the drafter keeps packets")
+      ->check(CLI::IsMember({"host", "device"}));
+  if (const std::optional<int> rc = parse_or_exit_code(app, argc, argv)) return *rc;
+  const int stop_after = stop_after_given.value_or(packets);
+  if (stop_after > packets) {
+    std::fprintf(stderr, "stream_check: --stop-after %d outside [0, %d]\n", stop_after, packets);
+    return 2;
+  }
+  return comm::run_mpi_program({"stream_check"}, argc, argv, [&](bool) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int failures = 0;
-  try {
-    Args args(argc, argv, {"dir", "tp", "dp", "packets", "plane", "stop-after", "wrong-len", "drafter-memory"});
-    const std::string dir = args.str("dir", "");
-    DFLASH_CHECK(!dir.empty(), "--dir is required");
-    const int tp_size = int(args.integer("tp", 5)), dp = int(args.integer("dp", 2));
-    const int packets = int(args.integer("packets", 6));
-    const int stop_after = int(args.integer("stop-after", packets));
-    const int wrong_len = int(args.integer("wrong-len", -1));
-    DFLASH_CHECK(stop_after >= 0 && stop_after <= packets, "--stop-after {} outside [0, {}]", stop_after, packets);
-    const std::string plane_name = args.str("plane", "mpi");
+  {
     const comm::RankLayout layout = comm::make_rank_layout(tp_size, 1, dp, size, rank);
     comm::DataPlane plane = comm::DataPlane::Mpi;
     if (plane_name == "nccl") {
@@ -130,23 +140,15 @@ int main(int argc, char** argv) {
           std::printf("skipped: the nccl data plane needs NCCL in the build (%s) and one GPU per rank (%d ranks on "
                       "a node, %d GPU(s))\n", comm::nccl_built() ? "yes" : "no", node.max_ranks_per_node,
                       node.min_gpus_per_node);
-        MPI_Finalize();
         return 77;
       }
       kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
       plane = comm::DataPlane::Nccl;
-    } else {
-      DFLASH_CHECK(plane_name == "mpi" || plane_name == "mpi_nocancel", "--plane {}: use mpi, mpi_nocancel or nccl",
-                   plane_name);
     }
-    const std::string drafter_memory = args.str("drafter-memory", "host");
-    DFLASH_CHECK(drafter_memory == "host" || drafter_memory == "device", "--drafter-memory {}: use host or device",
-                 drafter_memory);
     if (drafter_memory == "device" && plane != comm::DataPlane::Nccl) {
       if (!kernels::cuda_available()) {
         if (rank == 0) std::printf("skipped: --drafter-memory device needs a CUDA device (this build: %s)\n",
                                    comm::nccl_built() ? "CUDA" : "no CUDA");
-        MPI_Finalize();
         return 77;
       }
       kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
@@ -258,12 +260,9 @@ int main(int argc, char** argv) {
       std::printf("stream_check (%s data plane): drafter %d received %d packets in order, stopped, dropped %d; "
                   "worst taps/final rel err %.3e\n", plane_name.c_str(), d, stop_after, dropped, worst);
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "stream_check rank %d: error: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
   }
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Finalize();
   return total == 0 ? 0 : 1;
+  });
 }

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "lib/comm/layout.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 
 using namespace dflash;
@@ -75,9 +75,15 @@ int run(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  Args a(argc, argv, {"tp", "groups", "dp"}, {"expect-mismatch"});
-  const int tp = int(a.integer("tp", 5)), groups = int(a.integer("groups", 1)), dp = int(a.integer("dp", 3));
-  if (a.has("expect-mismatch")) {
+  CliApp app("The rank layout, role communicators and MpiTransport.", "target_comm_check");
+  int tp = 5, groups = 1, dp = 3;
+  bool expect_mismatch = false;
+  app.add_option("--tp", tp, "target TP size")->check(positive_number());
+  app.add_option("--groups", groups, "target groups")->check(positive_number());
+  app.add_option("--dp", dp, "drafter ranks")->check(positive_number());
+  app.add_flag("--expect-mismatch", expect_mismatch, "the world size does not fit the layout: expect the message");
+  if (!parse_command_line(app, argc, argv)) return 0;
+  if (expect_mismatch) {
     std::string msg;
     try {
       comm::make_rank_layout(tp, groups, dp, world, rank);

@@ -21,7 +21,8 @@
 #include <vector>
 
 #include "kernels/cpu/attention_causal.h"
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
+#include "lib/job/random_target_options.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/io/safetensors.h"
@@ -75,28 +76,35 @@ int run(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  Args a(argc, argv,
-         {"make", "model", "hidden", "layers", "heads", "kv-heads", "head-dim", "intermediate", "vocab", "seed",
-          "dtype", "files", "seq", "taps", "mlp-grain", "attention-block", "tol"},
-         {"tie"});
-  std::string dir = a.str("model", "");
-  if (a.has("make")) {
-    dir = a.str("make", "");
+  CliApp app("The TP target forward against the single-process double reference.", "target_tp_check");
+  std::string dir, make, tap_list = "0";
+  int S = 100;
+  double tol = 1e-5;
+  model::TargetOptions opt;
+  opt.mlp_grain = 8;
+  opt.attention_block = 32;
+  app.add_option("--model", dir, "the target to check")->type_name("DIR");
+  app.add_option("--make", make, "write a random target (the target options below) here and check it")
+      ->type_name("DIR");
+  app.add_option("--seq", S, "tokens")->check(positive_number());
+  app.add_option("--taps", tap_list, "tapped layers, e.g. 0,2,1")->type_name("LIST");
+  app.add_option("--tol", tol, "relative tolerance");
+  app.add_option("--mlp-grain", opt.mlp_grain, "MLP grain")->check(positive_number());
+  app.add_option("--attention-block", opt.attention_block, "attention block")->check(positive_number());
+  const train::RandomTargetOptions target_options(app);
+  if (!parse_command_line(app, argc, argv)) return 0;
+  if (!make.empty()) {
+    dir = make;
     if (rank == 0) {
       model::RandomTargetSpec s;
       s.seed = 7;
-      model::apply_target_options(a, s);
+      target_options.apply(s);
       model::write_random_target(dir, s);
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
   DFLASH_CHECK(!dir.empty(), "target_tp_check: pass --make DIR (write a random target) or --model DIR");
-  const int S = int(a.integer("seq", 100));
-  const std::vector<int> tap_ids = parse_ids(a.str("taps", "0"));
-  const double tol = a.real("tol", 1e-5);
-  model::TargetOptions opt;
-  opt.mlp_grain = int(a.integer("mlp-grain", 8));
-  opt.attention_block = int(a.integer("attention-block", 32));
+  const std::vector<int> tap_ids = parse_ids(tap_list);
 
   comm::MpiTransport tp(MPI_COMM_WORLD);
   model::TargetModel target(dir, tp, opt);

@@ -1,12 +1,13 @@
-// Command lines on CLI11: dflash::Args (every tool) and dflash_mpi's options. Usage errors are user errors (no
-// source location) naming the option; --help is answered, not an error.
+// Command lines on CLI11: lib/core/cli_app.h (every program) and dflash_mpi's options. Usage errors are UsageErrors
+// (no source location, exit code 2) naming the option; --help is answered, not an error.
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "lib/core/args.h"
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/job/cli.h"
 
@@ -37,41 +38,95 @@ std::string error_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("cli: Args parses --key value, --key=value, flags and positionals, the last repeat wins") {
+TEST_CASE("cli: CliApp parses typed options, --key=value, flags and positionals, the last repeat wins") {
   Argv a({"/usr/bin/tool", "in.h5", "--vocab", "512", "--seq=3", "--tie", "out.h5", "--vocab", "600"});
-  Args args(a.argc(), a.argv(), {"vocab", "seq", "rtol"}, {"tie"});
-  CHECK(args.integer("vocab", 0) == 600);
-  CHECK(args.integer("seq", 0) == 3);
-  CHECK(args.has("tie"));
-  CHECK(!args.has("rtol"));
-  CHECK(args.real("rtol", 0.5) == 0.5);
-  REQUIRE(args.positional().size() == 2);
-  CHECK(args.positional()[1] == "out.h5");
+  CliApp app("a tool", "tool");
+  std::string in, out;
+  int vocab = 0, seq = 0;
+  double rtol = 0.5;
+  bool tie = false;
+  app.add_option("IN", in)->required();
+  app.add_option("OUT", out)->required();
+  app.add_option("--vocab", vocab);
+  app.add_option("--seq", seq);
+  app.add_option("--rtol", rtol);
+  app.add_flag("--tie", tie);
+  REQUIRE(parse_command_line(app, a.argc(), a.argv()));
+  CHECK(vocab == 600);
+  CHECK(seq == 3);
+  CHECK(tie);
+  CHECK(rtol == 0.5);
+  CHECK(in == "in.h5");
+  CHECK(out == "out.h5");
 }
 
-TEST_CASE("cli: Args usage errors name the option and carry no source location") {
-  Argv unknown({"tool", "--bogus", "1"});
-  const std::string e = error_of([&] { Args(unknown.argc(), unknown.argv(), {"vocab"}, {"tie"}); });
-  CHECK(e.find("--bogus") != std::string::npos);
-  CHECK(e.find("known options: --vocab, --tie") != std::string::npos);
-  CHECK(e.find(".cpp:") == std::string::npos);
-  Argv missing({"tool", "--vocab"});
-  CHECK(error_of([&] { Args(missing.argc(), missing.argv(), {"vocab"}); }).find("--vocab") != std::string::npos);
-  Argv bad({"tool", "--vocab", "5x"});
-  const Args args(bad.argc(), bad.argv(), {"vocab"});
-  const std::string b = error_of([&] { (void)args.integer("vocab", 0); });
-  CHECK(b == "--vocab expects an integer, got '5x'");
-}
+namespace {
 
-TEST_CASE("cli: --help is answered (HelpShown) with the program's usage and every option") {
-  Argv a({"tool", "--help"});
-  bool shown = false;
+// A UsageError's message from parsing argv into a tool with a required FILE, --vocab INT >= 1 and --tie.
+std::string usage_error_of(std::vector<std::string> words) {
+  Argv a(std::move(words));
+  CliApp app("a tool", "tool");
+  std::string file;
+  int vocab = 0;
+  bool tie = false;
+  app.add_option("FILE", file)->required();
+  app.add_option("--vocab", vocab)->check(positive_number());
+  app.add_flag("--tie", tie);
   try {
-    Args(a.argc(), a.argv(), {"out", "vocab"}, {"tie", "help"}, "usage: tool --out DIR\n");
-  } catch (const HelpShown&) {
-    shown = true;
+    parse_command_line(app, a.argc(), a.argv());
+  } catch (const UsageError& e) {
+    return e.what();
   }
-  CHECK(shown);
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("cli: usage errors are UsageErrors naming the option, without source location") {
+  // an unknown option is named as such, even when the required FILE is missing too
+  const std::string e = usage_error_of({"tool", "--bogus", "1"});
+  CHECK(e.find("unknown option --bogus") != std::string::npos);
+  CHECK(e.find("`tool --help` lists the options") != std::string::npos);
+  CHECK(e.find(".cpp:") == std::string::npos);
+  CHECK(usage_error_of({"tool", "f.h5", "--bogus=2"}).find("unknown option --bogus") != std::string::npos);
+  CHECK(usage_error_of({"tool", "f.h5", "--vocab"}).find("--vocab") != std::string::npos);
+  const std::string nan = usage_error_of({"tool", "f.h5", "--vocab", "5x"});
+  CHECK(nan.find("--vocab") != std::string::npos);
+  CHECK(nan.find("5x") != std::string::npos);
+  CHECK(usage_error_of({"tool", "f.h5", "--vocab", "0"}).find("--vocab") != std::string::npos);
+  CHECK(usage_error_of({"tool"}).find("FILE is required") != std::string::npos);
+  CHECK(usage_error_of({"tool", "f.h5", "--vocab", "3", "--tie"}).empty());
+}
+
+TEST_CASE("cli: --help is answered with the usage once and typed options") {
+  Argv a({"tool", "--help"});
+  CliApp app("a tool", "tool");
+  int max_new = 128;
+  std::string out;
+  app.add_option("--max-new-tokens", max_new, "tokens per prompt")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--out", out, "the file")->type_name("FILE");
+  CHECK(!parse_command_line(app, a.argc(), a.argv(), /*print_help=*/false));
+  const std::string help = app.help();
+  CHECK(help.find("Usage:") == help.rfind("Usage:"));
+  CHECK(help.find("--max-new-tokens INT in [1 - 1048576] (default 128)") != std::string::npos);
+  CHECK(help.find("--out FILE") != std::string::npos);
+  CHECK(help.find("TEXT") == std::string::npos);
+}
+
+TEST_CASE("cli: run_program and parse_or_exit_code give the exit codes: 2 usage, 1 other errors, 0 help") {
+  CHECK(run_program("tool", [] { return 3; }) == 3);
+  CHECK(run_program("tool", []() -> int { throw UsageError("bad option"); }) == 2);
+  CHECK(run_program("tool", []() -> int { throw Error("no such file"); }) == 1);
+  CliApp app("a tool", "tool");
+  int n = 0;
+  app.add_option("--n", n);
+  Argv bad({"tool", "--n", "abc"});
+  CHECK(parse_or_exit_code(app, bad.argc(), bad.argv()) == std::optional<int>(2));
+  CliApp ok_app("a tool", "tool");
+  ok_app.add_option("--n", n);
+  Argv ok({"tool", "--n", "4"});
+  CHECK(!parse_or_exit_code(ok_app, ok.argc(), ok.argv()));
+  CHECK(n == 4);
 }
 
 TEST_CASE("cli: dflash_mpi options: config, repeated --set, --stop-after-steps, --check, errors without location") {
@@ -101,7 +156,7 @@ TEST_CASE("cli: dflash_mpi options: config, repeated --set, --stop-after-steps, 
   Argv ex({"dflash_mpi", "--export", "ckpt/step_00000002", "out", "--dtype", "f32"});
   const auto e = train::parse_export_options(ex.argc(), ex.argv());
   REQUIRE(e);
-  CHECK(e->step_dir == "ckpt/step_00000002");
+  CHECK(e->source == "ckpt/step_00000002");
   CHECK(e->dtype == "f32");
   Argv bad_dtype({"dflash_mpi", "--export", "a", "b", "--dtype", "f16"});
   CHECK(error_of([&] { train::parse_export_options(bad_dtype.argc(), bad_dtype.argv()); }).find("--dtype") !=
