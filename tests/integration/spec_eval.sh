@@ -89,7 +89,7 @@ PY
     rc=0; "$build/apps/dflash_eval" --target "$tiny/target" --drafter "$out" --prompts "$tiny/prompts.h5" >"$out/bad.log" 2>&1 || rc=$?
     [[ $rc -ne 0 ]] && grep -q "no complete checkpoint under" "$out/bad.log" || { cat "$out/bad.log"; fail "bad --drafter accepted"; }
     for bad in "--tree-budget 0:--tree-budget 0: must be >= 1" "--tree-topk 2:--tree-topk needs --tree-budget N" \
-               "--device gpu:--device gpu: use cpu or cuda" "--precision bf16:--precision bf16 with --device cpu" \
+               "--device gpu:--device: gpu not in {cpu,cuda}" "--precision bf16:--precision bf16 with --device cpu" \
                "--device cuda --tree-budget 4:--tree-budget needs --device cpu"; do
       rc=0; "$build/apps/dflash_eval" --target "$tiny/target" --drafter "$run" --prompts "$tiny/prompts.h5" ${bad%%:*} \
         >"$out/bad.log" 2>&1 || rc=$?
