@@ -1095,56 +1095,6 @@ TEST_CASE("cuda twin attention_tc: what the tensor-core kernels take, and the fa
   CHECK_FALSE(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 128, 0}, {bytes + 2}));  // cp.async alignment
 }
 
-TEST_CASE("cuda twin attention_tc: causal attention of the target on tensor cores (prefill, cached, decode)") {
-  struct Case {
-    int n, past, NH, KVH, D;
-  };
-  // the bound of the DFlash forward above: P rounded to bf16 for P·V, then out rounded
-  for (const Case c : {Case{40, 0, 6, 1, 256}, Case{70, 0, 8, 2, 128}, Case{5, 100, 4, 4, 64}, Case{1, 300, 12, 2, 128},
-                       Case{33, 64, 24, 4, 256}}) {
-    INFO("n " << c.n << " past " << c.past << " NH " << c.NH << " KVH " << c.KVH << " D " << c.D);
-    REQUIRE(cuda::attention_causal_tc_supports(c.NH, c.KVH, c.D, {}));
-    const int keys = c.past + c.n, G = c.NH / c.KVH;
-    const auto q = bf16_round(randn(size_t(c.n) * c.NH * c.D, 160)),
-               k = bf16_round(randn(size_t(keys) * c.KVH * c.D, 161)),
-               v = bf16_round(randn(size_t(keys) * c.KVH * c.D, 162));
-    std::vector<double> want(q.size(), 0.0), mag(q.size(), 0.0);
-    const double scale = 1.0 / std::sqrt(double(c.D));
-    for (int i = 0; i < c.n; ++i)
-      for (int h = 0; h < c.NH; ++h) {
-        const size_t qo = (size_t(i) * c.NH + h) * c.D;
-        const int seen = c.past + i + 1, g = h / G;
-        std::vector<double> sc(seen);
-        double mx = -INFINITY, l = 0;
-        for (int t = 0; t < seen; ++t) {
-          double acc = 0;
-          for (int d = 0; d < c.D; ++d) acc += double(q[qo + d]) * k[(size_t(t) * c.KVH + g) * c.D + d];
-          mx = std::max(mx, sc[t] = acc * scale);
-        }
-        for (double x : sc) l += std::exp(x - mx);
-        for (int t = 0; t < seen; ++t) {
-          const double p = std::exp(sc[t] - mx) / l;
-          for (int d = 0; d < c.D; ++d) {
-            const double vv = v[(size_t(t) * c.KVH + g) * c.D + d];
-            want[qo + d] += p * vv;
-            mag[qo + d] += p * std::fabs(vv);
-          }
-        }
-      }
-    Dev<bf16> gq(to_bf16(q)), gk(to_bf16(k)), gv(to_bf16(v)), tc(std::vector<bf16>(q.size())),
-        cores(std::vector<bf16>(q.size()));
-    const cudaStream_t st = static_cast<cudaStream_t>(gpu().ex().stream);
-    cuda::launch_attention_cached_forward_tc(st, dev(tc.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()), c.n, c.past, c.NH,
-                                             c.KVH, c.D);
-    cuda::launch_attention_cached_forward_cores<cuda::bf16>(st, dev(cores.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()),
-                                                            c.n, c.past, c.NH, c.KVH, c.D);
-    require_bound(to_f32(tc.get()), want, mag, 0x1.0p-9, "causal out, tensor cores");
-    require_bound(to_f32(cores.get()), want, mag, 0x1.0p-9, "causal out, CUDA cores");
-  }
-  CHECK_FALSE(cuda::attention_causal_tc_supports(8, 3, 128, {}));
-  CHECK_FALSE(cuda::attention_causal_tc_supports(8, 2, 80, {}));
-}
-
 // ---- split-K (flash-decoding) of the cached attention on tensor cores ----
 // A split's rows hold an unnormalised fp32 output and (max, sum); the merge rescales them in fp32 and rounds the
 // output once, so the split result has the bound of the unsplit kernel (P rounded to bf16 relative to the split's
@@ -1187,6 +1137,36 @@ void cached_reference(const CachedCase& c, const std::vector<float>& q, const st
 }
 
 }  // namespace
+
+TEST_CASE("cuda twin attention_tc: causal attention of the target on tensor cores (prefill, cached, decode)") {
+  struct Case {
+    int n, past, NH, KVH, D;
+  };
+  // the bound of the DFlash forward above: P rounded to bf16 for P·V, then out rounded
+  for (const Case c : {Case{40, 0, 6, 1, 256}, Case{70, 0, 8, 2, 128}, Case{5, 100, 4, 4, 64}, Case{1, 300, 12, 2, 128},
+                       Case{33, 64, 24, 4, 256}}) {
+    INFO("n " << c.n << " past " << c.past << " NH " << c.NH << " KVH " << c.KVH << " D " << c.D);
+    REQUIRE(cuda::attention_causal_tc_supports(c.NH, c.KVH, c.D, {}));
+    const int keys = c.past + c.n;
+    const auto q = bf16_round(randn(size_t(c.n) * c.NH * c.D, 160)),
+               k = bf16_round(randn(size_t(keys) * c.KVH * c.D, 161)),
+               v = bf16_round(randn(size_t(keys) * c.KVH * c.D, 162));
+    std::vector<double> want, mag;
+    cached_reference({c.n, c.past, c.NH, c.KVH, c.D}, q, k, v, want, mag);
+    Dev<bf16> gq(to_bf16(q)), gk(to_bf16(k)), gv(to_bf16(v)), tc(std::vector<bf16>(q.size())),
+        cores(std::vector<bf16>(q.size()));
+    const cudaStream_t st = static_cast<cudaStream_t>(gpu().ex().stream);
+    cuda::launch_attention_cached_forward_tc(st, dev(tc.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()), c.n, c.past, c.NH,
+                                             c.KVH, c.D);
+    cuda::launch_attention_cached_forward_cores<cuda::bf16>(st, dev(cores.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()),
+                                                            c.n, c.past, c.NH, c.KVH, c.D);
+    require_bound(to_f32(tc.get()), want, mag, 0x1.0p-9, "causal out, tensor cores");
+    require_bound(to_f32(cores.get()), want, mag, 0x1.0p-9, "causal out, CUDA cores");
+  }
+  CHECK_FALSE(cuda::attention_causal_tc_supports(8, 3, 128, {}));
+  CHECK_FALSE(cuda::attention_causal_tc_supports(8, 2, 80, {}));
+}
+
 
 TEST_CASE("cuda twin attention_tc: split-K cached attention (decode, verify, past 0) vs the reference and 1 split") {
   struct Case {
