@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "apps/dflash_data/commands.h"
+#include "apps/dflash_data/regenerate_dataset.h"
 #include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
@@ -72,15 +73,15 @@ int regenerate(const RegenerateOptions& a, comm::Transport& tp) {
   std::unique_ptr<io::DatasetWriter> writer;
   if (writer_rank) writer = std::make_unique<io::DatasetWriter>(out + ".partial");
   double last_print = 0;
-  auto progress = [&](const model::RegenerateStats& s) {
+  auto progress = [&](const RegenerateStats& s) {
     if (!writer_rank || (s.seconds - last_print < 2.0 && s.sequences < n)) return;
     last_print = s.seconds;
     std::printf("  %lld/%lld sequences  %.2f sequences/s  %.0f new tokens/s\n", (long long)s.sequences,
                 (long long)n, double(s.sequences) / s.seconds, double(s.new_tokens) / s.seconds);
     std::fflush(stdout);
   };
-  const model::RegenerateStats st =
-      model::regenerate_dataset(target, head, prompts, writer.get(), opt, limit, progress);
+  const RegenerateStats st =
+      regenerate_dataset(target, head, prompts, writer.get(), opt, limit, progress);
   if (writer_rank) {
     writer->commit(out);
     const double secs = std::max(st.seconds, 1e-9);

@@ -91,6 +91,47 @@ std::string eval_summary(const std::vector<std::unique_ptr<Evaluator>>& evals, d
   return any ? out : "";
 }
 
+// The weights the run starts from: a resume takes its checkpoint, whatever drafter.init says; else the warm start.
+void load_start_weights(const TrainConfig& cfg, const DrafterRunOptions& opt, DrafterTransports& t,
+                        DrafterStep& trainer) {
+  if (opt.start_step > 0)
+    restore_drafter(t.dp, trainer, opt.resume);
+  else if (!cfg.drafter.init.empty())
+    init_drafter(t.dp, trainer, opt.init);
+}
+
+// An eval or a save (on drafter rank 0, which the others then wait for) is long by nature: the watchdog holds this
+// step and the next to run.watchdog_seconds instead of a multiple of the steps (every rank knows the cadence).
+bool long_step_due(const TrainConfig& cfg, const DrafterRunOptions& opt,
+                   const std::vector<std::unique_ptr<Evaluator>>& evals, int64_t next_step, bool last, bool stop) {
+  bool due = Checkpointer::due(cfg.ckpt.every, next_step, last, stop, opt.dump_dir.empty());
+  for (const auto& e : evals) due = due || e->due(next_step, stop);
+  return due;
+}
+
+// Every eval due after this step: its record to the reporter, its τ to the best checkpoint.
+void run_due_evals(const std::vector<std::unique_ptr<Evaluator>>& evals, EvalContext ctx, bool stop,
+                   Reporter& reporter, Checkpointer& ckpt, Logger& log) {
+  for (const auto& e : evals) {
+    if (!e->due(ctx.next_step, stop)) continue;
+    const EvalOutcome o = e->run(ctx);
+    reporter.report(o.report);
+    log_if(log, ckpt.offer_best(ctx.next_step, o.metric, o.tau, ctx.drafter));  // the best checkpoint keeps one τ
+  }
+}
+
+// How the loop ended, for status.json and the exit code.
+RunStatus run_status(const RunPlan& plan, int64_t next_step, bool signalled) {
+  RunStatus end;
+  end.outcome = next_step == plan.total_steps ? RunOutcome::finished
+                : signalled                  ? RunOutcome::stopped
+                                             : RunOutcome::partial;
+  end.step = next_step;
+  end.total_steps = plan.total_steps;
+  end.signal = signalled ? stop_signal() : 0;
+  return end;
+}
+
 }  // namespace
 
 RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
@@ -100,10 +141,7 @@ RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const 
   Timer load_timer;
   const model::TargetVocab vocab = load_vocab(cfg, plan);
   DrafterStep trainer(cfg, plan, vocab.embedding.data(), vocab.lm_head(), layout.dp_rank, t.dp_data);
-  if (opt.start_step > 0)
-    restore_drafter(t.dp, trainer, opt.resume);  // a resume takes its checkpoint, whatever drafter.init says
-  else if (!cfg.drafter.init.empty())
-    init_drafter(t.dp, trainer, opt.init);
+  load_start_weights(cfg, opt, t, trainer);
   log.info("{}", describe(plan, trainer, opt.start_step, load_timer.seconds()));
   const StreamPlan stream = make_stream_plan(cfg, plan, data, opt.eval);
   StreamCursor cursor(stream, layout.dp_rank, opt.start_step);
@@ -134,18 +172,8 @@ RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const 
     const bool stop_after = opt.stop_after > 0 && next_step - opt.start_step >= opt.stop_after;
     const bool stop = r.stop_requested || stop_after || dumper.active(), last = next_step == plan.total_steps;
     reporter->after_step(r, next_step, last, stop);
-    // an eval or a save (on drafter rank 0, which the others then wait for) is long by nature: the watchdog holds
-    // this step and the next to run.watchdog_seconds instead of a multiple of the steps (every rank knows the cadence)
-    bool long_step = Checkpointer::due(cfg.ckpt.every, next_step, last, stop, opt.dump_dir.empty());
-    for (const auto& e : evals) long_step = long_step || e->due(next_step, stop);
-    if (long_step) watchdog.relax(2);
-    EvalContext ctx{next_step, trainer, t.dp, t.world, next_packet};
-    for (const auto& e : evals) {
-      if (!e->due(next_step, stop)) continue;
-      const EvalOutcome o = e->run(ctx);
-      reporter->report(o.report);
-      log_if(log, ckpt.offer_best(next_step, o.metric, o.tau, trainer));  // the best checkpoint keeps one τ
-    }
+    if (long_step_due(cfg, opt, evals, next_step, last, stop)) watchdog.relax(2);
+    run_due_evals(evals, {next_step, trainer, t.dp, t.world, next_packet}, stop, *reporter, ckpt, log);
     if (ckpt.due(next_step, last, stop)) log.info("{}", ckpt.save(next_step, trainer));
     signalled = r.stop_requested;
     if (r.stop_requested)
@@ -161,14 +189,7 @@ RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const 
   log_if(log, eval_summary(evals, run_seconds));
   if (writer && next_step == plan.total_steps)
     log.info("drafter: final fp32 weights in {}", write_final_weights(cfg.run.out_dir, trainer.params()));
-  RunStatus end;
-  end.outcome = next_step == plan.total_steps ? RunOutcome::finished
-                : signalled                  ? RunOutcome::stopped
-                                             : RunOutcome::partial;
-  end.step = next_step;
-  end.total_steps = plan.total_steps;
-  end.signal = signalled ? stop_signal() : 0;
-  return end;
+  return run_status(plan, next_step, signalled);
 }
 
 }  // namespace dflash::train

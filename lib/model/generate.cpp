@@ -7,7 +7,6 @@
 
 #include "kernels/backend.h"
 #include "lib/core/error.h"
-#include "lib/core/timer.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/qwen_config.h"
 
@@ -134,37 +133,6 @@ void check_generation_fits(const QwenConfig& target, const std::string& target_d
                     what, max_new_tokens, which, prompts.path(), longest, longest + max_new_tokens, extra,
                     target.max_position_embeddings, target_dir,
                     std::max<int64_t>(0, target.max_position_embeddings - longest - extra));
-}
-
-RegenerateStats regenerate_dataset(TargetModel& target, GreedyHead& head, const io::Dataset& prompts,
-                                   io::DatasetWriter* out, const GenerateOptions& options, int64_t limit,
-                                   const std::function<void(const RegenerateStats&)>& progress) {
-  const int64_t n = check_prompts(prompts, limit);  // fail before any generation
-  RegenerateStats st;
-  Timer timer;
-  std::vector<int32_t> tokens;
-  std::vector<uint8_t> mask;
-  for (int64_t i = 0; i < n; ++i) {
-    const std::vector<int32_t> prompt = prompt_of(prompts.read(i), prompts.path());
-    std::vector<int32_t> continuation;
-    try {
-      continuation = greedy_generate(target, head, prompt, options);
-    } catch (const Error& e) {
-      throw Error(fmt::format("{}: sequence {}: {}", prompts.path(), i, e.what()));
-    }
-    tokens = prompt;
-    tokens.insert(tokens.end(), continuation.begin(), continuation.end());
-    mask.assign(prompt.size(), 0);
-    mask.resize(tokens.size(), 1);
-    if (out) out->add(tokens, mask);
-    st.sequences += 1;
-    st.prompt_tokens += int64_t(prompt.size());
-    st.new_tokens += int64_t(continuation.size());
-    st.eos_stops += int(continuation.size()) < options.max_new_tokens;
-    st.seconds = timer.seconds();
-    if (progress) progress(st);
-  }
-  return st;
 }
 
 }  // namespace dflash::model

@@ -58,7 +58,7 @@ std::vector<int32_t> greedy_generate(TargetModel& target, GreedyHead& head, cons
 // loss_mask = 1 has no prompt: a dflash::Error naming `source` and the sequence.
 std::vector<int32_t> prompt_of(const io::Sequence& sequence, const std::string& source);
 
-// The number of sequences regenerate_dataset would use (the first `limit`; 0: all) after checking that each has a
+// The number of sequences a regeneration would use (the first `limit`; 0: all) after checking that each has a
 // prompt (prompt_of); throws on the first that has none, naming it.
 int64_t check_prompts(const io::Dataset& prompts, int64_t limit = 0);
 
@@ -67,21 +67,5 @@ int64_t check_prompts(const io::Dataset& prompts, int64_t limit = 0);
 // `what` (the key or option), the prompt and the largest value that fits. No bound when config.json has none.
 void check_generation_fits(const QwenConfig& target, const std::string& target_dir, const io::Dataset& prompts,
                            int64_t n, int64_t max_new_tokens, int extra, const std::string& what);
-
-struct RegenerateStats {
-  int64_t sequences = 0;      // written so far
-  int64_t prompt_tokens = 0;  // loss_mask 0
-  int64_t new_tokens = 0;     // loss_mask 1
-  int64_t eos_stops = 0;      // sequences that ended at eos before max_new_tokens
-  double seconds = 0;         // wall time so far
-};
-
-// Collective. For each of the first `limit` sequences of `prompts` (0: all): the sequence prompt + greedy
-// continuation, loss_mask 0 on the prompt and 1 on the continuation, added to `out` (null on ranks that do not
-// write). Every prompt is checked first (check_prompts), so a bad sequence fails before anything is generated or
-// added. `progress` (optional) is called after each sequence on every rank.
-RegenerateStats regenerate_dataset(TargetModel& target, GreedyHead& head, const io::Dataset& prompts,
-                                   io::DatasetWriter* out, const GenerateOptions& options, int64_t limit = 0,
-                                   const std::function<void(const RegenerateStats&)>& progress = {});
 
 }  // namespace dflash::model

@@ -1,4 +1,4 @@
-// Greedy generation and regenerated datasets (lib/model/generate.h) on tiny random targets, single process (TP 1).
+// Greedy generation (lib/model/generate.h) and regenerated datasets (apps/dflash_data/regenerate_dataset.h) on tiny random targets, single process (TP 1).
 // The reference: for every prefix, the final hidden state of the last position from the forward, logits against
 // the full lm_head in double by plain loops, argmax with the lowest id on ties. (TP > 1 is checked by the
 // integration test regenerate_cli_mpi: the same output under mpirun -np 5.)
@@ -17,6 +17,7 @@
 #include "lib/comm/transport.h"
 #include "lib/core/error.h"
 #include "lib/io/dataset.h"
+#include "apps/dflash_data/regenerate_dataset.h"
 #include "lib/model/generate.h"
 #include "lib/model/random_target.h"
 #include "lib/model/target.h"
@@ -182,8 +183,8 @@ TEST_CASE("generate: regenerate_dataset writes prompt + continuation with the ri
   std::vector<int64_t> progress;
   {
     io::DatasetWriter w(out.string());
-    const model::RegenerateStats st = model::regenerate_dataset(
-        *t.target, *t.head, prompts, &w, opt, 0, [&](const model::RegenerateStats& s) { progress.push_back(s.sequences); });
+    const data::RegenerateStats st = data::regenerate_dataset(
+        *t.target, *t.head, prompts, &w, opt, 0, [&](const data::RegenerateStats& s) { progress.push_back(s.sequences); });
     w.close();
     CHECK(st.sequences == 3);
     CHECK(st.prompt_tokens == 6);
@@ -213,7 +214,7 @@ TEST_CASE("generate: regenerate_dataset writes prompt + continuation with the ri
   const fs::path out2 = t.dir / "regen2.h5";
   {
     io::DatasetWriter w(out2.string());
-    const model::RegenerateStats st = model::regenerate_dataset(*t.target, *t.head, prompts, &w, opt, 2);
+    const data::RegenerateStats st = data::regenerate_dataset(*t.target, *t.head, prompts, &w, opt, 2);
     w.close();
     CHECK(st.sequences == 2);
     CHECK(st.eos_stops >= 1);
@@ -229,8 +230,8 @@ TEST_CASE("generate: regenerate_dataset writes prompt + continuation with the ri
   io::Dataset bad_prompts(bad.string(), t.spec.vocab);
   io::DatasetWriter w((t.dir / "regen3.h5").string());
   int calls = 0;
-  CHECK_THROWS_WITH_AS(model::regenerate_dataset(*t.target, *t.head, bad_prompts, &w, opt, 0,
-                                                 [&](const model::RegenerateStats&) { ++calls; }),
+  CHECK_THROWS_WITH_AS(data::regenerate_dataset(*t.target, *t.head, bad_prompts, &w, opt, 0,
+                                                 [&](const data::RegenerateStats&) { ++calls; }),
                        doctest::Contains("bad.h5: sequence 1 has loss_mask = 1"), Error);
   CHECK(calls == 0);
   CHECK(w.sequences() == 0);
