@@ -62,6 +62,22 @@ class CliFormatter : public CLI::Formatter {
   }
 };
 
+// CLI11's "Could not convert: --tree-budget = abc" as "--tree-budget: must be a whole number, got 'abc'" (the kind of
+// value from the option's type); the message as it was when it has another shape.
+std::string conversion_message(const CLI::App& app, const std::string& what) {
+  const std::string head = "Could not convert: ";
+  const size_t eq = what.find(" = ");
+  if (what.rfind(head, 0) != 0 || eq == std::string::npos) return what;
+  const std::string name = what.substr(head.size(), eq - head.size()), value = what.substr(eq + 3);
+  const CLI::Option* opt = app.get_option_no_throw(name);
+  const std::string type = opt ? opt->get_type_name().substr(0, opt->get_type_name().find(':')) : "";
+  const std::string kind = type == "INT"     ? "a whole number"
+                           : type == "UINT"  ? "a whole number >= 0"
+                           : type == "FLOAT" ? "a number"
+                                             : "of type " + type;
+  return fmt::format("{}: must be {}, got '{}'", name, kind, value);
+}
+
 // The first leftover argument that looks like an option ("--bogus=1" -> "--bogus"), or "".
 std::string unknown_option(const CLI::App& app) {
   for (const std::string& arg : app.remaining(/*recurse=*/true))  // a subcommand's too
@@ -85,6 +101,9 @@ bool parse_command_line(CLI::App& app, int argc, char** argv, bool print_help) {
   } catch (const CLI::CallForHelp&) {
     if (print_help) std::fputs(app.help().c_str(), stdout);
     return false;
+  } catch (const CLI::ConversionError& e) {
+    throw UsageError(fmt::format("{}; `{} --help` lists the options", conversion_message(app, e.what()),
+                                 app.get_name()));
   } catch (const CLI::ParseError& e) {
     const std::string where = "`" + app.get_name() + " --help` lists the options";
     if (const std::string unknown = unknown_option(app); !unknown.empty())

@@ -2,6 +2,7 @@
 // (no source location, exit code 2) naming the option; --help is answered, not an error.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -62,7 +63,8 @@ TEST_CASE("cli: CliApp parses typed options, --key=value, flags and positionals,
 
 namespace {
 
-// A UsageError's message from parsing argv into a tool with a required FILE, --vocab INT >= 1 and --tie.
+// A UsageError's message from parsing argv into a tool with a required FILE, --vocab INT >= 1, --limit INT,
+// --rate FLOAT and --tie.
 std::string usage_error_of(std::vector<std::string> words) {
   Argv a(std::move(words));
   CliApp app("a tool", "tool");
@@ -70,7 +72,11 @@ std::string usage_error_of(std::vector<std::string> words) {
   int vocab = 0;
   bool tie = false;
   app.add_option("FILE", file)->required();
+  int64_t limit = 0;
+  double rate = 0;
   app.add_option("--vocab", vocab)->check(positive_number());
+  app.add_option("--limit", limit);
+  app.add_option("--rate", rate);
   app.add_flag("--tie", tie);
   try {
     parse_command_line(app, a.argc(), a.argv());
@@ -95,6 +101,12 @@ TEST_CASE("cli: usage errors are UsageErrors naming the option, without source l
   CHECK(nan.find("5x") != std::string::npos);
   CHECK(usage_error_of({"tool", "f.h5", "--vocab", "0"}).find("--vocab") != std::string::npos);
   CHECK(usage_error_of({"tool"}).find("FILE is required") != std::string::npos);
+  // a value of the wrong kind, without a validator: the option, the kind it takes and the value (not CLI11's
+  // "Could not convert")
+  CHECK(usage_error_of({"tool", "f.h5", "--limit", "abc"}) ==
+        "--limit: must be a whole number, got 'abc'; `tool --help` lists the options");
+  CHECK(usage_error_of({"tool", "f.h5", "--rate", "1e"}).find("--rate: must be a number, got '1e'") !=
+        std::string::npos);
   CHECK(usage_error_of({"tool", "f.h5", "--vocab", "3", "--tie"}).empty());
 }
 
