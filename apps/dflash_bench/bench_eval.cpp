@@ -64,7 +64,7 @@ Pair builtin(const std::string& name) {
 }
 
 struct Row {
-  model::SpecSummary chain, tree;
+  eval::SpecSummary chain, tree;
   double greedy_seconds = 0;
   int64_t greedy_tokens = 0;
   explicit Row(int B) : chain(B), tree(B) {}
@@ -72,14 +72,14 @@ struct Row {
 
 Row measure(const std::string& target_dir, const model::DrafterConfig& dc, const model::DrafterParams<float>& params,
             const std::vector<int>& taps, const std::vector<std::vector<int32_t>>& prompts, int max_new,
-            const model::TreeOptions& tree) {
+            const eval::TreeOptions& tree) {
   comm::SelfTransport self;
   model::TargetModel target(target_dir, self);
   model::GreedyHead head(target_dir, self);
   const model::TargetVocab vocab = model::load_target_vocab(target_dir);
   const int vocab_limit = dc.mask_token_id == dc.vocab - 1 ? dc.vocab - 1 : 0;
-  model::DrafterProposer drafter(dc, params, vocab.embedding.data(), vocab.lm_head(), vocab_limit);
-  model::SpecOptions so;
+  eval::DrafterProposer drafter(dc, params, vocab.embedding.data(), vocab.lm_head(), vocab_limit);
+  eval::SpecOptions so;
   so.block_size = dc.block_size;
   so.tap_layer_ids = taps;
   so.max_new_tokens = max_new;
@@ -89,14 +89,14 @@ Row measure(const std::string& target_dir, const model::DrafterConfig& dc, const
   g.vocab_limit = vocab_limit;
   Row row(dc.block_size);
   // one untimed prompt first: page in the weights, size the arenas
-  model::speculative_generate_tree(target, head, self, &drafter, prompts[0], so, tree);
+  eval::speculative_generate_tree(target, head, self, &drafter, prompts[0], so, tree);
   for (size_t i = 0; i < prompts.size(); ++i) {
     Timer t;
     const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompts[i], g);
     row.greedy_seconds += t.seconds();
     row.greedy_tokens += int64_t(greedy.size());
-    const model::SpecResult c = model::speculative_generate(target, head, self, &drafter, prompts[i], so);
-    const model::SpecResult r = model::speculative_generate_tree(target, head, self, &drafter, prompts[i], so, tree);
+    const eval::SpecResult c = eval::speculative_generate(target, head, self, &drafter, prompts[i], so);
+    const eval::SpecResult r = eval::speculative_generate_tree(target, head, self, &drafter, prompts[i], so, tree);
     DFLASH_CHECK(c.tokens == greedy && r.tokens == greedy, "prompt {}: speculative decoding (chain {}, tree {}) "
                  "differs from greedy: a bug", i, c.tokens == greedy ? "same" : "differs",
                  r.tokens == greedy ? "same" : "differs");
@@ -106,7 +106,7 @@ Row measure(const std::string& target_dir, const model::DrafterConfig& dc, const
   return row;
 }
 
-double per_token(const model::SpecSummary& s) {
+double per_token(const eval::SpecSummary& s) {
   return s.generated > 0 ? double(s.target_forwards + s.rollback_forwards) / double(s.generated) : 0.0;
 }
 
@@ -137,7 +137,7 @@ int run_eval(int argc, char** argv) {
              "tokens/s, target forwards per token, tau and tau_tree.", "dflash_bench eval");
   std::string configs = "tiny,larger", target_dir, drafter_dir, prompt_file;
   int n_prompts = 8, prompt_len = 32, max_new = 64;
-  model::TreeOptions tree;
+  eval::TreeOptions tree;
   tree.budget = 16;
   tree.topk = 4;
   app.add_option("--config", configs, "built-in random target + untrained drafter pairs: tiny, larger (empty: none)")
@@ -189,7 +189,7 @@ int run_eval(int argc, char** argv) {
     std::filesystem::remove_all(dir);
   }
   if (pair) {
-    const train::DrafterSource src = train::load_drafter_source(drafter_dir);
+    const eval::DrafterSource src = eval::load_drafter_source(drafter_dir);
     const model::QwenConfig c = model::load_qwen_config(target_dir);
     DFLASH_USER_CHECK(src.drafter.config.vocab == c.vocab && src.drafter.config.hidden == c.hidden,
                       "--drafter {} does not fit the target {} (vocab / hidden)", src.dir, target_dir);

@@ -208,7 +208,7 @@ struct TargetBenchOptions {
   int reps = 3;
 };
 
-int bench(const TargetBenchOptions& a, const train::RandomTargetOptions& target_options) {
+int bench(const TargetBenchOptions& a, const job::RandomTargetOptions& target_options) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -392,7 +392,7 @@ int run_target(int argc, char** argv) {
   app.add_option("--precision", o.precision, "fp32 or bf16 (cuda only; its default)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--model", o.model, "a target directory instead of a random one")->type_name("DIR");
-  const train::RandomTargetOptions target_options(app);
+  const job::RandomTargetOptions target_options(app);
   if (!parse_command_line(app, argc, argv)) return 0;
   return comm::run_mpi_program({"dflash_bench target"}, argc, argv,
                                [&](bool) { return bench(o, target_options); });

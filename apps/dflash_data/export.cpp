@@ -11,9 +11,9 @@
 namespace dflash::data {
 
 int run_export(int argc, char** argv) {
-  const auto options = train::parse_export_command(argc, argv, "dflash_data export");
+  const auto options = job::parse_export_command(argc, argv, "dflash_data export");
   if (!options) return 0;  // --help
-  std::printf("%s\n", train::export_command(*options).c_str());
+  std::printf("%s\n", job::export_command(*options).c_str());
   return 0;
 }
 

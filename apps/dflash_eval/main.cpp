@@ -87,7 +87,7 @@ std::optional<int> parse_options(int argc, char** argv, EvalOptions& o) {
 }
 
 // The teacher-forced τ of the run's last metrics record, when the drafter came from a training run.
-nlohmann::json training_tau(const train::DrafterSource& src) {
+nlohmann::json training_tau(const eval::DrafterSource& src) {
   if (src.kind != "checkpoint") return nullptr;
   const std::filesystem::path metrics = std::filesystem::path(src.dir).parent_path().parent_path() / "metrics.jsonl";
   std::ifstream f(metrics);
@@ -105,7 +105,7 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
   const std::string& target_dir = a.target;
   DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory "
                     "with config.json and *.safetensors)", target_dir);
-  const train::DrafterSource src = train::load_drafter_source(a.drafter);
+  const eval::DrafterSource src = eval::load_drafter_source(a.drafter);
   const model::DrafterConfig& dc = src.drafter.config;
   // the target's forward on the GPU (the drafter and the greedy head stay on the CPU: a block of drafts and one
   // argmax row per verify cost far less than the target's forward)
@@ -128,7 +128,7 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
   // a checkpoint trained against another target of the same shape: allowed (measuring a drafter on a sibling
   // target is a real question), but said, since τ then measures the transfer, not the training
   if (root && !src.target_identity.empty()) {
-    const std::string here = train::target_identity(target_dir);
+    const std::string here = preflight::target_identity(target_dir);
     if (here != src.target_identity)
       std::fprintf(stderr, "dflash_eval: warning: --drafter %s was trained against a target with identity '%s'; "
                    "--target %s has '%s' (another fine-tune or revision): tau measures the drafter on a different "
@@ -137,7 +137,7 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
   for (int id : src.drafter.info.target_layer_ids)
     DFLASH_USER_CHECK(id < c.layers, "--drafter {}: target_layer_ids has {}, the target has {} layers", src.dir, id,
                       c.layers);
-  model::SpecOptions so;
+  eval::SpecOptions so;
   so.block_size = dc.block_size;
   so.tap_layer_ids = src.drafter.info.target_layer_ids;
   so.eos_id = a.eos;
@@ -147,7 +147,7 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
   DFLASH_USER_CHECK(so.eos_id < c.vocab, "--eos {}: not a token id of the target (vocab {})", so.eos_id, c.vocab);
   DFLASH_USER_CHECK(so.vocab_limit >= 0 && so.vocab_limit <= c.vocab, "--vocab-limit {}: must be in [1, vocab {}]",
                     so.vocab_limit, c.vocab);
-  model::TreeOptions tree;
+  eval::TreeOptions tree;
   tree.budget = a.tree_budget.value_or(0);
   tree.topk = a.tree_topk.value_or(4);
   const bool with_tree = a.tree_budget.has_value();
@@ -168,11 +168,11 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
   model::check_generation_fits(c, target_dir, prompts, n, so.max_new_tokens, dc.block_size, "--max-new-tokens");
 
   model::TargetVocab vocab;
-  std::unique_ptr<model::DrafterProposer> drafter;
+  std::unique_ptr<eval::DrafterProposer> drafter;
   if (root) {
     vocab = model::load_target_vocab(target_dir);
-    drafter = std::make_unique<model::DrafterProposer>(dc, src.drafter.params, vocab.embedding.data(),
-                                                       vocab.lm_head(), so.vocab_limit);
+    drafter = std::make_unique<eval::DrafterProposer>(dc, src.drafter.params, vocab.embedding.data(), vocab.lm_head(),
+                                                      so.vocab_limit);
     std::printf("eval: drafter %s (%s%s, block %d, taps %s) on target %s (TP %d), %lld prompts, up to %d new "
                 "tokens each\n", src.dir.c_str(), src.kind.c_str(),
                 src.step >= 0 ? fmt::format(" step {}", src.step).c_str() : "", dc.block_size,
@@ -184,7 +184,7 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
   g.max_new_tokens = so.max_new_tokens;
   g.eos_id = so.eos_id;
   g.vocab_limit = so.vocab_limit;
-  model::SpecSummary sum(dc.block_size), sum_tree(dc.block_size);
+  eval::SpecSummary sum(dc.block_size), sum_tree(dc.block_size);
   double greedy_seconds = 0;  // plain greedy decoding of the same prompts (--check-greedy)
   struct Mean {
     double sum = 0;
@@ -194,7 +194,7 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
   } forced_all, forced_visited;  // --teacher-forced: over every anchor, over the anchors speculative decoding used
   for (int64_t i = 0; i < n; ++i) {
     const std::vector<int32_t> prompt = model::prompt_of(prompts.read(i), prompts.path());
-    const model::SpecResult r = model::speculative_generate(target, head, tp, drafter.get(), prompt, so);
+    const eval::SpecResult r = eval::speculative_generate(target, head, tp, drafter.get(), prompt, so);
     if (a.check_greedy) {
       Timer greedy_timer;
       const std::vector<int32_t> greedy = model::greedy_generate(target, head, prompt, g);
@@ -204,7 +204,7 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
     }
     sum.add(r);
     if (with_tree) {
-      const model::SpecResult t = model::speculative_generate_tree(target, head, tp, drafter.get(), prompt, so, tree);
+      const eval::SpecResult t = eval::speculative_generate_tree(target, head, tp, drafter.get(), prompt, so, tree);
       DFLASH_CHECK(t.tokens == r.tokens, "{}: prompt {}: tree decoding differs from chain decoding (a bug: please "
                    "report it with this prompt)", prompts.path(), i);
       sum_tree.add(t);
@@ -213,8 +213,8 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
       std::vector<int32_t> sequence = prompt;
       sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
       std::vector<int> forced;
-      model::teacher_forced_acceptance(target, tp, drafter.get(), sequence, int(prompt.size()), so.tap_layer_ids,
-                                       dc.block_size, forced);
+      eval::teacher_forced_acceptance(target, tp, drafter.get(), sequence, int(prompt.size()), so.tap_layer_ids,
+                                      dc.block_size, forced);
       for (int m : forced) forced_all.add(m);
       size_t at = 0;  // the anchors speculative decoding visited: prompt end, then after each verify's kept tokens
       for (int m : r.accepted) {

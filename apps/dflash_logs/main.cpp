@@ -34,9 +34,9 @@ struct LogsOptions {
 
 int plot(const std::string& run_dir, std::string out) {
   int skipped = 0;
-  const auto series = dflash::train::read_metrics(run_dir, &skipped);
+  const auto series = dflash::report::read_metrics(run_dir, &skipped);
   if (out.empty()) out = run_dir + "/metrics.svg";
-  dflash::write_file_atomic(out, dflash::train::plot_metrics_svg(series, "dflash run " + run_dir));
+  dflash::write_file_atomic(out, dflash::report::plot_metrics_svg(series, "dflash run " + run_dir));
   std::printf("wrote %s: %zu records (steps %.0f..%.0f)%s\n", out.c_str(), series.steps.size(), series.steps.front(),
               series.steps.back(),
               skipped ? (" ; skipped " + std::to_string(skipped) + " unreadable line(s)").c_str() : "");
@@ -44,16 +44,16 @@ int plot(const std::string& run_dir, std::string out) {
 }
 
 int show(const LogsOptions& o) {
-  const auto logs = dflash::train::read_run_logs(o.run_dir);
+  const auto logs = dflash::report::read_run_logs(o.run_dir);
   if (o.garbled) {
-    std::fputs(dflash::train::garbled_report(logs).c_str(), stdout);
+    std::fputs(dflash::report::garbled_report(logs).c_str(), stdout);
     return 0;
   }
   if (!(o.merge || o.level || o.rank || o.tail)) {
-    std::fputs(dflash::train::summarise_logs(logs).c_str(), stdout);
+    std::fputs(dflash::report::summarise_logs(logs).c_str(), stdout);
     return 0;
   }
-  const auto level = dflash::train::parse_log_level(o.level.value_or("debug"), "--level");
+  const auto level = dflash::report::parse_log_level(o.level.value_or("debug"), "--level");
   const long long rank = o.rank.value_or(-1);
   if (o.rank && std::none_of(logs.begin(), logs.end(), [&](const auto& l) { return l.rank == rank; })) {
     std::string ranks;
@@ -61,7 +61,7 @@ int show(const LogsOptions& o) {
     throw dflash::Error(fmt::format("--rank {}: {}/logs has no rank_{:02d}.log (ranks with logs: {})", rank,
                                     o.run_dir, rank, ranks));
   }
-  const auto lines = dflash::train::merge_logs(logs, level, int(rank));
+  const auto lines = dflash::report::merge_logs(logs, level, int(rank));
   const size_t tail = size_t(o.tail.value_or(0));
   for (size_t i = tail && lines.size() > tail ? lines.size() - tail : 0; i < lines.size(); ++i)
     std::printf("%s\n", lines[i].text.c_str());
@@ -82,9 +82,9 @@ int main(int argc, char** argv) {
   app.add_option("--rank", o.rank, "only world rank R")->type_name("R")->check(CLI::Validator(
       [](const std::string& v) -> std::string {
         long long r = -1;
-        return CLI::detail::lexical_cast(v, r) && r >= 0 && r <= dflash::train::kMaxRank
+        return CLI::detail::lexical_cast(v, r) && r >= 0 && r <= dflash::report::kMaxRank
                    ? ""
-                   : fmt::format("--rank {}: a world rank is 0 .. {}", v, dflash::train::kMaxRank);
+                   : fmt::format("--rank {}: a world rank is 0 .. {}", v, dflash::report::kMaxRank);
       }, ""));
   app.add_option("--tail", o.tail, "only the last N lines")->type_name("N")->check(CLI::Validator(
       [](const std::string& v) -> std::string {

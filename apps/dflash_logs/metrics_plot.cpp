@@ -12,7 +12,7 @@
 
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::report {
 
 namespace {
 
@@ -186,4 +186,4 @@ std::string plot_metrics_svg(const MetricsSeries& s, const std::string& title, i
   return svg + "</svg>\n";
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace dflash::train {
+namespace dflash::report {
 
 // One metrics.jsonl as columns: steps[i] and, per key, values[key][i] (NaN where a record lacks it or is null).
 struct MetricsSeries {
@@ -24,4 +24,4 @@ MetricsSeries read_metrics(const std::string& run_dir, int* skipped = nullptr);
 std::string plot_metrics_svg(const MetricsSeries& series, const std::string& title, int width = 1200,
                              int height = 900);
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -5,7 +5,7 @@
 #include "lib/core/error.h"
 #include "lib/state/checkpoint.h"
 
-namespace dflash::train {
+namespace dflash::eval {
 
 namespace fs = std::filesystem;
 
@@ -20,7 +20,7 @@ std::string drafter_source_dir(const std::string& path) {
                     "--drafter {}: not a directory (give a run folder, a checkpoint step_* folder or an exported "
                     "drafter folder)", path);
   if (is_export(path) || fs::exists(fs::path(path) / "state.json")) return path;
-  const std::string step_dir = find_latest_checkpoint(path);
+  const std::string step_dir = state::find_latest_checkpoint(path);
   DFLASH_USER_CHECK(!step_dir.empty(),
                     "--drafter {}: no config.json + model.safetensors (an exported drafter), no state.json (a "
                     "checkpoint step folder) and no complete checkpoint under {}/ckpt (a run folder)", path, path);
@@ -34,7 +34,7 @@ DrafterSource load_drafter_source(const std::string& path) {
     model::require_finite_weights(d.config, d.params, (fs::path(step_dir) / "model.safetensors").string());
     return DrafterSource{"export", step_dir, -1, std::move(d), ""};
   }
-  LoadedCheckpoint ck = read_checkpoint(step_dir, /*with_optimizer=*/false);
+  state::LoadedCheckpoint ck = state::read_checkpoint(step_dir, /*with_optimizer=*/false);
   const std::string source = (fs::path(step_dir) / "state.json").string() + " extra.export";
   DFLASH_USER_CHECK(ck.state.extra.is_object() && ck.state.extra.contains("export"),
                     "{}: missing (the checkpoint does not record its target_layer_ids); export it with "
@@ -47,4 +47,4 @@ DrafterSource load_drafter_source(const std::string& path) {
                        ck.state.target};
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::eval

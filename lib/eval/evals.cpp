@@ -3,16 +3,16 @@
 #include "lib/eval/heldout_eval.h"
 #include "lib/eval/spec_eval.h"
 
-namespace dflash::train {
+namespace dflash::eval {
 
-StreamPlan make_stream_plan(const TrainConfig& cfg, const RunPlan& plan, const io::Dataset& data,
-                            const EvalInputs& eval) {
-  StreamPlan stream(cfg, plan, data);
+train::StreamPlan make_stream_plan(const TrainConfig& cfg, const train::RunPlan& plan, const io::Dataset& data,
+                                   const EvalInputs& eval) {
+  train::StreamPlan stream(cfg, plan, data);
   if (eval.data) stream.add(std::make_unique<HeldoutPackets>(cfg, *eval.data));
   return stream;
 }
 
-std::vector<std::unique_ptr<Evaluator>> make_drafter_evals(const TrainConfig& cfg, const RunPlan& plan,
+std::vector<std::unique_ptr<Evaluator>> make_drafter_evals(const TrainConfig& cfg, const train::RunPlan& plan,
                                                            const comm::RankLayout& layout, const EvalInputs& eval) {
   std::vector<std::unique_ptr<Evaluator>> evals;
   if (eval.data)
@@ -22,11 +22,11 @@ std::vector<std::unique_ptr<Evaluator>> make_drafter_evals(const TrainConfig& cf
   return evals;
 }
 
-std::vector<std::unique_ptr<TargetEvaluator>> make_target_evals(const TrainConfig& cfg, const RunPlan& plan,
+std::vector<std::unique_ptr<TargetEvaluator>> make_target_evals(const TrainConfig& cfg, const train::RunPlan& plan,
                                                                 const comm::RankLayout& layout,
                                                                 model::TargetModel& target, comm::Transport& tp,
                                                                 comm::Transport& world, const EvalInputs& eval,
-                                                                Watchdog& watchdog) {
+                                                                train::Watchdog& watchdog) {
   std::vector<std::unique_ptr<TargetEvaluator>> evals;
   if (eval.prompts && layout.group == 0)
     evals.push_back(std::make_unique<SpecEvalTarget>(cfg, plan, target, tp, world, *eval.prompts,
@@ -39,4 +39,4 @@ std::string best_checkpoint_metric(const TrainConfig& cfg) {
   return cfg.eval.every > 0 ? "eval_tau" : "";
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::eval

@@ -16,26 +16,26 @@
 #include "lib/train/stream_plan.h"
 #include "lib/train/watchdog.h"
 
-namespace dflash::train {
+namespace dflash::eval {
 
 // The stream both sides iterate: the training packets and every eval's extra packets (the held-out eval's).
-StreamPlan make_stream_plan(const TrainConfig& cfg, const RunPlan& plan, const io::Dataset& data,
-                            const EvalInputs& eval);
+train::StreamPlan make_stream_plan(const TrainConfig& cfg, const train::RunPlan& plan, const io::Dataset& data,
+                                   const EvalInputs& eval);
 
 // This drafter rank's evals, in the order they run after a step: held-out (every drafter rank), speculative
 // (drafter rank 0, the exchange with TP rank 0 of the group that feeds it).
-std::vector<std::unique_ptr<Evaluator>> make_drafter_evals(const TrainConfig& cfg, const RunPlan& plan,
+std::vector<std::unique_ptr<Evaluator>> make_drafter_evals(const TrainConfig& cfg, const train::RunPlan& plan,
                                                            const comm::RankLayout& layout, const EvalInputs& eval);
 
 // This target rank's side of the evals: the speculative decode on the group that feeds drafter rank 0.
 // Collective over `tp` (what they load).
-std::vector<std::unique_ptr<TargetEvaluator>> make_target_evals(const TrainConfig& cfg, const RunPlan& plan,
+std::vector<std::unique_ptr<TargetEvaluator>> make_target_evals(const TrainConfig& cfg, const train::RunPlan& plan,
                                                                 const comm::RankLayout& layout,
                                                                 model::TargetModel& target, comm::Transport& tp,
                                                                 comm::Transport& world, const EvalInputs& eval,
-                                                                Watchdog& watchdog);
+                                                                train::Watchdog& watchdog);
 
 // The τ the best checkpoint keeps: the speculative one when it is measured, else the held-out one; "" = none.
 std::string best_checkpoint_metric(const TrainConfig& cfg);
 
-}  // namespace dflash::train
+}  // namespace dflash::eval

@@ -15,7 +15,7 @@
 #include "lib/train/drafter_step.h"
 #include "lib/train/packet.h"
 
-namespace dflash::train {
+namespace dflash::eval {
 
 // The in-training eval's inputs (docs/eval.md "During training"), opened and checked at start-up; null = off.
 struct EvalInputs {
@@ -26,14 +26,14 @@ struct EvalInputs {
 // What a drafter-side eval may use when it runs (after step next_step - 1 trained).
 struct EvalContext {
   int64_t next_step = 0;   // steps trained: the weights of ckpt/step_<next_step>
-  DrafterStep& drafter;
+  train::DrafterStep& drafter;
   comm::Transport& dp;     // the drafter DP group (watched)
   comm::Transport& world;  // the world (watched)
-  const std::function<const FeaturePacket&(double* wait_seconds)>& next_packet;  // this rank's next packet
+  const std::function<const train::FeaturePacket&(double* wait_seconds)>& next_packet;  // this rank's next packet
 };
 
 struct EvalOutcome {
-  ReportRecord report;  // the line and metrics record (logged and written by drafter rank 0)
+  report::ReportRecord report;  // the line and metrics record (logged and written by drafter rank 0)
   std::string metric;   // the τ's name for the best checkpoint ("eval_tau", "spec_tau"); "" = none
   double tau = 0;
 };
@@ -57,7 +57,7 @@ class TargetEvaluator {
  public:
   virtual ~TargetEvaluator() = default;
   virtual bool due(int64_t next_step) const = 0;
-  virtual void run(int64_t next_step, Logger& log) = 0;  // collective over the target's TP group
+  virtual void run(int64_t next_step, report::Logger& log) = 0;  // collective over the target's TP group
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::eval

@@ -8,7 +8,7 @@
 #include "lib/core/timer.h"
 #include "lib/train/run_plan.h"
 
-namespace dflash::train {
+namespace dflash::eval {
 
 bool heldout_due(const TrainConfig& cfg, int64_t next_step) {
   return cfg.eval.every > 0 && next_step > 0 && next_step % cfg.eval.every == 0;
@@ -24,13 +24,13 @@ std::vector<int64_t> heldout_sequences(int64_t count, int drafter_dp, int d) {
   return out;
 }
 
-PacketPlan heldout_plan(const TrainConfig& cfg, const io::Dataset& eval, int64_t step, int64_t i) {
-  PacketPlan p;
+train::PacketPlan heldout_plan(const TrainConfig& cfg, const io::Dataset& eval, int64_t step, int64_t i) {
+  train::PacketPlan p;
   p.seq_index = i;
   p.step = step;
   p.micro = int32_t(i);  // the held-out slot
-  p.seq_len = streamed_length(cfg, eval, i);
-  p.kind = kEvalPacket;
+  p.seq_len = train::streamed_length(cfg, eval, i);
+  p.kind = train::kEvalPacket;
   return p;
 }
 
@@ -41,7 +41,7 @@ struct Rates {
   std::vector<double> acc_by_pos;  // k = 1..B-1
 };
 
-Rates rates_of(const StepResult& s, int B) {
+Rates rates_of(const train::StepResult& s, int B) {
   const double w = s.sums.weight > 0 ? s.sums.weight : 1.0;
   Rates r{s.sums.loss / w, s.sums.ce / w, s.sums.kl / w, s.sums.cap / w, 0, 0, 0, {}};
   int64_t correct = 0, scored = 0;
@@ -58,19 +58,19 @@ Rates rates_of(const StepResult& s, int B) {
 
 }  // namespace
 
-HeldoutResult run_heldout_eval(DrafterStep& drafter, comm::Transport& dp, const TrainConfig& cfg, int64_t next_step,
-                               int64_t sequences, int B,
-                               const std::function<const FeaturePacket&(double* wait_seconds)>& next_packet) {
+HeldoutResult run_heldout_eval(train::DrafterStep& drafter, comm::Transport& dp, const TrainConfig& cfg,
+                               int64_t next_step, int64_t sequences, int B,
+                               const std::function<const train::FeaturePacket&(double* wait_seconds)>& next_packet) {
   Timer timer;
   HeldoutResult out;
   out.step = next_step;
-  StepResult& s = out.sums;
+  train::StepResult& s = out.sums;
   s.metrics.correct.assign(B, 0);
   s.metrics.scored.assign(B, 0);
   for (int64_t j = 0; j < sequences; ++j) {
-    const FeaturePacket& p = next_packet(&s.wait_seconds);
-    const AnchorKey key{uint64_t(cfg.run.seed), next_step, p.header.seq_index};
-    const StepResult r = drafter.evaluate(p, key);
+    const train::FeaturePacket& p = next_packet(&s.wait_seconds);
+    const train::AnchorKey key{uint64_t(cfg.run.seed), next_step, p.header.seq_index};
+    const train::StepResult r = drafter.evaluate(p, key);
     s.sums.add(r.sums);
     s.metrics.add(r.metrics);
     s.tokens += r.tokens;
@@ -78,7 +78,7 @@ HeldoutResult run_heldout_eval(DrafterStep& drafter, comm::Transport& dp, const 
     s.compute_seconds += r.compute_seconds;
   }
   // the training step's reduction (drafter_step.h), the sequence count alongside
-  out.sequences = int64_t(allreduce_step_sums(dp, s, B, {double(sequences)})[0]);
+  out.sequences = int64_t(train::allreduce_step_sums(dp, s, B, {double(sequences)})[0]);
   out.seconds = timer.seconds();
   return out;
 }
@@ -115,8 +115,8 @@ std::string heldout_line(const HeldoutResult& r, int B, int top_k) {
                      r.step, x.loss, x.ce, x.kl, x.cap, x.acc, top_k, x.topk, x.tau, r.sequences, r.seconds);
 }
 
-std::vector<PacketPlan> HeldoutPackets::after_step(int64_t step, int d) const {
-  std::vector<PacketPlan> out;
+std::vector<train::PacketPlan> HeldoutPackets::after_step(int64_t step, int d) const {
+  std::vector<train::PacketPlan> out;
   if (!heldout_due(cfg_, step + 1)) return out;
   for (int64_t i : heldout_sequences(count_, cfg_.layout.drafter_dp, d))
     out.push_back(heldout_plan(cfg_, eval_, step, i));
@@ -139,4 +139,4 @@ EvalOutcome HeldoutEval::run(EvalContext& ctx) {
   return o;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::eval

@@ -25,7 +25,7 @@
 #include "lib/train/packet.h"
 #include "lib/train/stream_plan.h"
 
-namespace dflash::train {
+namespace dflash::eval {
 
 // True when the held-out eval runs after `next_step` steps (a count, 1-based).
 bool heldout_due(const TrainConfig& cfg, int64_t next_step);
@@ -34,21 +34,21 @@ int64_t heldout_count(const TrainConfig& cfg, const io::Dataset& eval);
 // The held-out sequences drafter rank d evaluates, in the order they are streamed: d, d + dp, d + 2 dp, ...
 std::vector<int64_t> heldout_sequences(int64_t count, int drafter_dp, int d);
 // The plan of the packet of held-out sequence i, sent after the packets of step `step` (0-based).
-PacketPlan heldout_plan(const TrainConfig& cfg, const io::Dataset& eval, int64_t step, int64_t i);
+train::PacketPlan heldout_plan(const TrainConfig& cfg, const io::Dataset& eval, int64_t step, int64_t i);
 
 // The reduced result of one held-out eval (every drafter rank holds the same).
 struct HeldoutResult {
   int64_t step = 0;       // steps trained before it (the weights of ckpt/step_<step>)
-  StepResult sums;        // global sums and counts (sums.step unused)
+  train::StepResult sums;  // global sums and counts (sums.step unused)
   int64_t sequences = 0;  // global
   double seconds = 0;     // this rank: receive + forward + reduce
 };
 
 // Collective over the drafter DP group `dp`: evaluates this rank's held-out packets (next_packet gives them in
 // order) and reduces the sums. `sequences`: this rank's count (heldout_sequences(...).size()).
-HeldoutResult run_heldout_eval(DrafterStep& drafter, comm::Transport& dp, const TrainConfig& cfg, int64_t next_step,
-                               int64_t sequences, int block_size,
-                               const std::function<const FeaturePacket&(double* wait_seconds)>& next_packet);
+HeldoutResult run_heldout_eval(train::DrafterStep& drafter, comm::Transport& dp, const TrainConfig& cfg,
+                               int64_t next_step, int64_t sequences, int block_size,
+                               const std::function<const train::FeaturePacket&(double* wait_seconds)>& next_packet);
 
 // {"step": N, "kind": "eval", "eval_loss": ..., "eval_tau": ...}: keys prefixed so that readers of the training
 // records (which look for "loss", "tau") never mistake it for one.
@@ -59,13 +59,15 @@ std::string heldout_line(const HeldoutResult& r, int block_size, int top_k);
 double heldout_tau(const HeldoutResult& r);
 
 // The held-out packets in the stream plan: after each step the eval is due at, drafter rank d's share of them.
-class HeldoutPackets : public ExtraPackets {
+class HeldoutPackets : public train::ExtraPackets {
  public:
   HeldoutPackets(const TrainConfig& cfg, const io::Dataset& eval)
       : cfg_(cfg), eval_(eval), count_(heldout_count(cfg, eval)) {}
-  int32_t kind() const override { return kEvalPacket; }
-  std::vector<PacketPlan> after_step(int64_t step, int d) const override;
-  io::Sequence read(const PacketPlan& p) const override { return eval_.read(p.seq_index, cfg_.data.max_seq_len); }
+  int32_t kind() const override { return train::kEvalPacket; }
+  std::vector<train::PacketPlan> after_step(int64_t step, int d) const override;
+  io::Sequence read(const train::PacketPlan& p) const override {
+    return eval_.read(p.seq_index, cfg_.data.max_seq_len);
+  }
 
  private:
   const TrainConfig& cfg_;
@@ -90,4 +92,4 @@ class HeldoutEval : public Evaluator {
   int64_t sequences_;  // this rank's
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::eval

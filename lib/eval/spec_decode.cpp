@@ -7,11 +7,14 @@
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 
-namespace dflash::model {
+namespace dflash::eval {
 
-DrafterProposer::DrafterProposer(const DrafterConfig& cfg, const DrafterParams<float>& params, const float* embedding,
-                                 const float* lm_head, int vocab_limit)
-    : cfg_(cfg), params_(params), embedding_(embedding), lm_head_(lm_head),
+DrafterProposer::DrafterProposer(const model::DrafterConfig& cfg, const model::DrafterParams<float>& params,
+                                 const float* embedding, const float* lm_head, int vocab_limit)
+    : cfg_(cfg),
+      params_(params),
+      embedding_(embedding),
+      lm_head_(lm_head),
       vocab_limit_(vocab_limit > 0 ? vocab_limit : cfg.vocab) {
   DFLASH_CHECK(vocab_limit_ <= cfg.vocab, "vocab_limit {} exceeds the drafter's vocab {}", vocab_limit_, cfg.vocab);
   logits_.resize(size_t(cfg.block_size - 1) * size_t(vocab_limit_));
@@ -20,7 +23,7 @@ DrafterProposer::DrafterProposer(const DrafterConfig& cfg, const DrafterParams<f
 void DrafterProposer::block_logits(const std::vector<int32_t>& tokens, const float* taps) {
   const int S = int(tokens.size()), B = cfg_.block_size, H = cfg_.hidden;
   const int anchor = S - 1;  // the last token: its own context row is masked, so taps row S−1 is never read
-  DrafterInputs<float> in;
+  model::DrafterInputs<float> in;
   in.taps = taps;
   in.tokens = tokens.data();
   in.seq_len = S;
@@ -31,7 +34,7 @@ void DrafterProposer::block_logits(const std::vector<int32_t>& tokens, const flo
     reserved_len_ = std::max(2 * reserved_len_, std::max(S, 256));
     acts_.reserve(MemoryKind::host, cfg_, reserved_len_, 1);
   }
-  drafter_forward(cfg_, params_, in, acts_);
+  model::drafter_forward(cfg_, params_, in, acts_);
   // rows 1..B−1 of the block predict positions p+1..p+B−1
   kernels::cpu_backend<float>().linear_forward(kernels::host_exec_context(), logits_.data(), acts_.out + H, lm_head_,
                                                B - 1, H, vocab_limit_);
@@ -41,7 +44,7 @@ void DrafterProposer::propose(const std::vector<int32_t>& tokens, const float* t
   Timer timer;
   block_logits(tokens, taps);
   for (int j = 0; j < cfg_.block_size - 1; ++j)
-    draft[j] = int32_t(argmax_first(&logits_[size_t(j) * size_t(vocab_limit_)], vocab_limit_));
+    draft[j] = int32_t(model::argmax_first(&logits_[size_t(j) * size_t(vocab_limit_)], vocab_limit_));
   seconds_ += timer.seconds();
 }
 
@@ -53,7 +56,7 @@ void DrafterProposer::propose_topk(const std::vector<int32_t>& tokens, const flo
   std::vector<int32_t> order(static_cast<size_t>(vocab_limit_));
   for (int j = 0; j < cfg_.block_size - 1; ++j) {
     const float* row = &logits_[size_t(j) * size_t(vocab_limit_)];
-    const float mx = row[argmax_first(row, vocab_limit_)];
+    const float mx = row[model::argmax_first(row, vocab_limit_)];
     double sum = 0;
     for (int v = 0; v < vocab_limit_; ++v) sum += std::exp(double(row[v]) - double(mx));
     const double log_z = double(mx) + std::log(sum);
@@ -69,7 +72,7 @@ void DrafterProposer::propose_topk(const std::vector<int32_t>& tokens, const flo
   seconds_ += timer.seconds();
 }
 
-SpecContext spec_prefill(TargetModel& target, GreedyHead& head, const std::vector<int32_t>& prompt,
+SpecContext spec_prefill(model::TargetModel& target, model::GreedyHead& head, const std::vector<int32_t>& prompt,
                          const SpecOptions& o, std::vector<float>& hidden, SpecResult& r) {
   const int S = int(prompt.size()), H = target.config().hidden, W = int(o.tap_layer_ids.size()) * H;
   SpecContext c;
@@ -83,8 +86,8 @@ SpecContext spec_prefill(TargetModel& target, GreedyHead& head, const std::vecto
   return c;
 }
 
-SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Transport& tp, BlockProposer* proposer,
-                                const std::vector<int32_t>& prompt, const SpecOptions& o) {
+SpecResult speculative_generate(model::TargetModel& target, model::GreedyHead& head, comm::Transport& tp,
+                                BlockProposer* proposer, const std::vector<int32_t>& prompt, const SpecOptions& o) {
   const int H = target.config().hidden, B = o.block_size, W = int(o.tap_layer_ids.size()) * H;
   const bool root = tp.rank() == 0;
   DFLASH_CHECK(!prompt.empty(), "speculative_generate: the prompt is empty (the target needs at least one token)");
@@ -101,7 +104,8 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
   auto& [cache, taps, seq] = ctx;
 
   std::vector<int32_t> input(static_cast<size_t>(B)), draft(static_cast<size_t>(B - 1));
-  TargetRecurrentState before;  // hybrid targets: the DeltaNet part of the cache before a verify (backend memory)
+  model::TargetRecurrentState
+      before;  // hybrid targets: the DeltaNet part of the cache before a verify (backend memory)
   auto done = [&] { return int(r.tokens.size()) >= o.max_new_tokens || r.tokens.back() == o.eos_id; };
   while (!done()) {
     const int p = int(seq.size()) - 1;  // position of the last kept token, not yet through the target
@@ -142,7 +146,7 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
   return r;
 }
 
-void teacher_forced_acceptance(TargetModel& target, comm::Transport& tp, BlockProposer* proposer,
+void teacher_forced_acceptance(model::TargetModel& target, comm::Transport& tp, BlockProposer* proposer,
                                const std::vector<int32_t>& sequence, int prompt_len,
                                const std::vector<int>& tap_layer_ids, int B, std::vector<int>& accepted,
                                std::vector<std::vector<int32_t>>* drafts) {
@@ -220,4 +224,4 @@ nlohmann::ordered_json SpecSummary::to_json() const {
   return j;
 }
 
-}  // namespace dflash::model
+}  // namespace dflash::eval

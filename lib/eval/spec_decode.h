@@ -26,7 +26,7 @@
 #include "lib/model/generate.h"
 #include "lib/model/target.h"
 
-namespace dflash::model {
+namespace dflash::eval {
 
 // What proposes a block. Called on TP rank 0 only; its drafts are broadcast to the other target ranks.
 class BlockProposer {
@@ -55,7 +55,7 @@ class TopkProposer {
 class DrafterProposer : public BlockProposer, public TopkProposer {
  public:
   // embedding, lm_head: the target's [V, H] (TargetVocab); they must outlive the proposer.
-  DrafterProposer(const DrafterConfig& cfg, const DrafterParams<float>& params, const float* embedding,
+  DrafterProposer(const model::DrafterConfig& cfg, const model::DrafterParams<float>& params, const float* embedding,
                   const float* lm_head, int vocab_limit);
   void propose(const std::vector<int32_t>& tokens, const float* taps, int32_t* draft) override;
   void propose_topk(const std::vector<int32_t>& tokens, const float* taps, int k, int32_t* ids,
@@ -64,12 +64,12 @@ class DrafterProposer : public BlockProposer, public TopkProposer {
 
  private:
   void block_logits(const std::vector<int32_t>& tokens, const float* taps);  // fills logits_
-  DrafterConfig cfg_;
-  const DrafterParams<float>& params_;
+  model::DrafterConfig cfg_;
+  const model::DrafterParams<float>& params_;
   const float* embedding_;
   const float* lm_head_;
   int vocab_limit_;
-  DrafterActivations<float> acts_;
+  model::DrafterActivations<float> acts_;
   std::vector<float> logits_;  // [B−1, vocab_limit]
   int reserved_len_ = 0;       // context length the arena is sized for
   double seconds_ = 0;
@@ -96,17 +96,18 @@ struct SpecResult {
 // group): the prompt through the target with taps, the first token from its last row, appended to seq and to
 // r.tokens (r.target_forwards = 1). hidden: scratch of at least [prompt length, H].
 struct SpecContext {
-  TargetCache cache;
+  model::TargetCache cache;
   std::vector<float> taps;   // [p+1, W]: taps of positions < p, then a zero row for p
   std::vector<int32_t> seq;  // prompt + kept tokens; the last, at position p, has not been through the target yet
 };
-SpecContext spec_prefill(TargetModel& target, GreedyHead& head, const std::vector<int32_t>& prompt,
+SpecContext spec_prefill(model::TargetModel& target, model::GreedyHead& head, const std::vector<int32_t>& prompt,
                          const SpecOptions& options, std::vector<float>& hidden, SpecResult& r);
 
 // Collective over the target's TP group `tp` (the target's and the head's): every rank passes the same prompt and
 // options; `proposer` is used on rank 0 only (may be null elsewhere). Every rank returns the same result.
-SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Transport& tp, BlockProposer* proposer,
-                                const std::vector<int32_t>& prompt, const SpecOptions& options);
+SpecResult speculative_generate(model::TargetModel& target, model::GreedyHead& head, comm::Transport& tp,
+                                BlockProposer* proposer, const std::vector<int32_t>& prompt,
+                                const SpecOptions& options);
 
 // Teacher forcing on a finished sequence (prompt + continuation): the drafter sees the true context, as in training.
 // Collective over `tp` (one full target forward with taps); the proposer runs on rank 0. For every anchor p in
@@ -114,7 +115,7 @@ SpecResult speculative_generate(TargetModel& target, GreedyHead& head, comm::Tra
 // (at most n − 1 − p: the tokens after p), into accepted[p − prompt_len], and its drafts into drafts (optional) — on
 // rank 0; empty elsewhere. When sequence is a speculative decoding's prompt + output, that decoding visited the
 // anchors prompt_len, prompt_len + m_1, …, and its drafts and kept counts there are exactly these.
-void teacher_forced_acceptance(TargetModel& target, comm::Transport& tp, BlockProposer* proposer,
+void teacher_forced_acceptance(model::TargetModel& target, comm::Transport& tp, BlockProposer* proposer,
                                const std::vector<int32_t>& sequence, int prompt_len,
                                const std::vector<int>& tap_layer_ids, int block_size, std::vector<int>& accepted,
                                std::vector<std::vector<int32_t>>* drafts = nullptr);
@@ -135,4 +136,4 @@ struct SpecSummary {
   nlohmann::ordered_json to_json() const;
 };
 
-}  // namespace dflash::model
+}  // namespace dflash::eval

@@ -16,7 +16,7 @@
 #include "lib/model/generate.h"
 #include "lib/train/packet.h"
 
-namespace dflash::train {
+namespace dflash::eval {
 
 bool spec_eval_due(const TrainConfig& cfg, int64_t next_step) {
   return cfg.eval.spec_every > 0 && next_step > 0 && next_step % cfg.eval.spec_every == 0;
@@ -31,23 +31,31 @@ int64_t spec_eval_prompt_count(const TrainConfig& cfg, const io::Dataset& prompt
 
 struct SpecEvalTarget::Impl {
   const TrainConfig& cfg;
-  const RunPlan& plan;
+  const train::RunPlan& plan;
   model::TargetModel& target;
   comm::Transport& tp;
   comm::Transport& world;
   const io::Dataset& prompts;
   int drafter0;
-  Watchdog& watchdog;
+  train::Watchdog& watchdog;
   model::GreedyHead head;
   model::TargetVocab vocab;       // TP rank 0: embedding, lm_head [V, H]
   model::DrafterParams<float> weights;   // TP rank 0: the drafter's, as received
-  model::SpecOptions options;
+  eval::SpecOptions options;
   int64_t count = 0;
 
-  Impl(const TrainConfig& c, const RunPlan& p, model::TargetModel& t, comm::Transport& tp_, comm::Transport& w,
-       const io::Dataset& pr, int d0, Watchdog& wd)
-      : cfg(c), plan(p), target(t), tp(tp_), world(w), prompts(pr), drafter0(d0), watchdog(wd),
-        head(c.target.path, tp_), weights(p.drafter) {
+  Impl(const TrainConfig& c, const train::RunPlan& p, model::TargetModel& t, comm::Transport& tp_, comm::Transport& w,
+       const io::Dataset& pr, int d0, train::Watchdog& wd)
+      : cfg(c),
+        plan(p),
+        target(t),
+        tp(tp_),
+        world(w),
+        prompts(pr),
+        drafter0(d0),
+        watchdog(wd),
+        head(c.target.path, tp_),
+        weights(p.drafter) {
     if (tp.rank() == 0) vocab = model::load_target_vocab(cfg.target.path);
     options.block_size = plan.drafter.block_size;
     options.tap_layer_ids = plan.tap_ids;
@@ -76,25 +84,25 @@ struct SpecEvalTarget::Impl {
   }
 };
 
-SpecEvalTarget::SpecEvalTarget(const TrainConfig& cfg, const RunPlan& plan, model::TargetModel& target,
+SpecEvalTarget::SpecEvalTarget(const TrainConfig& cfg, const train::RunPlan& plan, model::TargetModel& target,
                                comm::Transport& tp, comm::Transport& world, const io::Dataset& prompts,
-                               int drafter0_world_rank, Watchdog& watchdog)
+                               int drafter0_world_rank, train::Watchdog& watchdog)
     : cfg_(cfg), impl_(std::make_unique<Impl>(cfg, plan, target, tp, world, prompts, drafter0_world_rank, watchdog)) {}
 SpecEvalTarget::~SpecEvalTarget() = default;
 
-bool SpecEvalTarget::decode(int64_t next_step, Logger& log) {
+bool SpecEvalTarget::decode(int64_t next_step, report::Logger& log) {
   Impl& m = *impl_;
   uint8_t go = m.tp.rank() == 0 ? uint8_t(m.receive_weights()) : 0;
   m.tp.broadcast(&go, 1, 0);
   if (!go) return false;
-  std::unique_ptr<model::DrafterProposer> drafter;
+  std::unique_ptr<eval::DrafterProposer> drafter;
   if (m.tp.rank() == 0)
-    drafter = std::make_unique<model::DrafterProposer>(m.plan.drafter, m.weights, m.vocab.embedding.data(),
-                                                       m.vocab.lm_head(), m.options.vocab_limit);
-  model::SpecSummary sum(m.plan.drafter.block_size);
+    drafter = std::make_unique<eval::DrafterProposer>(m.plan.drafter, m.weights, m.vocab.embedding.data(),
+                                                      m.vocab.lm_head(), m.options.vocab_limit);
+  eval::SpecSummary sum(m.plan.drafter.block_size);
   for (int64_t i = 0; i < m.count; ++i) {
     const std::vector<int32_t> prompt = model::prompt_of(m.prompts.read(i), m.prompts.path());
-    sum.add(model::speculative_generate(m.target, m.head, m.tp, drafter.get(), prompt, m.options));
+    sum.add(eval::speculative_generate(m.target, m.head, m.tp, drafter.get(), prompt, m.options));
   }
   if (m.tp.rank() == 0) {
     nlohmann::ordered_json totals = sum.to_json();
@@ -154,4 +162,4 @@ EvalOutcome SpecEval::run(EvalContext& ctx) {
   return o;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::eval

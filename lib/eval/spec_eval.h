@@ -30,8 +30,7 @@
 #include "lib/train/run_plan.h"
 #include "lib/train/watchdog.h"
 
-namespace dflash::train {
-
+namespace dflash::eval {
 
 // True when the speculative eval runs after `next_step` steps (a count, 1-based).
 bool spec_eval_due(const TrainConfig& cfg, int64_t next_step);
@@ -42,14 +41,15 @@ int64_t spec_eval_prompt_count(const TrainConfig& cfg, const io::Dataset& prompt
 class SpecEvalTarget : public TargetEvaluator {
  public:
   // Collective over `tp` (loads the greedy head's lm_head shard; TP rank 0 also the embedding and lm_head).
-  SpecEvalTarget(const TrainConfig& cfg, const RunPlan& plan, model::TargetModel& target, comm::Transport& tp,
-                 comm::Transport& world, const io::Dataset& prompts, int drafter0_world_rank, Watchdog& watchdog);
+  SpecEvalTarget(const TrainConfig& cfg, const train::RunPlan& plan, model::TargetModel& target, comm::Transport& tp,
+                 comm::Transport& world, const io::Dataset& prompts, int drafter0_world_rank,
+                 train::Watchdog& watchdog);
   ~SpecEvalTarget();
   // After the packets of the step that ends at `next_step` steps (spec_eval_due): the exchange described above.
   // Collective over `tp`. Returns false when drafter rank 0 stopped before that step (nothing decoded).
-  bool decode(int64_t next_step, Logger& log);
+  bool decode(int64_t next_step, report::Logger& log);
   bool due(int64_t next_step) const override { return spec_eval_due(cfg_, next_step); }
-  void run(int64_t next_step, Logger& log) override { decode(next_step, log); }
+  void run(int64_t next_step, report::Logger& log) override { decode(next_step, log); }
 
  private:
   struct Impl;
@@ -81,4 +81,4 @@ nlohmann::ordered_json spec_eval_record(int64_t step, const nlohmann::ordered_js
 // "spec eval step N | tau ... (speculative, K prompts x M tokens) | kept histogram [...] | S s"
 std::string spec_eval_line(int64_t step, const nlohmann::ordered_json& totals);
 
-}  // namespace dflash::train
+}  // namespace dflash::eval

@@ -6,7 +6,7 @@
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 
-namespace dflash::model {
+namespace dflash::eval {
 
 DraftTree build_draft_tree(int32_t root, const int32_t* ids, const float* logprobs, int positions, int k,
                            int budget) {
@@ -57,9 +57,9 @@ DraftTree build_draft_tree(int32_t root, const int32_t* ids, const float* logpro
   return t;
 }
 
-SpecResult speculative_generate_tree(TargetModel& target, GreedyHead& head, comm::Transport& tp,
-                                     TopkProposer* proposer, const std::vector<int32_t>& prompt,
-                                     const SpecOptions& o, const TreeOptions& tree) {
+SpecResult speculative_generate_tree(model::TargetModel& target, model::GreedyHead& head, comm::Transport& tp,
+                                     TopkProposer* proposer, const std::vector<int32_t>& prompt, const SpecOptions& o,
+                                     const TreeOptions& tree) {
   const int H = target.config().hidden, B = o.block_size, W = int(o.tap_layer_ids.size()) * H;
   const int N = tree.budget + 1, K = tree.topk;  // N: most nodes of a tree, root included
   const bool root = tp.rank() == 0;
@@ -123,4 +123,4 @@ SpecResult speculative_generate_tree(TargetModel& target, GreedyHead& head, comm
   return r;
 }
 
-}  // namespace dflash::model
+}  // namespace dflash::eval

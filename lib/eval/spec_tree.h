@@ -24,7 +24,7 @@
 #include "lib/model/generate.h"
 #include "lib/model/target.h"
 
-namespace dflash::model {
+namespace dflash::eval {
 
 struct TreeOptions {
   int budget = 0;  // nodes besides the root (≥ 1); B − 1 with topk 1 is the chain
@@ -45,8 +45,8 @@ DraftTree build_draft_tree(int32_t root, const int32_t* ids, const float* logpro
 
 // Collective over `tp`, as speculative_generate (which it equals token for token); `proposer` on rank 0 only. The
 // target must be dense. result.tree_nodes counts the verified nodes.
-SpecResult speculative_generate_tree(TargetModel& target, GreedyHead& head, comm::Transport& tp,
+SpecResult speculative_generate_tree(model::TargetModel& target, model::GreedyHead& head, comm::Transport& tp,
                                      TopkProposer* proposer, const std::vector<int32_t>& prompt,
                                      const SpecOptions& options, const TreeOptions& tree);
 
-}  // namespace dflash::model
+}  // namespace dflash::eval

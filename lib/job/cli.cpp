@@ -8,7 +8,7 @@
 #include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 namespace {
 
@@ -136,4 +136,4 @@ int launcher_rank() {
   return 0;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace dflash::train {
+namespace dflash::job {
 
 struct ProgramOptions {
   std::string config;               // CONFIG.yaml
@@ -46,4 +46,4 @@ std::optional<ExportOptions> parse_export_command(int argc, char** argv, const s
 // SLURM_PROCID), 0 when launched alone: so that a usage error is printed once, not once per rank.
 int launcher_rank();
 
-}  // namespace dflash::train
+}  // namespace dflash::job

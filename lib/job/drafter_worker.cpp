@@ -17,7 +17,7 @@
 #include "lib/train/packet.h"
 #include "lib/train/stream_plan.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 namespace {
 
@@ -25,9 +25,11 @@ namespace {
 // plane (layout.transport: the gradient all-reduce and the packets' tensors).
 struct DrafterTransports {
   comm::MpiTransport dp_mpi, world_mpi;
-  WatchedTransport dp, world, dp_data, world_data;
-  DrafterTransports(const comm::RoleComms& comms, Watchdog& watchdog)
-      : dp_mpi(comms.dp()), world_mpi(comms.world()), dp(dp_mpi, watchdog, "drafter DP group"),
+  train::WatchedTransport dp, world, dp_data, world_data;
+  DrafterTransports(const comm::RoleComms& comms, train::Watchdog& watchdog)
+      : dp_mpi(comms.dp()),
+        world_mpi(comms.world()),
+        dp(dp_mpi, watchdog, "drafter DP group"),
         world(world_mpi, watchdog, "world"),
         dp_data(comms.dp_data(), watchdog,
                 fmt::format("drafter DP group ({} data plane)", comm::data_plane_name(comms.plane()))),
@@ -36,7 +38,7 @@ struct DrafterTransports {
 };
 
 // The frozen target's embedding and lm_head, which the drafter shares.
-model::TargetVocab load_vocab(const TrainConfig& cfg, const RunPlan& plan) {
+model::TargetVocab load_vocab(const TrainConfig& cfg, const train::RunPlan& plan) {
   model::TargetVocab vocab = model::load_target_vocab(cfg.target.path);
   DFLASH_CHECK(vocab.vocab == plan.target.vocab && vocab.hidden == plan.target.hidden,
                "{}: embedding is [{}, {}] but config.json says [{}, {}]", cfg.target.path, vocab.vocab, vocab.hidden,
@@ -46,28 +48,30 @@ model::TargetVocab load_vocab(const TrainConfig& cfg, const RunPlan& plan) {
 
 // The packet stream of this rank's target group: receives posted early from the stream plan; a GPU drafter gets
 // its packets in device memory (received in place over NCCL, uploaded from page-locked staging over MPI).
-std::unique_ptr<PacketReceiver> make_receiver(const TrainConfig& cfg, const RunPlan& plan,
-                                              const comm::RankLayout& layout, DrafterTransports& t,
-                                              StreamCursor& cursor) {
+std::unique_ptr<train::PacketReceiver> make_receiver(const TrainConfig& cfg, const train::RunPlan& plan,
+                                                     const comm::RankLayout& layout, DrafterTransports& t,
+                                                     train::StreamCursor& cursor) {
   std::vector<int> sources;
   for (int tp = 0; tp < cfg.layout.target_tp; ++tp) sources.push_back(layout.target_world_rank(layout.group, tp));
-  return std::make_unique<PacketReceiver>(
+  return std::make_unique<train::PacketReceiver>(
       t.world, t.world_data, sources, int(plan.tap_ids.size()) * plan.target.hidden, plan.target.hidden,
       cfg.layout.packets_in_flight, [&cursor] { return cursor.next(); },
       cfg.run.device == "cuda" ? MemoryKind::device : MemoryKind::host, cfg.data.max_seq_len);
 }
 
 // Progress every log.every steps and the metrics sinks (drafter rank 0 writes: metrics.jsonl).
-std::unique_ptr<Reporter> make_reporter(const TrainConfig& cfg, const RunPlan& plan, bool writer, int64_t start_step,
-                                        Logger& log, DrafterTransports& t, DrafterStep& drafter) {
-  auto r = std::make_unique<Reporter>(
-      ReporterSettings{cfg.log.every, plan.total_steps, cfg.loss.top_k, plan.drafter.block_size, writer}, log, t.dp,
-      [&drafter] { return drafter.weights_hash(); });
-  if (writer) r->add_sink(std::make_unique<JsonlSink>(cfg.run.out_dir, start_step, log));
+std::unique_ptr<report::Reporter> make_reporter(const TrainConfig& cfg, const train::RunPlan& plan, bool writer,
+                                                int64_t start_step, report::Logger& log, DrafterTransports& t,
+                                                train::DrafterStep& drafter) {
+  auto r = std::make_unique<report::Reporter>(
+      report::ReporterSettings{cfg.log.every, plan.total_steps, cfg.loss.top_k, plan.drafter.block_size, writer}, log,
+      t.dp, [&drafter] { return drafter.weights_hash(); });
+  if (writer) r->add_sink(std::make_unique<report::JsonlSink>(cfg.run.out_dir, start_step, log));
   return r;
 }
 
-std::string describe(const RunPlan& plan, const DrafterStep& trainer, int64_t start_step, double seconds) {
+std::string describe(const train::RunPlan& plan, const train::DrafterStep& trainer, int64_t start_step,
+                     double seconds) {
   return fmt::format("drafter: {} layers, H {}, {} Q / {} KV heads, block {}, {} parameters on the {} backend; {} in "
                      "{:.2f} s", plan.drafter.layers, plan.drafter.hidden, plan.drafter.heads, plan.drafter.kv_heads,
                      plan.drafter.block_size, model::drafter_param_count(plan.drafter), trainer.backend_name(),
@@ -75,12 +79,12 @@ std::string describe(const RunPlan& plan, const DrafterStep& trainer, int64_t st
                      seconds);
 }
 
-void log_if(Logger& log, const std::string& line) {
+void log_if(report::Logger& log, const std::string& line) {
   if (!line.empty()) log.info("{}", line);
 }
 
 // The end-of-run summary of this rank's time in the evals ("" when none took any).
-std::string eval_summary(const std::vector<std::unique_ptr<Evaluator>>& evals, double run_seconds) {
+std::string eval_summary(const std::vector<std::unique_ptr<eval::Evaluator>>& evals, double run_seconds) {
   std::string out;
   bool any = false;
   for (const auto& e : evals) {
@@ -93,35 +97,36 @@ std::string eval_summary(const std::vector<std::unique_ptr<Evaluator>>& evals, d
 
 // The weights the run starts from: a resume takes its checkpoint, whatever drafter.init says; else the warm start.
 void load_start_weights(const TrainConfig& cfg, const DrafterRunOptions& opt, DrafterTransports& t,
-                        DrafterStep& trainer) {
+                        train::DrafterStep& trainer) {
   if (opt.start_step > 0)
-    restore_drafter(t.dp, trainer, opt.resume);
+    state::restore_drafter(t.dp, trainer, opt.resume);
   else if (!cfg.drafter.init.empty())
-    init_drafter(t.dp, trainer, opt.init);
+    state::init_drafter(t.dp, trainer, opt.init);
 }
 
 // An eval or a save (on drafter rank 0, which the others then wait for) is long by nature: the watchdog holds this
 // step and the next to run.watchdog_seconds instead of a multiple of the steps (every rank knows the cadence).
 bool long_step_due(const TrainConfig& cfg, const DrafterRunOptions& opt,
-                   const std::vector<std::unique_ptr<Evaluator>>& evals, int64_t next_step, bool last, bool stop) {
-  bool due = Checkpointer::due(cfg.ckpt.every, next_step, last, stop, opt.dump_dir.empty());
+                   const std::vector<std::unique_ptr<eval::Evaluator>>& evals, int64_t next_step, bool last,
+                   bool stop) {
+  bool due = state::Checkpointer::due(cfg.ckpt.every, next_step, last, stop, opt.dump_dir.empty());
   for (const auto& e : evals) due = due || e->due(next_step, stop);
   return due;
 }
 
 // Every eval due after this step: its record to the reporter, its τ to the best checkpoint.
-void run_due_evals(const std::vector<std::unique_ptr<Evaluator>>& evals, EvalContext ctx, bool stop,
-                   Reporter& reporter, Checkpointer& ckpt, Logger& log) {
+void run_due_evals(const std::vector<std::unique_ptr<eval::Evaluator>>& evals, eval::EvalContext ctx, bool stop,
+                   report::Reporter& reporter, state::Checkpointer& ckpt, report::Logger& log) {
   for (const auto& e : evals) {
     if (!e->due(ctx.next_step, stop)) continue;
-    const EvalOutcome o = e->run(ctx);
+    const eval::EvalOutcome o = e->run(ctx);
     reporter.report(o.report);
     log_if(log, ckpt.offer_best(ctx.next_step, o.metric, o.tau, ctx.drafter));  // the best checkpoint keeps one τ
   }
 }
 
 // How the loop ended, for status.json and the exit code.
-RunStatus run_status(const RunPlan& plan, int64_t next_step, bool signalled) {
+RunStatus run_status(const train::RunPlan& plan, int64_t next_step, bool signalled) {
   RunStatus end;
   end.outcome = next_step == plan.total_steps ? RunOutcome::finished
                 : signalled                  ? RunOutcome::stopped
@@ -134,31 +139,30 @@ RunStatus run_status(const RunPlan& plan, int64_t next_step, bool signalled) {
 
 }  // namespace
 
-RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                        const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& opt,
-                        Logger& log, Watchdog& watchdog) {
+RunStatus run_drafter_worker(const TrainConfig& cfg, const train::RunPlan& plan, const comm::RankLayout& layout,
+                             const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& opt,
+                             report::Logger& log, train::Watchdog& watchdog) {
   DrafterTransports t(comms, watchdog);
   Timer load_timer;
   const model::TargetVocab vocab = load_vocab(cfg, plan);
-  DrafterStep trainer(cfg, plan, vocab.embedding.data(), vocab.lm_head(), layout.dp_rank, t.dp_data);
+  train::DrafterStep trainer(cfg, plan, vocab.embedding.data(), vocab.lm_head(), layout.dp_rank, t.dp_data);
   load_start_weights(cfg, opt, t, trainer);
   log.info("{}", describe(plan, trainer, opt.start_step, load_timer.seconds()));
-  const StreamPlan stream = make_stream_plan(cfg, plan, data, opt.eval);
-  StreamCursor cursor(stream, layout.dp_rank, opt.start_step);
-  const std::unique_ptr<PacketReceiver> receiver = make_receiver(cfg, plan, layout, t, cursor);
+  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, data, opt.eval);
+  train::StreamCursor cursor(stream, layout.dp_rank, opt.start_step);
+  const std::unique_ptr<train::PacketReceiver> receiver = make_receiver(cfg, plan, layout, t, cursor);
   trainer.set_progress([&] { receiver->poll(); });  // the next packets move while this one is computed on
-  const std::function<const FeaturePacket&(double*)> next_packet = [&](double* w) -> const FeaturePacket& {
-    return receiver->next(w);
-  };
+  const std::function<const train::FeaturePacket&(double*)> next_packet =
+      [&](double* w) -> const train::FeaturePacket& { return receiver->next(w); };
 
   // the components, each deciding its own cadence; drafter rank 0 writes (metrics, checkpoints, the best)
   const bool writer = layout.dp_rank == 0;
-  const std::unique_ptr<Reporter> reporter = make_reporter(cfg, plan, writer, opt.start_step, log, t, trainer);
-  Checkpointer ckpt(cfg, plan, {writer, opt.dump_dir.empty(), opt.start_step, best_checkpoint_metric(cfg),
-                                opt.identity});
+  const std::unique_ptr<report::Reporter> reporter = make_reporter(cfg, plan, writer, opt.start_step, log, t, trainer);
+  state::Checkpointer ckpt(
+      cfg, plan, {writer, opt.dump_dir.empty(), opt.start_step, eval::best_checkpoint_metric(cfg), opt.identity});
   log_if(log, ckpt.best_notice());
-  const std::vector<std::unique_ptr<Evaluator>> evals = make_drafter_evals(cfg, plan, layout, opt.eval);
-  StepDumper dumper(opt.dump_dir, t.dp, plan, cfg, trainer);
+  const std::vector<std::unique_ptr<eval::Evaluator>> evals = eval::make_drafter_evals(cfg, plan, layout, opt.eval);
+  state::StepDumper dumper(opt.dump_dir, t.dp, plan, cfg, trainer);
 
   Timer run_timer;
   int64_t next_step = opt.start_step;
@@ -166,8 +170,9 @@ RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const 
   while (next_step < plan.total_steps) {
     const int64_t step = next_step++;
     dumper.before(step);
-    const StepResult r = trainer.run(step, [&](int, double* w) -> const FeaturePacket& { return next_packet(w); },
-                                     stop_signal() != 0, dumper.capture());
+    const train::StepResult r = trainer.run(
+        step, [&](int, double* w) -> const train::FeaturePacket& { return next_packet(w); }, stop_signal() != 0,
+        dumper.capture());
     if (const std::string path = dumper.after(r); !path.empty()) log.info("step dump: {}", path);
     const bool stop_after = opt.stop_after > 0 && next_step - opt.start_step >= opt.stop_after;
     const bool stop = r.stop_requested || stop_after || dumper.active(), last = next_step == plan.total_steps;
@@ -188,8 +193,8 @@ RunStatus run_drafter_worker(const TrainConfig& cfg, const RunPlan& plan, const 
            dropped ? fmt::format(" ({} prefetched packets dropped)", dropped) : std::string());
   log_if(log, eval_summary(evals, run_seconds));
   if (writer && next_step == plan.total_steps)
-    log.info("drafter: final fp32 weights in {}", write_final_weights(cfg.run.out_dir, trainer.params()));
+    log.info("drafter: final fp32 weights in {}", state::write_final_weights(cfg.run.out_dir, trainer.params()));
   return run_status(plan, next_step, signalled);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

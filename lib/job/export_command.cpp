@@ -12,7 +12,7 @@
 #include "lib/model/drafter_export.h"
 #include "lib/state/checkpoint.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 namespace fs = std::filesystem;
 
@@ -52,24 +52,24 @@ bool within(const fs::path& inner, const fs::path& outer) {
 
 // What the export reads: the drafter and the target facts its source records.
 struct ReadDrafter {
-  DrafterSource source;      // kind "checkpoint" or "export", dir, step, drafter (config, fp32 weights, info)
+  eval::DrafterSource source;  // kind "checkpoint" or "export", dir, step, drafter (config, fp32 weights, info)
   bool facts_recorded = true;  // false: a checkpoint without state.json extra.export
 };
 
 ReadDrafter read_drafter(const ExportSource& src) {
   if (src.kind != "export") {
     // a checkpoint from before the trainer recorded extra.export: its target facts come from the options
-    const TrainingState state = read_checkpoint_state(src.dir);
+    const state::TrainingState state = state::read_checkpoint_state(src.dir);
     if (!(state.extra.is_object() && state.extra.contains("export"))) {
-      LoadedCheckpoint ck = read_checkpoint(src.dir, /*with_optimizer=*/false);
+      state::LoadedCheckpoint ck = state::read_checkpoint(src.dir, /*with_optimizer=*/false);
       model::require_finite_weights(ck.drafter, ck.params, (fs::path(src.dir) / "model.safetensors").string());
-      return {DrafterSource{"checkpoint", src.dir, ck.state.step,
-                            model::ExportedDrafter{ck.drafter, std::move(ck.params), {}, io::DType::F32},
-                            ck.state.target},
+      return {eval::DrafterSource{"checkpoint", src.dir, ck.state.step,
+                                  model::ExportedDrafter{ck.drafter, std::move(ck.params), {}, io::DType::F32},
+                                  ck.state.target},
               false};
     }
   }
-  return {load_drafter_source(src.dir), true};  // what dflash_eval --drafter reads from the same folder
+  return {eval::load_drafter_source(src.dir), true};  // what dflash_eval --drafter reads from the same folder
 }
 
 }  // namespace
@@ -106,7 +106,7 @@ ExportSource resolve_export_source(const std::string& source, bool best) {
                     "{}: not a run folder (no ckpt/), a checkpoint step folder (no state.json) or an exported "
                     "drafter folder (no {} + {}); {}", source, model::kExportConfigFile, model::kExportWeightsFile,
                     kSourceKinds);
-  const std::string latest = find_latest_checkpoint(source);
+  const std::string latest = state::find_latest_checkpoint(source);
   DFLASH_USER_CHECK(!latest.empty(), "{}: a run folder without a complete checkpoint: {}", source,
                     no_checkpoint_reason(dir));
   return {"run", latest};
@@ -122,7 +122,7 @@ std::string export_command(const ExportOptions& o) {
                     o.out_dir, src.dir);
 
   ReadDrafter read = read_drafter(src);
-  const DrafterSource& s = read.source;
+  const eval::DrafterSource& s = read.source;
   model::DrafterExportInfo info = s.drafter.info;
   if (!o.target_layer_ids.empty()) info.target_layer_ids = o.target_layer_ids;
   if (o.num_target_layers > 0) info.num_target_layers = o.num_target_layers;
@@ -159,4 +159,4 @@ std::string export_command(const ExportOptions& o) {
                      model::kExportModelingFile, model::kExportWeightsFile, model::kExportConfigFile, o.out_dir);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

@@ -12,7 +12,7 @@
 
 #include "lib/job/cli.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 struct ExportSource {
   std::string kind;  // "run" (its newest complete checkpoint), "best", "checkpoint" or "export"
@@ -27,4 +27,4 @@ ExportSource resolve_export_source(const std::string& source, bool best);
 // the drafter, writes OUT_DIR (model::export_drafter), reads it back; returns the summary both commands print.
 std::string export_command(const ExportOptions& o);
 
-}  // namespace dflash::train
+}  // namespace dflash::job

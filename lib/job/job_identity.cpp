@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-namespace dflash::train {
+namespace dflash::job {
 
 namespace {
 std::string env_or_empty(const char* name) {
@@ -31,4 +31,4 @@ std::string describe(const JobIdentity& id) {
   return fmt::format("host {}, pid {}, {}", id.host.empty() ? "?" : id.host, id.pid, job);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

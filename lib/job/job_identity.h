@@ -4,7 +4,7 @@
 // attempts and jobs apart.
 #include <string>
 
-namespace dflash::train {
+namespace dflash::job {
 
 struct JobIdentity {
   std::string host;      // gethostname()
@@ -17,4 +17,4 @@ JobIdentity current_job_identity();
 // "host node7, pid 4242, slurm job 991 (restart 2)" / "host node7, pid 4242, no batch job"
 std::string describe(const JobIdentity& id);
 
-}  // namespace dflash::train
+}  // namespace dflash::job

@@ -4,7 +4,7 @@
 
 #include "lib/core/cli_app.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 RandomTargetOptions::RandomTargetOptions(CLI::App& app) {
   const std::string g = "random target";  // one group in --help
@@ -106,4 +106,4 @@ void RandomTargetOptions::apply(model::RandomTargetSpec& s) const {
   if (dtype_) s.dtype = *dtype_ == "bf16" ? io::DType::BF16 : io::DType::F32;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

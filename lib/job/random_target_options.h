@@ -13,7 +13,7 @@
 
 #include "lib/model/random_target.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 class RandomTargetOptions {
  public:
@@ -34,4 +34,4 @@ class RandomTargetOptions {
   bool tie_ = false;
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::job

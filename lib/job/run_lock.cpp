@@ -15,7 +15,7 @@
 
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 namespace fs = std::filesystem;
 
@@ -143,4 +143,4 @@ void RunLock::release() {
   fd_ = -1;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

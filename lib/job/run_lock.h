@@ -12,7 +12,7 @@
 
 #include "lib/job/job_identity.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 class RunLock {
  public:
@@ -41,4 +41,4 @@ struct LockRecord {
 LockRecord parse_lock_record(const std::string& text);
 std::string format_lock_record(const JobIdentity& id, const std::string& since);
 
-}  // namespace dflash::train
+}  // namespace dflash::job

@@ -9,7 +9,7 @@
 #include "lib/core/atomic_file.h"
 #include "lib/job/signals.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 const char* outcome_name(RunOutcome o) {
   switch (o) {
@@ -39,4 +39,4 @@ void write_run_status(const std::string& out_dir, const RunStatus& s) {
   write_file_atomic(run_status_path(out_dir), run_status_json(s));
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-namespace dflash::train {
+namespace dflash::job {
 
 enum class RunOutcome { running = 0, finished, stopped, partial };
 
@@ -26,4 +26,4 @@ std::string run_status_path(const std::string& out_dir);
 std::string run_status_json(const RunStatus& s);
 void write_run_status(const std::string& out_dir, const RunStatus& s);
 
-}  // namespace dflash::train
+}  // namespace dflash::job

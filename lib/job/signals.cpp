@@ -2,7 +2,7 @@
 
 #include <csignal>
 
-namespace dflash::train {
+namespace dflash::job {
 
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
@@ -28,4 +28,4 @@ const char* signal_name(int signal) {
   }
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

@@ -10,7 +10,7 @@
 #include "lib/train/packet.h"
 #include "lib/train/stream_plan.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 namespace {
 
@@ -18,7 +18,7 @@ namespace {
 // forward, the share of time blocked by the drafters (the send window full).
 class TargetProgress {
  public:
-  TargetProgress(const TrainConfig& cfg, const RunPlan& plan, model::TargetModel& target, Logger& log)
+  TargetProgress(const TrainConfig& cfg, const train::RunPlan& plan, model::TargetModel& target, report::Logger& log)
       : log_every_(cfg.log.every), total_steps_(plan.total_steps), target_(target), log_(log) {
     target_.reset_stats();
   }
@@ -43,7 +43,7 @@ class TargetProgress {
   int log_every_;
   int64_t total_steps_;
   model::TargetModel& target_;
-  Logger& log_;
+  report::Logger& log_;
   Timer interval_;
   int64_t tokens_ = 0;
   double blocked_ = 0;
@@ -51,16 +51,16 @@ class TargetProgress {
 
 }  // namespace
 
-void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, Logger& log,
-                       Watchdog& watchdog, const EvalInputs& eval) {
+void run_target_worker(const TrainConfig& cfg, const train::RunPlan& plan, const comm::RankLayout& layout,
+                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, report::Logger& log,
+                       train::Watchdog& watchdog, const eval::EvalInputs& eval) {
   comm::MpiTransport tp_mpi(comms.tp()), world_mpi(comms.world());
-  WatchedTransport tp(tp_mpi, watchdog, fmt::format("target TP group {}", layout.group)),
+  train::WatchedTransport tp(tp_mpi, watchdog, fmt::format("target TP group {}", layout.group)),
       world(world_mpi, watchdog, "world");
   // the data plane (layout.transport): the TP all-reduces of the forward and the packets' tensors
   const char* plane = comm::data_plane_name(comms.plane());
-  WatchedTransport tp_data(comms.tp_data(), watchdog, fmt::format("target TP group {} ({} data plane)", layout.group,
-                                                                  plane)),
+  train::WatchedTransport tp_data(comms.tp_data(), watchdog,
+                                  fmt::format("target TP group {} ({} data plane)", layout.group, plane)),
       world_data(comms.world_data(), watchdog, fmt::format("world ({} data plane)", plane));
   Timer load_timer;
   // run.device cuda: the forward on the GPU the trainer bound at start-up, in run.precision's compute type (bf16 by
@@ -77,16 +77,16 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
            fmt::join(plan.tap_ids, ","));
 
   // every packet of the stream, in the order the drafters expect them (lib/train/stream_plan.h)
-  const StreamPlan stream = make_stream_plan(cfg, plan, data, eval);
+  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, data, eval);
   // the packets' tensors on this rank's GPU when the data plane is NCCL (packet_memory), else on the host
-  PacketSender sender(world, world_data, cfg.layout.packets_in_flight,
-                      packet_memory(cfg.run.device == "cuda", comms.world_data()));
+  train::PacketSender sender(world, world_data, cfg.layout.packets_in_flight,
+                             train::packet_memory(cfg.run.device == "cuda", comms.world_data()));
   const int H = plan.target.hidden, tap_width = int(plan.tap_ids.size()) * H;
   const std::vector<int> drafters = layout.drafters_of_group(layout.group);
   // one packet: the target forward of its sequence (every TP rank), its slice streamed to drafter rank d
-  auto stream_packet = [&](const PacketPlan& pp, int d, int64_t* tokens) {
+  auto stream_packet = [&](const train::PacketPlan& pp, int d, int64_t* tokens) {
     io::Sequence seq = stream.read(pp);
-    PacketHeader h;
+    train::PacketHeader h;
     h.seq_index = pp.seq_index;
     h.step = pp.step;
     h.micro = pp.micro;
@@ -95,7 +95,7 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
     h.tap_width = tap_width;
     h.hidden = H;
     if (tokens) *tokens += h.seq_len;
-    FeaturePacket p = sender.blank(h);
+    train::FeaturePacket p = sender.blank(h);
     p.tokens = std::move(seq.tokens);
     p.loss_mask = std::move(seq.loss_mask);
     // device packets (NCCL): the forward writes its features there, no pass through the host
@@ -104,8 +104,8 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
     return sender.send(std::move(p), layout.drafter_world_rank(d), layout.tp_rank, tp.size());
   };
   // the target side of the evals (the speculative decode on the group that feeds drafter rank 0)
-  const std::vector<std::unique_ptr<TargetEvaluator>> evals =
-      make_target_evals(cfg, plan, layout, target, tp, world, eval, watchdog);
+  const std::vector<std::unique_ptr<eval::TargetEvaluator>> evals =
+      eval::make_target_evals(cfg, plan, layout, target, tp, world, eval, watchdog);
   TargetProgress progress(cfg, plan, target, log);
   int64_t step = start_step;
   for (; step < plan.total_steps; ++step) {
@@ -114,10 +114,10 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
       for (int d : drafters) progress.blocked(stream_packet(stream.train_packet(step, micro, d), d, progress.tokens()));
     // the evals' packets count as packets of this step (the stop protocol drops them with it)
     for (int d : drafters)
-      for (const PacketPlan& pp : stream.extras(step, d)) progress.blocked(stream_packet(pp, d, nullptr));
+      for (const train::PacketPlan& pp : stream.extras(step, d)) progress.blocked(stream_packet(pp, d, nullptr));
     // around an eval or a checkpoint save the drafters are slow to take packets: those steps (up to the packets in
     // flight ahead of them) are held to run.watchdog_seconds, not to a multiple of the steps
-    bool long_step = Checkpointer::due(cfg.ckpt.every, step + 1, step + 1 == plan.total_steps, false, true);
+    bool long_step = state::Checkpointer::due(cfg.ckpt.every, step + 1, step + 1 == plan.total_steps, false, true);
     for (const auto& e : evals) long_step = long_step || e->due(step + 1);
     if (long_step) watchdog.relax(cfg.layout.packets_in_flight + 2);
     for (const auto& e : evals)
@@ -131,4 +131,4 @@ void run_target_worker(const TrainConfig& cfg, const RunPlan& plan, const comm::
   log.info("target: sent the packets of steps {}..{}", start_step + 1, step);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

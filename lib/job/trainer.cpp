@@ -51,7 +51,7 @@
 #include "lib/state/checkpointing.h"
 #include "lib/train/run_plan.h"
 
-namespace dflash::train {
+namespace dflash::job {
 
 namespace {
 
@@ -66,7 +66,7 @@ int run_export(const ExportOptions& o) {
 // printed by world rank 0; the others give it a moment to do so, then abort too. An error only one rank sees is
 // printed by that rank (after the same moment) with its identity.
 // Writes an error line to the rank's log (and stderr); when the log cannot be written (full disk), to stderr.
-void report_error(const std::string& who, const std::string& message, Logger* log) {
+void report_error(const std::string& who, const std::string& message, report::Logger* log) {
   if (log) {
     try {
       log->error("{}", message);  // to stderr and to the rank's log file, with its identity
@@ -86,7 +86,7 @@ void report_error(const std::string& who, const std::string& message, Logger* lo
   std::_Exit(1);
 }
 
-[[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, Logger* log,
+[[noreturn]] void abort_world(int rank, const std::string& who, const std::string& message, report::Logger* log,
                               RunLock* lock) {
   if (rank != 0) {
     // mpirun answers rank 0's abort with SIGTERM: let it end this rank quietly instead of the stop handler
@@ -133,7 +133,8 @@ std::optional<int> run_before_mpi(int argc, char** argv, std::optional<ProgramOp
       return 0;
     });
   if (options->check)
-    return run_without_mpi("--check", [&] { return run_check(load_config(options->config, options->sets)); });
+    return run_without_mpi("--check",
+                           [&] { return preflight::run_check(load_config(options->config, options->sets)); });
   return std::nullopt;
 }
 
@@ -155,24 +156,24 @@ comm::DataPlane bind_device_and_choose_plane(const TrainConfig& cfg, const comm:
 // The in-training eval's files, opened on every rank at start-up (an error is every rank's: rank 0 prints it).
 struct EvalFiles {
   std::optional<io::Dataset> data, prompts;
-  EvalFiles(const TrainConfig& cfg, const RunPlan& plan, bool is_target) {
+  EvalFiles(const TrainConfig& cfg, const train::RunPlan& plan, bool is_target) {
     const int vocab = plan.target.vocab;
     if (cfg.eval.every > 0) {
-      check_eval_file("eval.data", cfg.eval.data, "eval.every");
+      preflight::check_eval_file("eval.data", cfg.eval.data, "eval.every");
       data.emplace(cfg.eval.data, vocab, /*scan_tokens=*/is_target);
     }
     if (cfg.eval.spec_every > 0) {
-      check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
+      preflight::check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
       prompts.emplace(cfg.eval.prompts, vocab);
-      const int64_t n = spec_eval_prompt_count(cfg, *prompts);  // every prompt used has one
+      const int64_t n = eval::spec_eval_prompt_count(cfg, *prompts);  // every prompt used has one
       model::check_generation_fits(plan.target, cfg.target.path, *prompts, n, cfg.eval.max_new_tokens,
                                    plan.drafter.block_size, "eval.max_new_tokens");
     }
   }
-  EvalInputs inputs() const { return {data ? &*data : nullptr, prompts ? &*prompts : nullptr}; }
+  eval::EvalInputs inputs() const { return {data ? &*data : nullptr, prompts ? &*prompts : nullptr}; }
 };
 
-void print_banner(const TrainConfig& cfg, const RunPlan& plan, int size, const std::string& init_identity) {
+void print_banner(const TrainConfig& cfg, const train::RunPlan& plan, int size, const std::string& init_identity) {
   std::printf("%s\n", format_config_table(cfg).c_str());
   // the warm start's content identity, which the keys do not hold (a folder's weights may change)
   const std::string resolved =
@@ -186,17 +187,17 @@ void print_banner(const TrainConfig& cfg, const RunPlan& plan, int size, const s
 
 // Every attempt (first run, resume, requeue) appends to the rank's log after a header saying who runs it; the
 // first drafter rank also prints to the console.
-std::unique_ptr<Logger> make_logger(const TrainConfig& cfg, const comm::RankLayout& layout, int rank,
-                                    const JobIdentity& me) {
+std::unique_ptr<report::Logger> make_logger(const TrainConfig& cfg, const comm::RankLayout& layout, int rank,
+                                            const JobIdentity& me) {
   const bool is_target = layout.role == comm::Role::Target;
-  LogIdentity id;
+  report::LogIdentity id;
   id.rank = rank;
   id.role = comm::role_name(layout.role);
   id.index = is_target ? layout.tp_rank : layout.dp_rank;
   if (is_target && cfg.layout.target_groups > 1) id.group = layout.group;
   const bool console = !is_target && layout.dp_rank == 0;
-  return std::make_unique<Logger>(cfg.run.out_dir, id, resolve_log_level(cfg.log.level), console,
-                                  fmt::format("===== attempt: {} =====", describe(me)));
+  return std::make_unique<report::Logger>(cfg.run.out_dir, id, report::resolve_log_level(cfg.log.level), console,
+                                          fmt::format("===== attempt: {} =====", describe(me)));
 }
 
 // World rank r's role as the messages about other ranks name it: "target group 0 tp 3", "drafter dp 1".
@@ -211,12 +212,12 @@ std::string rank_role(const TrainConfig& cfg, int world_size, int r) {
 // backend: everything in host memory) and the first of them refuses a sum above the machine's memory, naming every
 // rank's need, so absurd sizes end in a message instead of std::bad_alloc or the OOM killer. With run.device: cuda
 // the host holds little (weights and activations are on the GPUs): --check compares the per-GPU plan with the cards.
-void check_node_memory(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+void check_node_memory(const TrainConfig& cfg, const train::RunPlan& plan, const comm::RankLayout& layout,
                        const io::Dataset& data, int rank) {
   if (cfg.run.device == "cuda") return;
   int64_t longest = 0;
   for (size_t i = 1; i < data.offsets().size(); ++i) longest = std::max(longest, data.offsets()[i] - data.offsets()[i - 1]);
-  const GpuMemoryPlan mem = gpu_memory_plan(memory_plan_inputs(cfg, plan, longest));
+  const preflight::GpuMemoryPlan mem = preflight::gpu_memory_plan(preflight::memory_plan_inputs(cfg, plan, longest));
   const bool is_target = layout.role == comm::Role::Target;
   double need = is_target ? mem.target.total() : mem.drafter.total();
   MPI_Comm node;
@@ -236,22 +237,22 @@ void check_node_memory(const TrainConfig& cfg, const RunPlan& plan, const comm::
                      needs[i]});
   char host[256] = "this machine";
   gethostname(host, sizeof host - 1);
-  const std::string refusal = memory_does_not_fit(named, machine_memory_bytes(), host);
+  const std::string refusal = preflight::memory_does_not_fit(named, preflight::machine_memory_bytes(), host);
   DFLASH_USER_CHECK(refusal.empty(), "{}", refusal);
 }
 
 // Where the run starts: the first drafter rank resolves and verifies the checkpoint; every rank learns the step.
 struct Resume {
   int64_t start_step = 0;
-  std::optional<LoadedCheckpoint> checkpoint;  // first drafter rank, when resuming
-  RunIdentity identity;                        // first drafter rank
-  std::optional<WarmStart> warm;               // first drafter rank, a fresh start with drafter.init
+  std::optional<state::LoadedCheckpoint> checkpoint;  // first drafter rank, when resuming
+  state::RunIdentity identity;                        // first drafter rank
+  std::optional<state::WarmStart> warm;               // first drafter rank, a fresh start with drafter.init
 };
 
 // init_identity: warm_start_identity(drafter.init) on world rank 0 (it hashes the weight file once, for the
 // resolved config); the first drafter rank receives it for the checkpoints.
-Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
-                      const io::Dataset& data, const EvalFiles& eval, comm::Transport& world, Logger& log,
+Resume resolve_resume(const TrainConfig& cfg, const train::RunPlan& plan, const comm::RankLayout& layout,
+                      const io::Dataset& data, const EvalFiles& eval, comm::Transport& world, report::Logger& log,
                       std::string init_identity) {
   Resume out;
   const int first_drafter = layout.drafter_world_rank(0);
@@ -264,14 +265,16 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
   if (world.rank() == first_drafter) {
     // one pass over the data: what would train nothing or the wrong thing is refused; its identity goes into
     // every checkpoint and must match the one resumed from
-    const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
-    check_data_facts(facts, cfg);
+    const preflight::DataFacts facts =
+        preflight::scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
+    preflight::check_data_facts(facts, cfg);
     out.identity.dataset = facts.identity();
-    out.identity.target = target_identity(cfg.target.path);
+    out.identity.target = preflight::target_identity(cfg.target.path);
     // what --check verifies of the tokenizer, every job verifies too: a tokenizer that cannot produce the data or
     // disagrees with the target trains the wrong thing silently
-    const TokenizerCheck tok = check_tokenizer(read_tokenizer_facts(cfg.target.path), cfg.target.path,
-                                               plan.target.vocab, facts.max_token, plan.drafter.mask_token_id);
+    const preflight::TokenizerCheck tok =
+        preflight::check_tokenizer(preflight::read_tokenizer_facts(cfg.target.path), cfg.target.path, plan.target.vocab,
+                                   facts.max_token, plan.drafter.mask_token_id);
     DFLASH_USER_CHECK(tok.errors.empty(), "tokenizer, target and data disagree (dflash_mpi CONFIG --check shows the "
                       "same):\n  {}", fmt::format("{}", fmt::join(tok.errors, "\n  ")));
     for (const std::string& n : tok.notes) log.info("tokenizer: {}", n);
@@ -281,11 +284,12 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
     if (eval.data) {  // what would score nothing is refused as for data.path
       TrainConfig as_data = cfg;
       as_data.data.path = cfg.eval.data;
-      check_data_facts(scan_data_facts(*eval.data, plan.drafter.mask_token_id, cfg.data.max_seq_len), as_data);
+      preflight::check_data_facts(
+          preflight::scan_data_facts(*eval.data, plan.drafter.mask_token_id, cfg.data.max_seq_len), as_data);
     }
-    const std::string dir = resolve_resume_dir(cfg);
+    const std::string dir = state::resolve_resume_dir(cfg);
     if (!dir.empty()) {
-      out.checkpoint.emplace(load_checkpoint(dir, checkpoint_expectation(cfg, plan, out.identity)));
+      out.checkpoint.emplace(state::load_checkpoint(dir, state::checkpoint_expectation(cfg, plan, out.identity)));
       for (const auto& [what, recorded] : {std::pair<const char*, const std::string&>{"dataset", out.checkpoint->state.dataset},
                                            {"target", out.checkpoint->state.target}})
         if (recorded.empty())
@@ -303,7 +307,7 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
       log.info("ckpt.resume=auto: no complete checkpoint in {}/ckpt; starting from step 0", cfg.run.out_dir);
     }
     if (out.start_step == 0 && !cfg.drafter.init.empty()) {
-      out.warm.emplace(load_warm_start(cfg, plan, init_identity));
+      out.warm.emplace(state::load_warm_start(cfg, plan, init_identity));
       out.identity.init = out.warm->identity;
       log.info("warm start (drafter.init): {}; fresh optimizer, step 0", out.identity.init);
     }
@@ -316,9 +320,10 @@ Resume resolve_resume(const TrainConfig& cfg, const RunPlan& plan, const comm::R
 
 // This rank's role: the target worker or the drafter worker (lib/job/workers.h).
 // How the run ended on this rank: a target rank does not know (RunOutcome::running), a drafter rank does.
-RunStatus run_my_role(const TrainConfig& cfg, const RunPlan& plan, const comm::RankLayout& layout,
+RunStatus run_my_role(const TrainConfig& cfg, const train::RunPlan& plan, const comm::RankLayout& layout,
                       const comm::RoleComms& comms, const io::Dataset& data, const EvalFiles& eval,
-                      const Resume& resume, const ProgramOptions& options, Logger& log, Watchdog& watchdog) {
+                      const Resume& resume, const ProgramOptions& options, report::Logger& log,
+                      train::Watchdog& watchdog) {
   if (layout.role == comm::Role::Target) {
     run_target_worker(cfg, plan, layout, comms, data, resume.start_step, log, watchdog, eval.inputs());
     return {};
@@ -356,7 +361,7 @@ int dflash_mpi_main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::string who;
   std::optional<RunLock> lock;  // world rank 0: out_dir is this job's until the end
-  std::unique_ptr<Logger> log;
+  std::unique_ptr<report::Logger> log;
   try {
     install_stop_signal_handlers();
     const TrainConfig cfg = load_config(options->config, options->sets);
@@ -369,20 +374,21 @@ int dflash_mpi_main(int argc, char** argv) {
     std::string out_dir_notice;
     if (rank == 0) {
       lock.emplace(cfg.run.out_dir, me);
-      out_dir_notice = guard_out_dir(cfg);  // an earlier run's weights are never replaced by a fresh start
+      out_dir_notice = state::guard_out_dir(cfg);  // an earlier run's weights are never replaced by a fresh start
     }
     const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
-    if (rank == 0) check_target_weights(cfg.target.path, target);  // headers only: every rank would fail alike
+    if (rank == 0)
+      preflight::check_target_weights(cfg.target.path, target);  // headers only: every rank would fail alike
     MPI_Barrier(MPI_COMM_WORLD);
     // targets check every token id against the vocabulary on open; drafters only need the offsets
     const bool is_target = layout.role == comm::Role::Target;
     const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/is_target);
-    const RunPlan plan = make_run_plan(cfg, target, data.size());
+    const train::RunPlan plan = train::make_run_plan(cfg, target, data.size());
     check_node_memory(cfg, plan, layout, data, rank);
     const EvalFiles eval(cfg, plan, is_target);
     // world rank 0 hashes the warm start's weight file once: the resolved config and (broadcast) the checkpoints
     const std::string init_identity =
-        rank == 0 && !cfg.drafter.init.empty() ? warm_start_identity(cfg.drafter.init) : std::string();
+        rank == 0 && !cfg.drafter.init.empty() ? state::warm_start_identity(cfg.drafter.init) : std::string();
     if (rank == 0) print_banner(cfg, plan, size, init_identity);
     comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, cfg.run.watchdog_seconds);
     log = make_logger(cfg, layout, rank, me);
@@ -390,12 +396,12 @@ int dflash_mpi_main(int argc, char** argv) {
     if (!out_dir_notice.empty()) log->warn("{}", out_dir_notice);
     // a rank blocked in one wait longer than the bound (which follows the steps: lib/train/watchdog.h) says so,
     // with every rank's heartbeat (which names a stopped rank), and takes the job down
-    Watchdog watchdog(cfg.run.watchdog_seconds, [&](const std::string& what, double waited) {
+    train::Watchdog watchdog(cfg.run.watchdog_seconds, [&](const std::string& what, double waited) {
       timeval tv{};
       gettimeofday(&tv, nullptr);
-      const std::string ranks = diagnose_heartbeats(
-          cfg.run.out_dir, size, double(tv.tv_sec) + 1e-6 * double(tv.tv_usec), /*stale_after=*/5.0,
-          [&](int r) { return rank_role(cfg, size, r); });
+      const std::string ranks =
+          train::diagnose_heartbeats(cfg.run.out_dir, size, double(tv.tv_sec) + 1e-6 * double(tv.tv_usec),
+                                     /*stale_after=*/5.0, [&](int r) { return rank_role(cfg, size, r); });
       const std::string message = fmt::format(
           "watchdog: world rank {} has waited {:.0f} s for the {} (bound {}): a rank is stopped or stalled "
           "(SIGSTOP, a hung device, a dead link); aborting the job. Heartbeats:{}",
@@ -405,9 +411,9 @@ int dflash_mpi_main(int argc, char** argv) {
       abort_now(lock ? &*lock : nullptr);
     });
     watchdog.follow_steps(cfg.run.watchdog_floor_seconds, cfg.run.watchdog_step_multiple);
-    watchdog.beat_to(heartbeat_path(cfg.run.out_dir, rank));
+    watchdog.beat_to(train::heartbeat_path(cfg.run.out_dir, rank));
     comm::MpiTransport world_mpi(MPI_COMM_WORLD);
-    WatchedTransport world(world_mpi, watchdog, "world");
+    train::WatchedTransport world(world_mpi, watchdog, "world");
     log->info("{} ranks ({}); config {} (hash {}); data plane {} (layout.transport {})", size, who, options->config,
               config_hash_hex(cfg), comm::data_plane_name(plane), cfg.layout.transport);
     const Resume resume = resolve_resume(cfg, plan, layout, data, eval, world, *log, init_identity);
@@ -424,4 +430,4 @@ int dflash_mpi_main(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::job

@@ -4,7 +4,7 @@
 
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 namespace {
 constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL, kFnvPrime = 0x100000001b3ULL;
@@ -75,4 +75,4 @@ void check_data_facts(const DataFacts& f, const TrainConfig& cfg) {
                     f.longest);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

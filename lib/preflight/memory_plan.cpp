@@ -15,7 +15,7 @@
 #include "lib/model/target.h"
 #include "lib/model/target_shard.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 double RankMemory::total() const {
   double t = 0;
@@ -36,7 +36,7 @@ int64_t target_rank_params(const model::QwenConfig& c, int tp) {
   return int64_t(best);
 }
 
-MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const RunPlan& plan, int64_t longest) {
+MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const train::RunPlan& plan, int64_t longest) {
   MemoryPlanInputs m;
   m.target = plan.target;
   m.target_rank_params = target_rank_params(plan.target, cfg.layout.target_tp);
@@ -157,4 +157,4 @@ std::string memory_does_not_fit(const std::vector<std::pair<std::string, double>
                      machine, sum / 1e9, available / 1e9, each);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

@@ -13,7 +13,7 @@
 #include "lib/model/qwen_config.h"
 #include "lib/train/run_plan.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 struct MemoryItem {
   std::string what;  // "drafter activations (arena)"
@@ -43,7 +43,7 @@ struct MemoryPlanInputs {
 };
 
 // The inputs from a run's config and plan; longest: the longest sequence of the data (before data.max_seq_len).
-MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const RunPlan& plan, int64_t longest);
+MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const train::RunPlan& plan, int64_t longest);
 
 struct GpuMemoryPlan {
   RankMemory target, drafter;
@@ -71,4 +71,4 @@ double machine_memory_bytes();
 std::string memory_does_not_fit(const std::vector<std::pair<std::string, double>>& ranks, double available,
                                 const std::string& machine);
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

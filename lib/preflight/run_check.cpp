@@ -27,7 +27,7 @@
 #include "lib/state/warm_start.h"
 #include "lib/train/run_plan.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 // An eval file named by the config must exist before the job spends time loading the target.
 void check_eval_file(const char* key, const std::string& path, const char* switch_key) {
@@ -47,7 +47,7 @@ int run_check(const TrainConfig& cfg) {
   TargetWeightsSummary weights;
   if (has_weights) weights = check_target_weights(cfg.target.path, target);
   const io::Dataset data(cfg.data.path, target.vocab, /*scan_tokens=*/false);  // scan_data_facts checks every token
-  const RunPlan plan = make_run_plan(cfg, target, data.size());
+  const train::RunPlan plan = train::make_run_plan(cfg, target, data.size());
   const DataFacts facts = scan_data_facts(data, plan.drafter.mask_token_id, cfg.data.max_seq_len);
   check_data_facts(facts, cfg);
   std::string eval_lines;  // the in-training eval's files, checked as the job checks them
@@ -65,10 +65,10 @@ int run_check(const TrainConfig& cfg) {
   if (cfg.eval.spec_every > 0) {
     check_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
     const io::Dataset prompts(cfg.eval.prompts, target.vocab);
-    model::check_generation_fits(target, cfg.target.path, prompts, spec_eval_prompt_count(cfg, prompts),
+    model::check_generation_fits(target, cfg.target.path, prompts, eval::spec_eval_prompt_count(cfg, prompts),
                                  cfg.eval.max_new_tokens, plan.drafter.block_size, "eval.max_new_tokens");
     eval_lines += fmt::format("  eval prompts   {}: {} prompts x {} new tokens every {} steps (speculative tau)\n",
-                              cfg.eval.prompts, spec_eval_prompt_count(cfg, prompts), cfg.eval.max_new_tokens,
+                              cfg.eval.prompts, eval::spec_eval_prompt_count(cfg, prompts), cfg.eval.max_new_tokens,
                               cfg.eval.spec_every);
   }
   const TokenizerFacts tokenizer = read_tokenizer_facts(cfg.target.path);
@@ -173,9 +173,12 @@ int run_check(const TrainConfig& cfg) {
                 "again after some steps and a checkpoint to size it\n",
                 margin.margin_seconds, cfg.run.out_dir.c_str());
   }
-  const std::string resume = resolve_resume_dir(cfg);
+  const std::string resume = state::resolve_resume_dir(cfg);
   if (!resume.empty()) {
-    const LoadedCheckpoint c = load_checkpoint(resume, checkpoint_expectation(cfg, plan, RunIdentity{facts.identity(), has_weights ? target_identity(cfg.target.path) : "", ""}));
+    const state::LoadedCheckpoint c = state::load_checkpoint(
+        resume,
+        state::checkpoint_expectation(
+            cfg, plan, state::RunIdentity{facts.identity(), has_weights ? target_identity(cfg.target.path) : "", ""}));
     std::printf("  resume         %s (step %lld) verified\n", resume.c_str(), (long long)c.state.step);
   } else {
     std::printf("  resume         %s\n", cfg.ckpt.resume == "auto" ? "auto: no complete checkpoint yet, would start at step 0"
@@ -186,7 +189,7 @@ int run_check(const TrainConfig& cfg) {
       std::printf("  warm start     drafter.init not read: the run resumes from its checkpoint\n");
     } else {
       // every shape and fact checked against the run
-      const WarmStart w = load_warm_start(cfg, plan, warm_start_identity(cfg.drafter.init));
+      const state::WarmStart w = state::load_warm_start(cfg, plan, state::warm_start_identity(cfg.drafter.init));
       std::printf("  warm start     %s: shapes, block, mask token, vocabulary and taps match\n", w.identity.c_str());
     }
   }
@@ -197,4 +200,4 @@ int run_check(const TrainConfig& cfg) {
   return has_weights ? 0 : 2;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

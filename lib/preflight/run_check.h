@@ -6,7 +6,7 @@
 
 #include "lib/config/config.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 // An eval file named by the config must exist before the job spends time loading the target: throws a user error
 // naming `key` and the switch that turns the eval off.
@@ -16,4 +16,4 @@ void check_eval_file(const char* key, const std::string& path, const char* switc
 // throws dflash::Error.
 int run_check(const TrainConfig& cfg);
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

@@ -10,7 +10,7 @@
 
 #include "lib/report/log_reader.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 namespace {
 
@@ -36,8 +36,8 @@ double measured_save_seconds(const std::string& out_dir) {
   if (!std::filesystem::is_directory(std::filesystem::path(out_dir) / "logs")) return -1;
   double worst = -1;
   try {
-    for (const RankLog& log : read_run_logs(out_dir))
-      for (const LogLine& l : log.lines) {
+    for (const report::RankLog& log : report::read_run_logs(out_dir))
+      for (const report::LogLine& l : log.lines) {
         if (!l.parsed || l.message.rfind("checkpoint: ", 0) != 0) continue;
         const size_t open = l.message.rfind(" ("), unit = l.message.find(" s)", open == std::string::npos ? 0 : open);
         if (open == std::string::npos || unit == std::string::npos) continue;
@@ -65,4 +65,4 @@ SignalMargin recommend_signal_margin(const std::string& out_dir) {
   return m;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

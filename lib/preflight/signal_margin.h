@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 struct SignalMargin {
   double step_seconds = -1;  // < 0: not measured
@@ -19,4 +19,4 @@ struct SignalMargin {
 // margin = max(120 s, 2 x (step + save) + 60 s), rounded up to a whole minute.
 SignalMargin recommend_signal_margin(const std::string& out_dir);
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

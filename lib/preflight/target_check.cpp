@@ -7,7 +7,7 @@
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 namespace {
 
@@ -138,4 +138,4 @@ TargetWeightsSummary check_target_weights(const std::string& dir, const model::Q
   return summary;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

@@ -12,7 +12,7 @@
 
 #include "lib/model/qwen_config.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 struct TargetWeightsSummary {
   int64_t tensors = 0;                 // expected tensors verified
@@ -22,4 +22,4 @@ struct TargetWeightsSummary {
 
 TargetWeightsSummary check_target_weights(const std::string& model_dir, const model::QwenConfig& config);
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

@@ -10,7 +10,7 @@
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 namespace {
 
@@ -59,4 +59,4 @@ std::string target_identity(const std::string& target_dir) {
   return fmt::format("{} tensors, {} parameters, sampled content 0x{:016x}", tensors, parameters, h);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

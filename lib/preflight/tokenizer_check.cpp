@@ -10,7 +10,7 @@
 
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 namespace fs = std::filesystem;
 
@@ -100,4 +100,4 @@ TokenizerCheck check_tokenizer(const TokenizerFacts& t, const std::string& model
   return r;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace dflash::train {
+namespace dflash::preflight {
 
 struct TokenizerFacts {
   std::string path;                // DIR/tokenizer.json ("" when the folder has none)
@@ -29,4 +29,4 @@ struct TokenizerCheck {
 TokenizerCheck check_tokenizer(const TokenizerFacts& t, const std::string& model_dir, int vocab_size,
                                int32_t data_max_token, int mask_token_id);
 
-}  // namespace dflash::train
+}  // namespace dflash::preflight

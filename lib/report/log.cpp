@@ -9,7 +9,7 @@
 
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::report {
 
 namespace {
 
@@ -105,4 +105,4 @@ void Logger::log(LogLevel level, std::string_view message) {
   write_line(line);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-namespace dflash::train {
+namespace dflash::report {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
@@ -75,4 +75,4 @@ class Logger {
   std::mutex mutex_;
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::report

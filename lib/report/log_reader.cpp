@@ -13,7 +13,7 @@
 
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::report {
 
 namespace fs = std::filesystem;
 
@@ -222,4 +222,4 @@ std::string summarise_logs(const std::vector<RankLog>& logs, double now, double 
   return s;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -6,7 +6,7 @@
 
 #include "lib/report/log.h"
 
-namespace dflash::train {
+namespace dflash::report {
 
 struct LogLine {
   std::string time;    // "2026-11-29 11:56:26.928": sorts as text
@@ -50,4 +50,4 @@ std::string summarise_logs(const std::vector<RankLog>& logs, double now = -1, do
 // "2026-11-29 11:56:26.928" (local time) as seconds since the epoch; < 0 when the text is not such a time.
 double log_time_seconds(const std::string& time);
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -8,7 +8,7 @@
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::report {
 
 namespace {
 
@@ -67,4 +67,4 @@ void MetricsWriter::write(const nlohmann::ordered_json& record) {
   }
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::report

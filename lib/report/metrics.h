@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace dflash::train {
+namespace dflash::report {
 
 class MetricsWriter {
  public:
@@ -35,4 +35,4 @@ class MetricsWriter {
   int64_t kept_ = 0, dropped_ = 0;
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-namespace dflash::train {
+namespace dflash::report {
 
 namespace {
 
@@ -18,14 +18,14 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 void ProgressInterval::reset() {
-  sum_ = StepResult{};
+  sum_ = train::StepResult{};
   sum_.metrics.correct.assign(block_size_, 0);
   sum_.metrics.scored.assign(block_size_, 0);
   steps_ = tokens_ = 0;
   wait_ = compute_ = 0;
 }
 
-void ProgressInterval::add(const StepResult& r) {
+void ProgressInterval::add(const train::StepResult& r) {
   sum_.sums.add(r.sums);
   sum_.metrics.add(r.metrics);
   sum_.positions += r.positions;
@@ -87,4 +87,4 @@ nlohmann::ordered_json ProgressInterval::record(int64_t next_step, double second
   return j;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -10,13 +10,13 @@
 
 #include "lib/train/drafter_step.h"
 
-namespace dflash::train {
+namespace dflash::report {
 
 class ProgressInterval {
  public:
   explicit ProgressInterval(int block_size) : block_size_(block_size) { reset(); }
 
-  void add(const StepResult& r);  // one step's global result and this rank's timings
+  void add(const train::StepResult& r);  // one step's global result and this rank's timings
   // Both describe the interval ending after step `next_step` (1-based count) of `total_steps`.
   std::string line(int64_t next_step, int64_t total_steps, int top_k, double seconds, double eta_seconds) const;
   nlohmann::ordered_json record(int64_t next_step, double seconds, double elapsed_seconds) const;
@@ -31,10 +31,10 @@ class ProgressInterval {
   Rates rates() const;
 
   int block_size_;
-  StepResult sum_;  // sums and counts of the interval's steps
+  train::StepResult sum_;  // sums and counts of the interval's steps
   double last_lr_ = 0, last_grad_norm_ = 0;
   int64_t steps_ = 0, tokens_ = 0;
   double wait_ = 0, compute_ = 0;
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::report

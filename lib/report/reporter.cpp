@@ -2,7 +2,7 @@
 
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::report {
 
 JsonlSink::JsonlSink(const std::string& out_dir, int64_t start_step, Logger& log) : writer_(out_dir, start_step) {
   if (writer_.dropped() > 0)
@@ -30,7 +30,7 @@ void Reporter::check_identical_weights(int64_t next_step) {
                next_step, differs);
 }
 
-void Reporter::after_step(const StepResult& r, int64_t next_step, bool last, bool stop) {
+void Reporter::after_step(const train::StepResult& r, int64_t next_step, bool last, bool stop) {
   progress_.add(r);
   if (r.skipped)
     log_.warn("step {}: no scored positions in the global batch (sum of weights 0): weights unchanged", next_step);
@@ -53,4 +53,4 @@ void Reporter::report(const ReportRecord& r) {
   for (auto& sink : sinks_) sink->write(r.metrics);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -19,7 +19,7 @@
 #include "lib/report/progress.h"
 #include "lib/train/drafter_step.h"
 
-namespace dflash::train {
+namespace dflash::report {
 
 // Where metrics records go. Records are JSON objects with an integer "step" (and "kind" for non-training ones).
 class MetricsSink {
@@ -63,7 +63,7 @@ class Reporter {
   static bool due(int log_every, int64_t next_step, bool last, bool stop);
   // After each step (every drafter rank: the check is collective): sums the step into the interval; when due,
   // checks the weights, logs the progress line and sends its record to the sinks.
-  void after_step(const StepResult& r, int64_t next_step, bool last, bool stop);
+  void after_step(const train::StepResult& r, int64_t next_step, bool last, bool stop);
   // Drafter rank 0: logs the line and sends the record to every sink; other ranks: nothing.
   void report(const ReportRecord& r);
 
@@ -79,4 +79,4 @@ class Reporter {
   Timer run_timer_, interval_;
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::report

@@ -12,7 +12,7 @@
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 namespace fs = std::filesystem;
 
@@ -67,4 +67,4 @@ bool BestCheckpoint::offer(double value, const model::DrafterConfig& drafter, co
   return true;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::state

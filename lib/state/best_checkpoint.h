@@ -17,7 +17,7 @@
 #include "lib/model/drafter_params.h"
 #include "lib/state/checkpoint.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 // out_dir/ckpt/best
 std::string best_checkpoint_dir(const std::string& out_dir);
@@ -39,4 +39,4 @@ class BestCheckpoint {
   double value_ = -std::numeric_limits<double>::infinity();
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::state

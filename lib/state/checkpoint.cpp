@@ -19,7 +19,7 @@
 #include "lib/core/rng.h"
 #include "lib/io/safetensors.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 using io::DType;
 using io::dtype_name;
@@ -564,4 +564,4 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
   model::export_drafter(ck.drafter, ck.params, info, out_dir, dtype);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::state

@@ -19,7 +19,7 @@
 #include "lib/model/drafter_export.h"
 #include "lib/model/drafter_params.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 constexpr const char* kCheckpointMagic = "dflash_mpi checkpoint";
 constexpr int kCheckpointVersion = 1;
@@ -125,4 +125,4 @@ uint64_t checkpoint_hash(const void* data, size_t bytes);
 void export_checkpoint(const std::string& step_dir, const std::string& out_dir, io::DType dtype,
                        const model::DrafterExportInfo& overrides = {});
 
-}  // namespace dflash::train
+}  // namespace dflash::state

@@ -10,9 +10,9 @@
 #include "lib/io/safetensors.h"
 #include "lib/state/checkpointing.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
-Checkpointer::Checkpointer(const TrainConfig& cfg, const RunPlan& plan, CheckpointerSettings s)
+Checkpointer::Checkpointer(const TrainConfig& cfg, const train::RunPlan& plan, CheckpointerSettings s)
     : cfg_(cfg), plan_(plan), s_(std::move(s)) {
   if (s_.writer && !s_.best_metric.empty()) best_.emplace(cfg.run.out_dir, s_.best_metric);
 }
@@ -26,7 +26,7 @@ bool Checkpointer::due(int64_t next_step, bool last, bool stop) const {
   return s_.writer && due(cfg_.ckpt.every, next_step, last, stop, s_.save_on_stop);
 }
 
-std::string Checkpointer::save(int64_t next_step, DrafterStep& drafter) {
+std::string Checkpointer::save(int64_t next_step, train::DrafterStep& drafter) {
   Timer t;
   const std::string dir = save_checkpoint(cfg_.run.out_dir, plan_.drafter, drafter.params(), drafter.optimizer(),
                                           training_state(cfg_, plan_, next_step, s_.identity));
@@ -40,7 +40,7 @@ std::string Checkpointer::best_notice() const {
 }
 
 std::string Checkpointer::offer_best(int64_t next_step, const std::string& metric, double tau,
-                                     DrafterStep& drafter) {
+                                     train::DrafterStep& drafter) {
   if (!best_ || best_->metric() != metric) return "";
   Timer t;
   if (!best_->offer(tau, plan_.drafter, drafter.params(), training_state(cfg_, plan_, next_step, s_.identity)))
@@ -49,7 +49,7 @@ std::string Checkpointer::offer_best(int64_t next_step, const std::string& metri
                      next_step, best_->metric(), tau, t.seconds());
 }
 
-void init_drafter(comm::Transport& dp, DrafterStep& drafter, const model::DrafterParams<float>* init) {
+void init_drafter(comm::Transport& dp, train::DrafterStep& drafter, const model::DrafterParams<float>* init) {
   model::DrafterParams<float>& w = drafter.params();
   if (dp.rank() == 0) {
     DFLASH_CHECK(init && init->flat.size() == w.flat.size(), "internal: drafter rank 0 warm-starts without weights");
@@ -59,7 +59,7 @@ void init_drafter(comm::Transport& dp, DrafterStep& drafter, const model::Drafte
   drafter.upload_state();
 }
 
-void restore_drafter(comm::Transport& dp, DrafterStep& drafter, const LoadedCheckpoint* ckpt) {
+void restore_drafter(comm::Transport& dp, train::DrafterStep& drafter, const LoadedCheckpoint* ckpt) {
   model::DrafterParams<float>& w = drafter.params();
   model::AdamWState& adam = drafter.optimizer();
   if (dp.rank() == 0) {
@@ -92,4 +92,4 @@ std::string write_final_weights(const std::string& out_dir, const model::Drafter
   return path;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::state

@@ -15,7 +15,7 @@
 #include "lib/train/drafter_step.h"
 #include "lib/train/run_plan.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 struct CheckpointerSettings {
   bool writer = false;          // this rank writes (drafter rank 0)
@@ -27,7 +27,7 @@ struct CheckpointerSettings {
 
 class Checkpointer {
  public:
-  Checkpointer(const TrainConfig& cfg, const RunPlan& plan, CheckpointerSettings s);
+  Checkpointer(const TrainConfig& cfg, const train::RunPlan& plan, CheckpointerSettings s);
 
   // ckpt.every = `every` (0 = off): a save after `next_step` steps when it is a multiple of every, or the last
   // step (with every > 0), or on a stop (when save_on_stop).
@@ -36,17 +36,17 @@ class Checkpointer {
   bool due(int64_t next_step, bool last, bool stop) const;
   // Writes ckpt/step_<next_step>, prunes to ckpt.keep; returns the log line
   // ("checkpoint: DIR (S s)[; removed N older]").
-  std::string save(int64_t next_step, DrafterStep& drafter);
+  std::string save(int64_t next_step, train::DrafterStep& drafter);
 
   // The best checkpoint: what it found at start-up ("" when nothing to say or no best is kept).
   std::string best_notice() const;
   // τ measured by `metric` after `next_step` steps: when it is the best's metric and beats it, writes ckpt/best and
   // returns the log line; else "".
-  std::string offer_best(int64_t next_step, const std::string& metric, double tau, DrafterStep& drafter);
+  std::string offer_best(int64_t next_step, const std::string& metric, double tau, train::DrafterStep& drafter);
 
  private:
   const TrainConfig& cfg_;
-  const RunPlan& plan_;
+  const train::RunPlan& plan_;
   CheckpointerSettings s_;
   std::optional<BestCheckpoint> best_;
 };
@@ -54,11 +54,11 @@ class Checkpointer {
 // Drafter rank 0 holds the loaded checkpoint (`ckpt`); the others get weights and optimizer state from it over the
 // drafter DP group `dp` (no shared file system needed between drafter ranks). Collective over dp.
 // drafter.init: every drafter rank starts from drafter rank 0's `init` weights (a fresh optimizer).
-void init_drafter(comm::Transport& dp, DrafterStep& drafter, const model::DrafterParams<float>* init);
-void restore_drafter(comm::Transport& dp, DrafterStep& drafter, const LoadedCheckpoint* ckpt);
+void init_drafter(comm::Transport& dp, train::DrafterStep& drafter, const model::DrafterParams<float>* init);
+void restore_drafter(comm::Transport& dp, train::DrafterStep& drafter, const LoadedCheckpoint* ckpt);
 
 // Writes the drafter's fp32 weights (export names) to <out_dir>/drafter_final.safetensors via a temporary file and
 // a rename; returns the path.
 std::string write_final_weights(const std::string& out_dir, const model::DrafterParams<float>& params);
 
-}  // namespace dflash::train
+}  // namespace dflash::state

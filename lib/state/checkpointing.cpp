@@ -2,9 +2,10 @@
 
 #include "lib/model/drafter_export.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
-CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPlan& plan, const RunIdentity& id) {
+CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const train::RunPlan& plan,
+                                             const RunIdentity& id) {
   CheckpointExpectation e;
   e.layout = {cfg.layout.target_tp, cfg.layout.target_groups, cfg.layout.drafter_dp, cfg.optim.micro_batches};
   e.drafter = plan.drafter;
@@ -16,7 +17,8 @@ CheckpointExpectation checkpoint_expectation(const TrainConfig& cfg, const RunPl
   return e;
 }
 
-TrainingState training_state(const TrainConfig& cfg, const RunPlan& plan, int64_t next_step, const RunIdentity& id) {
+TrainingState training_state(const TrainConfig& cfg, const train::RunPlan& plan, int64_t next_step,
+                             const RunIdentity& id) {
   TrainingState s;
   s.step = next_step;
   s.data.epoch = next_step / plan.steps_per_epoch;
@@ -38,4 +40,4 @@ std::string resolve_resume_dir(const TrainConfig& cfg) {
   return cfg.ckpt.resume;
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::state

@@ -11,7 +11,7 @@
 #include "lib/state/checkpoint.h"
 #include "lib/state/checkpointing.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 namespace fs = std::filesystem;
 
@@ -82,4 +82,4 @@ std::string guard_out_dir(const TrainConfig& cfg) {
                      "needed)", fmt::join(moved, ", "), aside.string());
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::state

@@ -13,7 +13,7 @@
 
 #include "lib/config/config.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 // The earlier run's files a fresh start would replace, as paths relative to out_dir ("ckpt/step_00000200",
 // "ckpt/best", "drafter_final.safetensors", "metrics.jsonl"); what the resume mode allows is left out.
@@ -23,4 +23,4 @@ std::vector<std::string> earlier_run_files(const TrainConfig& cfg);
 // the log ("" when there was nothing to do); throws dflash::Error for a refused start.
 std::string guard_out_dir(const TrainConfig& cfg);
 
-}  // namespace dflash::train
+}  // namespace dflash::state

@@ -9,12 +9,11 @@
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 namespace {
 
-
-void send_inputs(comm::Transport& dp, const MicroBatchInputs& in) {
+void send_inputs(comm::Transport& dp, const train::MicroBatchInputs& in) {
   const int64_t header[3] = {in.seq_index, int64_t(in.tokens.size()), int64_t(in.anchors.size())};
   dp.send(header, 3, 0, comm::kTagDumpHeader);
   dp.send(in.tokens.data(), in.tokens.size(), 0, comm::kTagDumpTokens);
@@ -24,10 +23,10 @@ void send_inputs(comm::Transport& dp, const MicroBatchInputs& in) {
   dp.send(in.final_hidden.data(), in.final_hidden.size(), 0, comm::kTagDumpFinal);
 }
 
-MicroBatchInputs recv_inputs(comm::Transport& dp, int src, int tap_width, int hidden) {
+train::MicroBatchInputs recv_inputs(comm::Transport& dp, int src, int tap_width, int hidden) {
   int64_t header[3];
   dp.recv(header, 3, src, comm::kTagDumpHeader);
-  MicroBatchInputs in;
+  train::MicroBatchInputs in;
   in.seq_index = header[0];
   const size_t S = size_t(header[1]), N = size_t(header[2]);
   in.tokens.resize(S);
@@ -50,8 +49,8 @@ std::vector<float> as_f32(const std::vector<T>& v) {
 
 }  // namespace
 
-std::string write_step_dump(const std::string& dir, comm::Transport& dp, const RunPlan& plan,
-                            const TrainConfig& cfg, const StepResult& r, const StepCapture& capture,
+std::string write_step_dump(const std::string& dir, comm::Transport& dp, const train::RunPlan& plan,
+                            const TrainConfig& cfg, const train::StepResult& r, const train::StepCapture& capture,
                             const model::DrafterParams<float>& layout_of, const std::vector<float>& start_weights) {
   if (dp.rank() != 0) {
     for (const auto& in : capture.inputs) send_inputs(dp, in);
@@ -59,7 +58,7 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
   }
   const int H = plan.target.hidden, tap_width = int(plan.tap_ids.size()) * H, M = cfg.optim.micro_batches;
   const int dp_size = dp.size();
-  std::vector<MicroBatchInputs> slots(size_t(M) * dp_size);
+  std::vector<train::MicroBatchInputs> slots(size_t(M) * dp_size);
   for (int m = 0; m < M; ++m) slots[size_t(m) * dp_size] = capture.inputs.at(m);
   for (int src = 1; src < dp_size; ++src)
     for (int m = 0; m < M; ++m) slots[size_t(m) * dp_size + src] = recv_inputs(dp, src, tap_width, H);
@@ -73,7 +72,7 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
   };
   keep.reserve(slots.size() * 5 + 5);
   for (size_t k = 0; k < slots.size(); ++k) {
-    const MicroBatchInputs& in = slots[k];
+    const train::MicroBatchInputs& in = slots[k];
     const std::string p = fmt::format("inputs.slot{}.", k);
     const int64_t S = int64_t(in.tokens.size());
     add(p + "tokens", {S}, as_f32(in.tokens));
@@ -132,13 +131,13 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
 
 void StepDumper::before(int64_t) {
   if (!active()) return;
-  capture_ = StepCapture{};
+  capture_ = train::StepCapture{};
   start_weights_ = drafter_.params().flat;
 }
 
-std::string StepDumper::after(const StepResult& r) {
+std::string StepDumper::after(const train::StepResult& r) {
   if (!active()) return "";
   return write_step_dump(dir_, dp_, plan_, cfg_, r, capture_, drafter_.params(), start_weights_);
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::state

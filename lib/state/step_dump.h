@@ -16,12 +16,12 @@
 #include "lib/comm/transport.h"
 #include "lib/train/drafter_step.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 // Collective over the drafter DP group: ranks > 0 send their inputs to rank 0, which writes
 // DIR/step_XXXXXXXX.safetensors (via a temporary name) and returns its path ("" on other ranks).
-std::string write_step_dump(const std::string& dir, comm::Transport& dp, const RunPlan& plan,
-                            const TrainConfig& cfg, const StepResult& r, const StepCapture& capture,
+std::string write_step_dump(const std::string& dir, comm::Transport& dp, const train::RunPlan& plan,
+                            const TrainConfig& cfg, const train::StepResult& r, const train::StepCapture& capture,
                             const model::DrafterParams<float>& layout_of, const std::vector<float>& start_weights);
 
 // The trainer's --dump-step component: inactive when `dir` is empty. before(step) keeps the weights the step starts
@@ -29,21 +29,22 @@ std::string write_step_dump(const std::string& dir, comm::Transport& dp, const R
 // drafter rank 0 ("" elsewhere and when inactive). An active dumper stops the run after its one step.
 class StepDumper {
  public:
-  StepDumper(std::string dir, comm::Transport& dp, const RunPlan& plan, const TrainConfig& cfg, DrafterStep& drafter)
+  StepDumper(std::string dir, comm::Transport& dp, const train::RunPlan& plan, const TrainConfig& cfg,
+             train::DrafterStep& drafter)
       : dir_(std::move(dir)), dp_(dp), plan_(plan), cfg_(cfg), drafter_(drafter) {}
   bool active() const { return !dir_.empty(); }
   void before(int64_t step);
-  StepCapture* capture() { return active() ? &capture_ : nullptr; }
-  std::string after(const StepResult& r);
+  train::StepCapture* capture() { return active() ? &capture_ : nullptr; }
+  std::string after(const train::StepResult& r);
 
  private:
   std::string dir_;
   comm::Transport& dp_;
-  const RunPlan& plan_;
+  const train::RunPlan& plan_;
   const TrainConfig& cfg_;
-  DrafterStep& drafter_;
-  StepCapture capture_;
+  train::DrafterStep& drafter_;
+  train::StepCapture capture_;
   std::vector<float> start_weights_;  // the weights the step starts from
 };
 
-}  // namespace dflash::train
+}  // namespace dflash::state

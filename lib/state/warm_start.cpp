@@ -10,14 +10,14 @@
 #include "lib/core/error.h"
 #include "lib/eval/drafter_source.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 namespace fs = std::filesystem;
 
 std::string warm_start_identity(const std::string& init) {
   const std::string dir = [&] {
     try {
-      return drafter_source_dir(init);
+      return eval::drafter_source_dir(init);
     } catch (const Error& e) {
       throw Error(fmt::format("drafter.init = {}: {}", init, e.what()));
     }
@@ -38,11 +38,11 @@ std::string warm_start_identity(const std::string& init) {
                      dir, bytes, h);
 }
 
-WarmStart load_warm_start(const TrainConfig& cfg, const RunPlan& plan, std::string identity) {
+WarmStart load_warm_start(const TrainConfig& cfg, const train::RunPlan& plan, std::string identity) {
   const std::string& init = cfg.drafter.init;
-  DrafterSource src = [&] {
+  eval::DrafterSource src = [&] {
     try {
-      return load_drafter_source(init);
+      return eval::load_drafter_source(init);
     } catch (const Error& e) {
       throw Error(fmt::format("drafter.init = {}: {}", init, e.what()));
     }
@@ -67,4 +67,4 @@ WarmStart load_warm_start(const TrainConfig& cfg, const RunPlan& plan, std::stri
   return WarmStart{std::move(src.drafter.params), std::move(identity)};
 }
 
-}  // namespace dflash::train
+}  // namespace dflash::state

@@ -10,7 +10,7 @@
 #include "lib/model/drafter_params.h"
 #include "lib/train/run_plan.h"
 
-namespace dflash::train {
+namespace dflash::state {
 
 struct WarmStart {
   model::DrafterParams<float> params;
@@ -19,10 +19,10 @@ struct WarmStart {
 
 // Reads and checks cfg.drafter.init against the run (plan: the drafter with every "0 = the target's" resolved).
 // identity: warm_start_identity(cfg.drafter.init), computed once by the caller (it reads the whole weight file).
-WarmStart load_warm_start(const TrainConfig& cfg, const RunPlan& plan, std::string identity);
+WarmStart load_warm_start(const TrainConfig& cfg, const train::RunPlan& plan, std::string identity);
 
 // "export /path/to/dir (model.safetensors 123456 bytes, content 0x...)": the folder read and its weight file's
 // content hash (FNV-1a 64 of its bytes), recorded in config.resolved.yaml, the log and every checkpoint.
 std::string warm_start_identity(const std::string& init);
 
-}  // namespace dflash::train
+}  // namespace dflash::state

@@ -42,7 +42,7 @@ using namespace dflash;
 namespace {
 
 // Proposes the known greedy continuation (offset 0) or a token that differs from it at every position (offset 1).
-class ReferenceProposer : public model::BlockProposer {
+class ReferenceProposer : public eval::BlockProposer {
  public:
   ReferenceProposer(const std::vector<int32_t>& full, int block, int offset, int vocab_limit)
       : full_(full), block_(block), offset_(offset), vocab_limit_(vocab_limit) {}
@@ -61,9 +61,9 @@ class ReferenceProposer : public model::BlockProposer {
 };
 
 // Passes through to another proposer and records each block's anchor and drafts.
-class RecordingProposer : public model::BlockProposer {
+class RecordingProposer : public eval::BlockProposer {
  public:
-  explicit RecordingProposer(model::BlockProposer* inner) : inner_(inner) {}
+  explicit RecordingProposer(eval::BlockProposer* inner) : inner_(inner) {}
   void propose(const std::vector<int32_t>& tokens, const float* taps, int32_t* draft) override {
     inner_->propose(tokens, taps, draft);
     anchors.push_back(tokens.size() - 1);
@@ -74,7 +74,7 @@ class RecordingProposer : public model::BlockProposer {
   std::vector<std::vector<int32_t>> drafts;
 
  private:
-  model::BlockProposer* inner_;
+  eval::BlockProposer* inner_;
 };
 
 std::vector<int> parse_ids(const std::string& s) {
@@ -85,7 +85,7 @@ std::vector<int> parse_ids(const std::string& s) {
   return ids;
 }
 
-double tau(const model::SpecResult& r) {
+double tau(const eval::SpecResult& r) {
   return r.accepted.empty() ? 0.0
                             : double(std::accumulate(r.accepted.begin(), r.accepted.end(), 0)) / r.accepted.size();
 }
@@ -97,7 +97,7 @@ int run(int argc, char** argv) {
   int count = 4, max_new = 40, block = 8;
   std::optional<int> vocab_limit_given;
   std::optional<double> min_tau;
-  model::TreeOptions tree;
+  eval::TreeOptions tree;
   tree.budget = 0;
   tree.topk = 4;
   app.add_option("--target", target_dir, "the target")->required()->type_name("DIR");
@@ -121,8 +121,8 @@ int run(int argc, char** argv) {
   io::Dataset prompts(prompts_path, c.vocab);
 
   // the drafters: untrained, and the given one (both need the target's embedding and lm_head on rank 0)
-  std::unique_ptr<train::DrafterSource> trained;
-  if (!drafter_dir.empty()) trained = std::make_unique<train::DrafterSource>(train::load_drafter_source(drafter_dir));
+  std::unique_ptr<eval::DrafterSource> trained;
+  if (!drafter_dir.empty()) trained = std::make_unique<eval::DrafterSource>(eval::load_drafter_source(drafter_dir));
   model::DrafterConfig dc;
   std::vector<int> taps = parse_ids(taps_text);
   if (trained) {
@@ -140,25 +140,25 @@ int run(int argc, char** argv) {
   random_params.init_random(7, 0.02);
   model::TargetVocab vocab;
   if (root) vocab = model::load_target_vocab(target_dir);
-  std::unique_ptr<model::DrafterProposer> random_drafter, trained_drafter;
+  std::unique_ptr<eval::DrafterProposer> random_drafter, trained_drafter;
   if (root) {
-    random_drafter = std::make_unique<model::DrafterProposer>(dc, random_params, vocab.embedding.data(),
-                                                              vocab.lm_head(), vocab_limit);
+    random_drafter = std::make_unique<eval::DrafterProposer>(dc, random_params, vocab.embedding.data(), vocab.lm_head(),
+                                                             vocab_limit);
     if (trained)
-      trained_drafter = std::make_unique<model::DrafterProposer>(dc, trained->drafter.params, vocab.embedding.data(),
-                                                                 vocab.lm_head(), vocab_limit);
+      trained_drafter = std::make_unique<eval::DrafterProposer>(dc, trained->drafter.params, vocab.embedding.data(),
+                                                                vocab.lm_head(), vocab_limit);
   }
 
   model::GenerateOptions g;
   g.max_new_tokens = max_new;
   g.vocab_limit = vocab_limit;
-  model::SpecOptions so;
+  eval::SpecOptions so;
   so.block_size = B;
   so.tap_layer_ids = taps;
   so.max_new_tokens = max_new;
   so.vocab_limit = vocab_limit;
   std::vector<int> trained_accepted, random_accepted, forced_accepted, visited_forced;
-  model::TreeOptions chain_tree;  // budget B − 1, top-k 1: the chain as a tree
+  eval::TreeOptions chain_tree;  // budget B − 1, top-k 1: the chain as a tree
   chain_tree.budget = B - 1;
   chain_tree.topk = 1;
   std::vector<int> tree_accepted[2];  // [untrained, given drafter]
@@ -170,14 +170,14 @@ int run(int argc, char** argv) {
     ReferenceProposer oracle(full, B, 0, vocab_limit), wrong(full, B, 1, vocab_limit);
     struct Case {
       const char* name;
-      model::BlockProposer* proposer;
+      eval::BlockProposer* proposer;
     };
     std::vector<Case> cases = {{"random", random_drafter.get()}, {"oracle", &oracle}, {"wrong", &wrong}};
     RecordingProposer recorder(trained_drafter.get());
     recorder.block_minus_1 = size_t(B - 1);
     if (trained) cases.push_back({"drafter", &recorder});
     for (const Case& k : cases) {
-      const model::SpecResult r = model::speculative_generate(target, head, tp, root ? k.proposer : nullptr, prompt, so);
+      const eval::SpecResult r = eval::speculative_generate(target, head, tp, root ? k.proposer : nullptr, prompt, so);
       DFLASH_CHECK(r.tokens.size() == greedy.size(), "prompt {} proposer {}: {} tokens, greedy gave {}", i, k.name,
                    r.tokens.size(), greedy.size());
       for (size_t t = 0; t < greedy.size(); ++t)
@@ -211,8 +211,8 @@ int run(int argc, char** argv) {
         // taps): what training measures; printed next to the speculative τ
         std::vector<int> forced;
         std::vector<std::vector<int32_t>> forced_drafts;
-        model::teacher_forced_acceptance(target, tp, root ? trained_drafter.get() : nullptr, full, int(prompt.size()),
-                                         taps, B, forced, &forced_drafts);
+        eval::teacher_forced_acceptance(target, tp, root ? trained_drafter.get() : nullptr, full, int(prompt.size()),
+                                        taps, B, forced, &forced_drafts);
         forced_accepted.insert(forced_accepted.end(), forced.begin(), forced.end());
         // where speculative decoding anchored a block, its drafts are the teacher-forced ones: the same context
         // (cached taps == full-forward taps), positions and mask as in training
@@ -227,10 +227,10 @@ int run(int argc, char** argv) {
       }
       if (name == "random") random_accepted.insert(random_accepted.end(), r.accepted.begin(), r.accepted.end());
       if (tree.budget > 0 && (name == "random" || name == "drafter") && !c.hybrid) {
-        model::TopkProposer* topk = name == "random" ? static_cast<model::TopkProposer*>(random_drafter.get())
-                                                     : static_cast<model::TopkProposer*>(trained_drafter.get());
-        const model::SpecResult t = model::speculative_generate_tree(target, head, tp, root ? topk : nullptr, prompt,
-                                                                     so, tree);
+        eval::TopkProposer* topk = name == "random" ? static_cast<eval::TopkProposer*>(random_drafter.get())
+                                                    : static_cast<eval::TopkProposer*>(trained_drafter.get());
+        const eval::SpecResult t =
+            eval::speculative_generate_tree(target, head, tp, root ? topk : nullptr, prompt, so, tree);
         DFLASH_CHECK(t.tokens == greedy, "prompt {} proposer {}: tree decoding (budget {}, top-k {}) differs from "
                      "greedy ({} tokens vs {})", i, k.name, tree.budget, tree.topk, t.tokens.size(), greedy.size());
         DFLASH_CHECK(t.target_forwards == int(t.accepted.size()) + 1 &&
@@ -238,8 +238,8 @@ int run(int argc, char** argv) {
                      "prompt {} proposer {}: tree counts do not add up", i, k.name);
         tree_accepted[name == "random" ? 0 : 1].insert(tree_accepted[name == "random" ? 0 : 1].end(),
                                                        t.accepted.begin(), t.accepted.end());
-        const model::SpecResult ct = model::speculative_generate_tree(target, head, tp, root ? topk : nullptr, prompt,
-                                                                      so, chain_tree);
+        const eval::SpecResult ct =
+            eval::speculative_generate_tree(target, head, tp, root ? topk : nullptr, prompt, so, chain_tree);
         DFLASH_CHECK(ct.tokens == r.tokens && ct.accepted == r.accepted, "prompt {} proposer {}: the tree of budget "
                      "B-1 = {} with top-k 1 does not keep what the chain keeps", i, k.name, B - 1);
         if (root)
@@ -255,7 +255,7 @@ int run(int argc, char** argv) {
     if (tree.budget > 0 && c.hybrid) {
       bool refused = false;
       try {
-        model::speculative_generate_tree(target, head, tp, root ? random_drafter.get() : nullptr, prompt, so, tree);
+        eval::speculative_generate_tree(target, head, tp, root ? random_drafter.get() : nullptr, prompt, so, tree);
       } catch (const Error& e) {
         refused = std::string(e.what()).find("needs a dense target") != std::string::npos;
       }
@@ -265,14 +265,14 @@ int run(int argc, char** argv) {
     // an eos the greedy continuation produces halfway (its first occurrence): both stop right after it
     model::GenerateOptions ge = g;
     ge.eos_id = greedy[greedy.size() / 2];
-    model::SpecOptions se = so;
+    eval::SpecOptions se = so;
     se.eos_id = ge.eos_id;
     const std::vector<int32_t> greedy_eos = model::greedy_generate(target, head, prompt, ge);
     DFLASH_CHECK(greedy_eos.back() == ge.eos_id && greedy_eos.size() <= greedy.size() / 2 + 1,
                  "prompt {}: greedy_generate did not stop at eos {}", i, ge.eos_id);
-    for (model::BlockProposer* proposer : {static_cast<model::BlockProposer*>(&oracle),
-                                           static_cast<model::BlockProposer*>(random_drafter.get())}) {
-      const model::SpecResult r = model::speculative_generate(target, head, tp, root ? proposer : nullptr, prompt, se);
+    for (eval::BlockProposer* proposer :
+         {static_cast<eval::BlockProposer*>(&oracle), static_cast<eval::BlockProposer*>(random_drafter.get())}) {
+      const eval::SpecResult r = eval::speculative_generate(target, head, tp, root ? proposer : nullptr, prompt, se);
       DFLASH_CHECK(r.tokens == greedy_eos, "prompt {}: with eos {} speculative decoding gave {} tokens, greedy {}", i,
                    ge.eos_id, r.tokens.size(), greedy_eos.size());
     }

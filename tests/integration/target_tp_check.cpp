@@ -91,7 +91,7 @@ int run(int argc, char** argv) {
   app.add_option("--tol", tol, "relative tolerance");
   app.add_option("--mlp-grain", opt.mlp_grain, "MLP grain")->check(positive_number());
   app.add_option("--attention-block", opt.attention_block, "attention block")->check(positive_number());
-  const train::RandomTargetOptions target_options(app);
+  const job::RandomTargetOptions target_options(app);
   if (!parse_command_line(app, argc, argv)) return 0;
   if (!make.empty()) {
     dir = make;

@@ -23,7 +23,7 @@
 namespace fs = std::filesystem;
 using namespace dflash;
 using namespace dflash::io;
-using namespace dflash::train;
+using namespace dflash::state;
 
 namespace {
 
@@ -56,7 +56,7 @@ struct Run {
 
 std::string load_error(const std::string& dir, const CheckpointExpectation& x) {
   try {
-    load_checkpoint(dir, x);
+    state::load_checkpoint(dir, x);
   } catch (const Error& e) {
     return e.what();
   }
@@ -79,16 +79,16 @@ std::string slurp(const fs::path& p) {
 TEST_CASE("checkpoint: save then load is bit-exact for weights, moments and state") {
   const std::string out = temp_dir("roundtrip");
   Run run(1234);
-  const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
+  const std::string dir = state::save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
   CHECK(dir == (fs::path(out) / "ckpt" / "step_00001234").string());
-  CHECK(dir == checkpoint_dir(out, 1234));
+  CHECK(dir == state::checkpoint_dir(out, 1234));
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "state.json", "DONE"})
     CHECK_MESSAGE(fs::is_regular_file(fs::path(dir) / f), f);
   for (const auto& e : fs::directory_iterator(dir))  // no temporary left behind
     CHECK_MESSAGE(e.path().extension() != ".tmp", e.path().string());
-  CHECK(find_latest_checkpoint(out) == dir);
+  CHECK(state::find_latest_checkpoint(out) == dir);
 
-  LoadedCheckpoint ck = load_checkpoint(dir, run.expected());
+  state::LoadedCheckpoint ck = load_checkpoint(dir, run.expected());
   CHECK(ck.dir == dir);
   CHECK(same_bits(ck.params.flat, run.params.flat));
   CHECK(same_bits(ck.optimizer.m, run.opt.m));
@@ -129,8 +129,8 @@ TEST_CASE("checkpoint: an optimizer that has not stepped round-trips as empty mo
   const std::string out = temp_dir("empty_opt");
   Run run(0);
   run.opt = model::AdamWState{};
-  const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
-  LoadedCheckpoint ck = load_checkpoint(dir, run.expected());
+  const std::string dir = state::save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
+  state::LoadedCheckpoint ck = load_checkpoint(dir, run.expected());
   CHECK(ck.optimizer.m.empty());
   CHECK(ck.optimizer.v.empty());
   CHECK(ck.optimizer.step == 0);
@@ -140,23 +140,23 @@ TEST_CASE("checkpoint: an optimizer that has not stepped round-trips as empty mo
 TEST_CASE("checkpoint: re-saving a step replaces it") {
   const std::string out = temp_dir("resave");
   Run first(50, 1), second(50, 2);
-  save_checkpoint(out, first.cfg, first.params, first.opt, first.state);
+  state::save_checkpoint(out, first.cfg, first.params, first.opt, first.state);
   const std::string dir = save_checkpoint(out, second.cfg, second.params, second.opt, second.state);
-  LoadedCheckpoint ck = load_checkpoint(dir, second.expected());
+  state::LoadedCheckpoint ck = load_checkpoint(dir, second.expected());
   CHECK(same_bits(ck.params.flat, second.params.flat));
   CHECK_FALSE(same_bits(ck.params.flat, first.params.flat));
 }
 
 TEST_CASE("checkpoint: find_latest skips directories without DONE and junk names") {
   const std::string out = temp_dir("latest");
-  CHECK(find_latest_checkpoint(out) == "");                  // no ckpt/ at all
-  CHECK(find_latest_checkpoint(out + "/does_not_exist") == "");
+  CHECK(state::find_latest_checkpoint(out) == "");  // no ckpt/ at all
+  CHECK(state::find_latest_checkpoint(out + "/does_not_exist") == "");
   Run a(10), b(20);
-  const std::string d10 = save_checkpoint(out, a.cfg, a.params, a.opt, a.state);
+  const std::string d10 = state::save_checkpoint(out, a.cfg, a.params, a.opt, a.state);
   const std::string d20 = save_checkpoint(out, b.cfg, b.params, b.opt, b.state);
-  CHECK(find_latest_checkpoint(out) == d20);
+  CHECK(state::find_latest_checkpoint(out) == d20);
   fs::remove(fs::path(d20) / "DONE");  // a save of step 20 that crashed before DONE
-  CHECK(find_latest_checkpoint(out) == d10);
+  CHECK(state::find_latest_checkpoint(out) == d10);
   // junk: bad names, too few digits, a plain file, a newer directory without DONE but with the other files
   const fs::path root = fs::path(out) / "ckpt";
   fs::create_directories(root / "step_abcdefgh");
@@ -166,12 +166,12 @@ TEST_CASE("checkpoint: find_latest skips directories without DONE and junk names
   std::ofstream(root / "step_00000999") << "not a directory";
   fs::create_directories(root / "step_00000500");
   fs::copy_file(fs::path(d10) / "model.safetensors", root / "step_00000500" / "model.safetensors");
-  CHECK(find_latest_checkpoint(out) == d10);
+  CHECK(state::find_latest_checkpoint(out) == d10);
   // the step is parsed, not compared as text: 9 digits sort after 8
   Run c(100000000);
   const std::string big = save_checkpoint(out, c.cfg, c.params, c.opt, c.state);
   CHECK(fs::path(big).filename() == "step_100000000");
-  CHECK(find_latest_checkpoint(out) == big);
+  CHECK(state::find_latest_checkpoint(out) == big);
   // loading a directory without DONE is refused, saying why
   const std::string err = load_error(d20, b.expected());
   CHECK(err.find("no DONE marker") != std::string::npos);
@@ -181,7 +181,7 @@ TEST_CASE("checkpoint: find_latest skips directories without DONE and junk names
 TEST_CASE("checkpoint: a truncated or corrupted file in a DONE-marked directory is refused naming the file") {
   const std::string out = temp_dir("corrupt");
   Run run(7);
-  const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
+  const std::string dir = state::save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
   const fs::path model = fs::path(dir) / "model.safetensors";
   const uintmax_t size = fs::file_size(model);
 
@@ -223,12 +223,12 @@ TEST_CASE("checkpoint: a truncated or corrupted file in a DONE-marked directory 
 TEST_CASE("checkpoint: the DONE hash is checkpoint_hash of the file bytes, a newer format version is refused") {
   const std::string out = temp_dir("version");
   Run run(3);
-  const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
+  const std::string dir = state::save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
   const fs::path state = fs::path(dir) / "state.json", done = fs::path(dir) / "DONE";
   std::string text = slurp(state);
   auto done_json = nlohmann::json::parse(slurp(done));
   auto hash_hex = [](const std::string& bytes) {
-    return fmt::format("0x{:016x}", checkpoint_hash(bytes.data(), bytes.size()));
+    return fmt::format("0x{:016x}", state::checkpoint_hash(bytes.data(), bytes.size()));
   };
   bool found = false;
   for (auto& f : done_json["files"]) {
@@ -251,15 +251,16 @@ TEST_CASE("checkpoint: the DONE hash is checkpoint_hash of the file bytes, a new
 
   // hash definition: FNV-1a over 64-bit words, tail zero-padded, folded with the length
   const std::string tail = "abc";
-  CHECK(checkpoint_hash(tail.data(), 3) != checkpoint_hash("abc\0", 4));  // the length is part of the hash
-  CHECK(checkpoint_hash("", 0) == mix64(0xcbf29ce484222325ULL));
+  CHECK(state::checkpoint_hash(tail.data(), 3) !=
+        state::checkpoint_hash("abc\0", 4));  // the length is part of the hash
+  CHECK(state::checkpoint_hash("", 0) == mix64(0xcbf29ce484222325ULL));
 }
 
 TEST_CASE("checkpoint: layout, drafter shape and config hash mismatches name the field and both values") {
   const std::string out = temp_dir("mismatch");
   Run run(9);
-  const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
-  CheckpointExpectation x = run.expected();
+  const std::string dir = state::save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
+  state::CheckpointExpectation x = run.expected();
   std::string err;
 
   x = run.expected();
@@ -307,22 +308,22 @@ TEST_CASE("checkpoint: layout, drafter shape and config hash mismatches name the
 TEST_CASE("checkpoint: prune keeps the newest k complete, deletes older ones and older crash leftovers") {
   const std::string out = temp_dir("prune");
   const fs::path root = fs::path(out) / "ckpt";
-  CHECK(prune_checkpoints(out, 2).empty());  // nothing there
+  CHECK(state::prune_checkpoints(out, 2).empty());  // nothing there
   for (int64_t s : {1, 2, 3, 4, 5, 6}) {
     Run r(s);
-    save_checkpoint(out, r.cfg, r.params, r.opt, r.state);
+    state::save_checkpoint(out, r.cfg, r.params, r.opt, r.state);
   }
   fs::remove(root / "step_00000002" / "DONE");  // crash leftover older than the newest complete
   fs::remove(root / "step_00000006" / "DONE");  // newer than the newest complete: a save in progress
   fs::create_directories(root / "junk");
 
   SUBCASE("keep 0 keeps every complete one, drops the old leftover") {
-    auto gone = prune_checkpoints(out, 0);
+    auto gone = state::prune_checkpoints(out, 0);
     CHECK(gone == std::vector<std::string>{(root / "step_00000002").string()});
     for (int s : {1, 3, 4, 5, 6}) CHECK(fs::exists(root / fmt::format("step_{:08d}", s)));
   }
   SUBCASE("keep 2") {
-    auto gone = prune_checkpoints(out, 2);
+    auto gone = state::prune_checkpoints(out, 2);
     CHECK(gone == std::vector<std::string>{(root / "step_00000001").string(), (root / "step_00000002").string(),
                                            (root / "step_00000003").string()});
     CHECK_FALSE(fs::exists(root / "step_00000001"));
@@ -331,15 +332,15 @@ TEST_CASE("checkpoint: prune keeps the newest k complete, deletes older ones and
     CHECK(fs::exists(root / "step_00000005" / "DONE"));
     CHECK(fs::exists(root / "step_00000006"));  // not ours to delete
     CHECK(fs::exists(root / "junk"));
-    CHECK(find_latest_checkpoint(out) == (root / "step_00000005").string());
+    CHECK(state::find_latest_checkpoint(out) == (root / "step_00000005").string());
     CHECK(prune_checkpoints(out, 2).empty());  // idempotent
   }
   SUBCASE("keep 1 never deletes the newest complete") {
-    prune_checkpoints(out, 1);
+    state::prune_checkpoints(out, 1);
     CHECK(fs::exists(root / "step_00000005" / "DONE"));
     CHECK_FALSE(fs::exists(root / "step_00000004"));
     Run r(5);
-    CHECK_NOTHROW(load_checkpoint((root / "step_00000005").string(), r.expected()));
+    CHECK_NOTHROW(state::load_checkpoint((root / "step_00000005").string(), r.expected()));
   }
 }
 
@@ -349,8 +350,8 @@ TEST_CASE("checkpoint: the recorded data cursor and RNG are checked against what
   // what training_state() records for step 9 of a run with 4 steps per epoch, seed 42, 3 drafter ranks
   run.state.data = {2, 1, 42};
   run.state.rng = {{0, 42, 0, 9}, {1, 42, 1, 9}, {2, 42, 2, 9}};
-  const std::string dir = save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
-  CheckpointExpectation x = run.expected();
+  const std::string dir = state::save_checkpoint(out, run.cfg, run.params, run.opt, run.state);
+  state::CheckpointExpectation x = run.expected();
   x.steps_per_epoch = 4;
   x.seed = 42;
   CHECK(load_error(dir, x) == "");

@@ -144,7 +144,7 @@ TEST_CASE("cli: run_program and parse_or_exit_code give the exit codes: 2 usage,
 TEST_CASE("cli: dflash_mpi options: config, repeated --set, --stop-after-steps, --check, errors without location") {
   Argv a({"dflash_mpi", "run.yaml", "--set", "optim.lr=3e-4", "--set=run.steps=5", "--stop-after-steps", "7",
           "--check"});
-  const auto o = train::parse_program_options(a.argc(), a.argv());
+  const auto o = job::parse_program_options(a.argc(), a.argv());
   REQUIRE(o);
   CHECK(o->config == "run.yaml");
   CHECK(o->sets == std::vector<std::string>{"optim.lr=3e-4", "run.steps=5"});
@@ -153,25 +153,26 @@ TEST_CASE("cli: dflash_mpi options: config, repeated --set, --stop-after-steps, 
   CHECK(o->dump_dir.empty());
 
   Argv help({"dflash_mpi", "--help"});
-  CHECK(!train::parse_program_options(help.argc(), help.argv(), /*print_help=*/false));
+  CHECK(!job::parse_program_options(help.argc(), help.argv(), /*print_help=*/false));
   Argv none({"dflash_mpi"});
-  CHECK(error_of([&] { train::parse_program_options(none.argc(), none.argv()); }).find("CONFIG is required") !=
+  CHECK(error_of([&] { job::parse_program_options(none.argc(), none.argv()); }).find("CONFIG is required") !=
         std::string::npos);
   Argv zero({"dflash_mpi", "run.yaml", "--stop-after-steps", "0"});
-  const std::string z = error_of([&] { train::parse_program_options(zero.argc(), zero.argv()); });
+  const std::string z = error_of([&] { job::parse_program_options(zero.argc(), zero.argv()); });
   CHECK(z.find("--stop-after-steps") != std::string::npos);
   CHECK(z.find(".cpp:") == std::string::npos);
   Argv set({"dflash_mpi", "run.yaml", "--set", "optim.lr"});
-  CHECK(error_of([&] { train::parse_program_options(set.argc(), set.argv()); })
-            .find("--set optim.lr: expected key=value") != std::string::npos);
+  CHECK(error_of([&] {
+          job::parse_program_options(set.argc(), set.argv());
+        }).find("--set optim.lr: expected key=value") != std::string::npos);
 
   Argv ex({"dflash_mpi", "--export", "ckpt/step_00000002", "out", "--dtype", "f32"});
-  const auto e = train::parse_export_options(ex.argc(), ex.argv());
+  const auto e = job::parse_export_options(ex.argc(), ex.argv());
   REQUIRE(e);
   CHECK(e->source == "ckpt/step_00000002");
   CHECK(e->dtype == "f32");
   Argv bad_dtype({"dflash_mpi", "--export", "a", "b", "--dtype", "f16"});
-  CHECK(error_of([&] { train::parse_export_options(bad_dtype.argc(), bad_dtype.argv()); }).find("--dtype") !=
+  CHECK(error_of([&] { job::parse_export_options(bad_dtype.argc(), bad_dtype.argv()); }).find("--dtype") !=
         std::string::npos);
 }
 
@@ -180,11 +181,11 @@ TEST_CASE("cli: the launcher's rank is read from the environment before MPI star
   ::unsetenv("PMIX_RANK");
   ::unsetenv("PMI_RANK");
   ::unsetenv("SLURM_PROCID");
-  CHECK(train::launcher_rank() == 0);
+  CHECK(job::launcher_rank() == 0);
   ::setenv("SLURM_PROCID", "3", 1);
-  CHECK(train::launcher_rank() == 3);
+  CHECK(job::launcher_rank() == 3);
   ::setenv("OMPI_COMM_WORLD_RANK", "5", 1);
-  CHECK(train::launcher_rank() == 5);
+  CHECK(job::launcher_rank() == 5);
   ::unsetenv("OMPI_COMM_WORLD_RANK");
   ::unsetenv("SLURM_PROCID");
 }

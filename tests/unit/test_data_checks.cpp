@@ -19,7 +19,8 @@
 #include "test_util.h"
 
 using namespace dflash;
-using namespace dflash::train;
+using namespace dflash::state;
+using namespace dflash::preflight;
 namespace fs = std::filesystem;
 
 namespace {
@@ -60,16 +61,16 @@ TEST_CASE("data checks: counts of trained tokens and anchor candidates, per sequ
   SmallData d;
   const std::string path = d.write("counts");
   io::Dataset data(path, 100, false);
-  DataFacts f = scan_data_facts(data, 99, 0);
+  preflight::DataFacts f = scan_data_facts(data, 99, 0);
   CHECK(f.sequences == 2);
   CHECK(f.tokens == 10);
   CHECK(f.longest == 6);
   CHECK(f.trained_tokens == 6);
   CHECK(f.anchor_candidates == 4);  // (2,3) (3,4) (4,5) in the first; (1,2) in the second; none across sequences
   CHECK(f.mask_token_trained == 0);
-  CHECK_NOTHROW(check_data_facts(f, config_for(path, 4, 99)));
+  CHECK_NOTHROW(preflight::check_data_facts(f, config_for(path, 4, 99)));
   // max_seq_len 3: the first sequence streams 1 2 3 (mask 0 0 1), the second 7 8 9 (mask 0 1 1)
-  f = scan_data_facts(data, 99, 3);
+  f = preflight::scan_data_facts(data, 99, 3);
   CHECK(f.longest == 3);
   CHECK(f.trained_tokens == 3);
   CHECK(f.anchor_candidates == 1);
@@ -82,7 +83,7 @@ TEST_CASE("data checks: an all-zero loss mask is an error (nothing would be trai
   io::Dataset data(path, 100, false);
   const DataFacts f = scan_data_facts(data, 99, 0);
   CHECK(f.trained_tokens == 0);
-  CHECK(error_of([&] { check_data_facts(f, config_for(path, 4, 99)); })
+  CHECK(error_of([&] { preflight::check_data_facts(f, config_for(path, 4, 99)); })
             .find(path + ": 0 of 10 tokens have loss_mask 1 and no trained token follows another: no anchor can be "
                          "drawn, nothing would be trained") != std::string::npos);
   // isolated trained tokens (1 0 1 0 ...) cannot anchor either
@@ -90,8 +91,9 @@ TEST_CASE("data checks: an all-zero loss mask is an error (nothing would be trai
   alt.mask = {1, 0, 1, 0, 1, 0, 1, 0, 1, 0};
   const std::string alt_path = alt.write("isolated_mask");
   io::Dataset alt_data(alt_path, 100, false);
-  CHECK(error_of([&] { check_data_facts(scan_data_facts(alt_data, 99, 0), config_for(alt_path, 4, 99)); })
-            .find("5 of 10 tokens have loss_mask 1") != std::string::npos);
+  CHECK(error_of([&] {
+          preflight::check_data_facts(preflight::scan_data_facts(alt_data, 99, 0), config_for(alt_path, 4, 99));
+        }).find("5 of 10 tokens have loss_mask 1") != std::string::npos);
 }
 
 TEST_CASE("data checks: the mask token id at trained positions is an error naming the first one") {
@@ -104,8 +106,9 @@ TEST_CASE("data checks: the mask token id at trained positions is an error namin
   CHECK(f.mask_token_trained == 1);
   CHECK(f.first_mask_seq == 1);
   CHECK(f.first_mask_pos == 2);
-  CHECK(error_of([&] { check_data_facts(f, config_for(path, 4, 99)); })
-            .find("1 trained position(s) hold drafter.mask_token_id = 99 (first: sequence 1, position 2)") !=
+  CHECK(error_of([&] {
+          preflight::check_data_facts(f, config_for(path, 4, 99));
+        }).find("1 trained position(s) hold drafter.mask_token_id = 99 (first: sequence 1, position 2)") !=
         std::string::npos);
 }
 
@@ -114,18 +117,20 @@ TEST_CASE("data checks: block_size longer than every sequence is an error") {
   const std::string path = d.write("block");
   io::Dataset data(path, 100, false);
   const DataFacts f = scan_data_facts(data, 99, 0);
-  CHECK_NOTHROW(check_data_facts(f, config_for(path, 6, 99)));
-  CHECK(error_of([&] { check_data_facts(f, config_for(path, 7, 99)); })
-            .find("drafter.block_size = 7 is longer than every sequence of " + path + " (longest: 6 tokens)") !=
+  CHECK_NOTHROW(preflight::check_data_facts(f, config_for(path, 6, 99)));
+  CHECK(error_of([&] {
+          preflight::check_data_facts(f, config_for(path, 7, 99));
+        }).find("drafter.block_size = 7 is longer than every sequence of " + path + " (longest: 6 tokens)") !=
         std::string::npos);
-  CHECK(error_of([&] { check_data_facts(scan_data_facts(data, 99, 5), config_for(path, 6, 99, 5)); })
-            .find("(longest after data.max_seq_len: 5 tokens)") != std::string::npos);
+  CHECK(error_of([&] {
+          preflight::check_data_facts(preflight::scan_data_facts(data, 99, 5), config_for(path, 6, 99, 5));
+        }).find("(longest after data.max_seq_len: 5 tokens)") != std::string::npos);
 }
 
 TEST_CASE("data checks: the identity follows the content, not the path, one token or mask bit changes it") {
   SmallData d;
   io::Dataset a(d.write("id_a"), 100, false), b(d.write("id_b"), 100, false);
-  const std::string id = scan_data_facts(a, 99, 0).identity();
+  const std::string id = preflight::scan_data_facts(a, 99, 0).identity();
   CHECK(id.rfind("2 sequences, 10 tokens, content 0x", 0) == 0);
   CHECK(scan_data_facts(b, 99, 0).identity() == id);
   SmallData token = d, mask = d, split = d;
@@ -143,20 +148,20 @@ TEST_CASE("data checks: a checkpoint records its dataset's identity, a resume on
   const model::DrafterConfig cfg = test::small_drafter_config();
   model::DrafterParams<float> params(cfg);
   params.init_random(1, 0.3);
-  train::TrainingState state;
+  state::TrainingState state;
   state.step = 4;
   state.layout = {5, 1, 3, 1};
   state.config_hash = "0x0123456789abcdef";
   state.dataset = "64 sequences, 4980 tokens, content 0x00000000000000aa";
-  const std::string dir = train::save_checkpoint(out, cfg, params, model::AdamWState{}, state);
-  train::CheckpointExpectation x{state.layout, cfg, state.config_hash, state.dataset};
-  CHECK(train::load_checkpoint(dir, x).state.dataset == state.dataset);
+  const std::string dir = state::save_checkpoint(out, cfg, params, model::AdamWState{}, state);
+  state::CheckpointExpectation x{state.layout, cfg, state.config_hash, state.dataset};
+  CHECK(state::load_checkpoint(dir, x).state.dataset == state.dataset);
   x.dataset = "64 sequences, 4980 tokens, content 0x00000000000000bb";
-  CHECK(error_of([&] { train::load_checkpoint(dir, x); })
+  CHECK(error_of([&] { state::load_checkpoint(dir, x); })
             .find("trained on the dataset '64 sequences, 4980 tokens, content 0x00000000000000aa', this run's "
                   "data.path is '64 sequences, 4980 tokens, content 0x00000000000000bb'") != std::string::npos);
   x.dataset = "";  // a caller that does not know its data (export, inspection) does not compare
-  CHECK_NOTHROW(train::load_checkpoint(dir, x));
+  CHECK_NOTHROW(state::load_checkpoint(dir, x));
 }
 
 namespace {
@@ -187,7 +192,7 @@ TEST_CASE("target check: every expected tensor is verified from the headers, a b
 
   const std::string bare = test::scratch_dir("target_check_bare").string();
   fs::copy_file(dir + "/config.json", bare + "/config.json");
-  CHECK_THROWS_AS(check_target_weights(bare, model::load_qwen_config(bare)), Error);
+  CHECK_THROWS_AS(preflight::check_target_weights(bare, model::load_qwen_config(bare)), Error);
 }
 
 TEST_CASE("target check: wrong shapes, missing tensors, extra layers and a tied config over an untied model") {
@@ -195,25 +200,27 @@ TEST_CASE("target check: wrong shapes, missing tensors, extra layers and a tied 
   model::write_random_target(dir, small_target(false));
   SUBCASE("config.json with fewer layers than the weights") {
     edit_config(dir, [](nlohmann::json& j) { j["num_hidden_layers"] = 1; });
-    CHECK(error_of([&] { check_target_weights(dir, model::load_qwen_config(dir)); })
+    CHECK(error_of([&] { preflight::check_target_weights(dir, model::load_qwen_config(dir)); })
               .find("config.json says num_hidden_layers = 1 but the weights hold decoder layers up to 1 "
                     "(model.layers.1.*)") != std::string::npos);
   }
   SUBCASE("config.json with more layers than the weights: the missing tensors are listed") {
     edit_config(dir, [](nlohmann::json& j) { j["num_hidden_layers"] = 3; });
-    const std::string e = error_of([&] { check_target_weights(dir, model::load_qwen_config(dir)); });
+    const std::string e = error_of([&] { preflight::check_target_weights(dir, model::load_qwen_config(dir)); });
     CHECK(e.find("target.path " + dir + ": the weights do not match config.json (11 problem(s))") != std::string::npos);
     CHECK(e.find("missing tensor model.layers.2.input_layernorm.weight (expected shape [16])") != std::string::npos);
   }
   SUBCASE("tie_word_embeddings true while lm_head.weight exists") {
     edit_config(dir, [](nlohmann::json& j) { j["tie_word_embeddings"] = true; });
-    CHECK(error_of([&] { check_target_weights(dir, model::load_qwen_config(dir)); })
-              .find("tie_word_embeddings: true but the weights hold a separate lm_head.weight") != std::string::npos);
+    CHECK(error_of([&] {
+            preflight::check_target_weights(dir, model::load_qwen_config(dir));
+          }).find("tie_word_embeddings: true but the weights hold a separate lm_head.weight") != std::string::npos);
   }
   SUBCASE("a shape that disagrees with config.json") {
     edit_config(dir, [](nlohmann::json& j) { j["intermediate_size"] = 20; });
-    CHECK(error_of([&] { check_target_weights(dir, model::load_qwen_config(dir)); })
-              .find("tensor model.layers.0.mlp.gate_proj.weight has shape [24, 16], config.json implies [20, 16]") !=
+    CHECK(error_of([&] {
+            preflight::check_target_weights(dir, model::load_qwen_config(dir));
+          }).find("tensor model.layers.0.mlp.gate_proj.weight has shape [24, 16], config.json implies [20, 16]") !=
           std::string::npos);
   }
 }
@@ -240,7 +247,7 @@ TEST_CASE("target check: MoE targets (per-expert and fused experts, a shared exp
     for (const char* k : {"num_experts", "num_local_experts"})
       if (j.contains(k)) j[k] = experts + 1;
   });
-  const std::string e = error_of([&] { check_target_weights(dir, model::load_qwen_config(dir)); });
+  const std::string e = error_of([&] { preflight::check_target_weights(dir, model::load_qwen_config(dir)); });
   CHECK(e.find(fmt::format("mlp.experts.{}.gate_proj.weight", experts)) != std::string::npos);
   CHECK(e.find("has shape") != std::string::npos);  // the router holds E rows, config.json says E + 1
 }

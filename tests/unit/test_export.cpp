@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 using namespace dflash;
 using namespace dflash::io;
 using namespace dflash::model;
-using namespace dflash::train;
+using namespace dflash::state;
 
 namespace {
 
@@ -241,15 +241,15 @@ TEST_CASE("export: from a checkpoint directory, target facts from extra.export o
   const model::DrafterParams<float> w = trained_like(cfg);
   const std::string out = temp_dir("from_ckpt");
   model::AdamWState opt;
-  TrainingState state;
+  state::TrainingState state;
   state.step = 40;
   state.layout = {5, 1, 3, 1};
   state.config_hash = "0x0000000000000001";
   state.extra["export"] = export_info_json(tiny_info());
-  const std::string step_dir = save_checkpoint(out, cfg, w, opt, state);
+  const std::string step_dir = state::save_checkpoint(out, cfg, w, opt, state);
 
   const std::string exp = (fs::path(out) / "export").string();
-  export_checkpoint(step_dir, exp, DType::F32);
+  state::export_checkpoint(step_dir, exp, DType::F32);
   ExportedDrafter back = load_exported_drafter(exp);
   CHECK(same_bits(back.params.flat, w.flat));
   CHECK(back.info.target_layer_ids == tiny_info().target_layer_ids);

@@ -40,8 +40,8 @@ fs::path fresh_dir(const char* name) {
 TEST_CASE("log: one file per rank under out_dir/logs with the [rank | role | index] prefix and level filter") {
   fs::path dir = fresh_dir("dflash_test_log");
   {
-    train::Logger target(dir.string(), {3, "target", 3}, train::LogLevel::kInfo, false);
-    train::Logger drafter(dir.string(), {6, "drafter", 1}, train::LogLevel::kWarn, false);
+    report::Logger target(dir.string(), {3, "target", 3}, report::LogLevel::kInfo, false);
+    report::Logger drafter(dir.string(), {6, "drafter", 1}, report::LogLevel::kWarn, false);
     CHECK(target.path() == (dir / "logs" / "rank_03.log").string());
     CHECK(drafter.prefix() == "[rank 6 | drafter | 1]");
     target.debug("hidden {}", 1);
@@ -49,7 +49,7 @@ TEST_CASE("log: one file per rank under out_dir/logs with the [rank | role | ind
     target.warn("slow link to rank {}", 6);
     drafter.info("not written at level warn");
     drafter.warn("grad norm {}", 12.5);
-    CHECK_FALSE(drafter.enabled(train::LogLevel::kInfo));
+    CHECK_FALSE(drafter.enabled(report::LogLevel::kInfo));
   }
   auto t = lines_of((dir / "logs" / "rank_03.log").string());
   REQUIRE(t.size() == 2);
@@ -63,7 +63,8 @@ TEST_CASE("log: one file per rank under out_dir/logs with the [rank | role | ind
 
   // a second attempt (a resume) appends after its header, at whatever level; the first attempt's lines stay
   {
-    train::Logger again(dir.string(), {3, "target", 3}, train::LogLevel::kWarn, false, "===== attempt: host h, pid 7 =====");
+    report::Logger again(dir.string(), {3, "target", 3}, report::LogLevel::kWarn, false,
+                         "===== attempt: host h, pid 7 =====");
     again.info("not written at level warn");
     again.warn("resumed");
   }
@@ -79,34 +80,36 @@ TEST_CASE("log: a failed write (full disk) is an error naming the log file") {
   fs::path dir = fresh_dir("dflash_test_log_full");
   fs::create_directories(dir / "logs");
   fs::create_symlink("/dev/full", dir / "logs" / "rank_04.log");  // every write: ENOSPC
-  train::Logger full(dir.string(), {4, "target", 4}, train::LogLevel::kInfo, false);
+  report::Logger full(dir.string(), {4, "target", 4}, report::LogLevel::kInfo, false);
   CHECK_THROWS_WITH_AS(full.info("step {}", 1),
                        doctest::Contains(
                            ((dir / "logs" / "rank_04.log").string() + " failed: No space left on device").c_str()),
                        Error);
-  CHECK_THROWS_AS(train::Logger(dir.string(), {4, "target", 4}, train::LogLevel::kInfo, false, "===== attempt ====="), Error);
+  CHECK_THROWS_AS(report::Logger(dir.string(), {4, "target", 4}, report::LogLevel::kInfo, false, "===== attempt ====="),
+                  Error);
   fs::remove_all(dir);
 }
 
 TEST_CASE("log: levels parse from config and DFLASH_LOG_LEVEL overrides them") {
-  CHECK(train::parse_log_level("debug") == train::LogLevel::kDebug);
-  CHECK(train::parse_log_level("error") == train::LogLevel::kError);
-  CHECK_THROWS_WITH_AS(train::parse_log_level("verbose", "config key 'log.level'"),
-                       doctest::Contains("config key 'log.level' is 'verbose'; allowed: debug, info, warn, error"), Error);
-  ::unsetenv("DFLASH_LOG_LEVEL");
-  CHECK(train::resolve_log_level("warn") == train::LogLevel::kWarn);
-  ::setenv("DFLASH_LOG_LEVEL", "debug", 1);
-  CHECK(train::resolve_log_level("warn") == train::LogLevel::kDebug);
-  ::setenv("DFLASH_LOG_LEVEL", "loud", 1);
-  CHECK_THROWS_WITH_AS(train::resolve_log_level("info"), doctest::Contains("environment variable DFLASH_LOG_LEVEL is 'loud'"),
+  CHECK(report::parse_log_level("debug") == report::LogLevel::kDebug);
+  CHECK(report::parse_log_level("error") == report::LogLevel::kError);
+  CHECK_THROWS_WITH_AS(report::parse_log_level("verbose", "config key 'log.level'"),
+                       doctest::Contains("config key 'log.level' is 'verbose'; allowed: debug, info, warn, error"),
                        Error);
+  ::unsetenv("DFLASH_LOG_LEVEL");
+  CHECK(report::resolve_log_level("warn") == report::LogLevel::kWarn);
+  ::setenv("DFLASH_LOG_LEVEL", "debug", 1);
+  CHECK(report::resolve_log_level("warn") == report::LogLevel::kDebug);
+  ::setenv("DFLASH_LOG_LEVEL", "loud", 1);
+  CHECK_THROWS_WITH_AS(report::resolve_log_level("info"),
+                       doctest::Contains("environment variable DFLASH_LOG_LEVEL is 'loud'"), Error);
   ::unsetenv("DFLASH_LOG_LEVEL");
 }
 
 TEST_CASE("log: metrics.jsonl has one JSON object per line, in insertion order, NaN as null") {
   fs::path dir = fresh_dir("dflash_test_metrics");
   {
-    train::MetricsWriter m(dir.string());
+    report::MetricsWriter m(dir.string());
     CHECK(m.path() == (dir / "metrics.jsonl").string());
     for (int step = 10; step <= 30; step += 10)
       m.write({{"step", step}, {"loss", 3.0 / step}, {"lr", 6e-4}, {"acc", {0.5, 0.25}}});
@@ -126,7 +129,7 @@ TEST_CASE("log: metrics.jsonl has one JSON object per line, in insertion order, 
   }
   CHECK(nlohmann::json::parse(lines[3])["loss"].is_null());
   {
-    train::MetricsWriter resumed(dir.string(), /*start_step=*/40);
+    report::MetricsWriter resumed(dir.string(), /*start_step=*/40);
     CHECK(resumed.kept() == 4);
     CHECK(resumed.dropped() == 0);
     resumed.write({{"step", 50}});
@@ -140,7 +143,7 @@ TEST_CASE("log: metrics.jsonl after a crash and a resume is one clean series (la
   fs::path dir = fresh_dir("dflash_test_metrics_resume");
   const std::string path = (dir / "metrics.jsonl").string();
   {
-    train::MetricsWriter m(dir.string());
+    report::MetricsWriter m(dir.string());
     for (int step = 1; step <= 8; ++step) m.write({{"step", step}, {"loss", 1.0 / step}});
   }
   {  // kill -9 in the middle of a line
@@ -148,7 +151,7 @@ TEST_CASE("log: metrics.jsonl after a crash and a resume is one clean series (la
     f << "{\"step\":9,\"lo";
   }
   {  // resumed from the checkpoint of step 5: steps 6..8 and the torn line are gone, 6.. are written again
-    train::MetricsWriter m(dir.string(), 5);
+    report::MetricsWriter m(dir.string(), 5);
     CHECK(m.kept() == 5);
     CHECK(m.dropped() == 4);
     for (int step = 6; step <= 7; ++step) m.write({{"step", step}, {"loss", 2.0 / step}});
@@ -160,7 +163,7 @@ TEST_CASE("log: metrics.jsonl after a crash and a resume is one clean series (la
   CHECK(nlohmann::json::parse(lines[5])["loss"].get<double>() == doctest::Approx(2.0 / 6));
   CHECK(!fs::exists(path + ".partial"));  // rewritten through write_file_atomic
   {  // a run from scratch in the same folder starts a new series
-    train::MetricsWriter m(dir.string(), 0);
+    report::MetricsWriter m(dir.string(), 0);
     CHECK(m.dropped() == 7);
   }
   CHECK(fs::file_size(path) == 0);
@@ -171,7 +174,7 @@ TEST_CASE("log: a failed metrics write (full disk) is an error naming the file a
   fs::path dir = fresh_dir("dflash_test_metrics_full");
   fs::create_directories(dir);
   fs::create_symlink("/dev/full", dir / "metrics.jsonl");  // every write: ENOSPC
-  train::MetricsWriter m(dir.string(), 0);
+  report::MetricsWriter m(dir.string(), 0);
   CHECK_THROWS_WITH_AS(m.write({{"step", 3}, {"loss", 1.0}}),
                        doctest::Contains(
                            ((dir / "metrics.jsonl").string() + " failed at step 3: No space left on device").c_str()),

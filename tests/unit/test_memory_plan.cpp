@@ -7,7 +7,7 @@
 #include "lib/preflight/memory_plan.h"
 
 using namespace dflash;
-using namespace dflash::train;
+using namespace dflash::preflight;
 
 namespace {
 
@@ -48,7 +48,7 @@ MemoryPlanInputs seed_inputs(bool bf16) {
 
 TEST_CASE("memory plan: the seed's configuration fits on 95 GB and 141 GB GPUs in bf16") {
   const GpuMemoryPlan plan = gpu_memory_plan(seed_inputs(true));
-  const std::string table = format_gpu_memory_plan(plan, default_gpus());
+  const std::string table = preflight::format_gpu_memory_plan(plan, preflight::default_gpus());
   MESSAGE(table);
   // the largest shard of a 64-layer 5120-wide target over 5 ranks: about a fifth of the layers' weights
   CHECK(plan.target.total() > 10e9);
@@ -71,7 +71,8 @@ TEST_CASE("memory plan: the activation item is the drafter's arena formula, and 
     }
   CHECK(found);
   CHECK(plan.drafter.total() > 95e9);
-  CHECK(format_gpu_memory_plan(plan, default_gpus()).find("DOES NOT FIT on RTX PRO 6000") != std::string::npos);
+  CHECK(preflight::format_gpu_memory_plan(plan, preflight::default_gpus()).find("DOES NOT FIT on RTX PRO 6000") !=
+        std::string::npos);
 }
 
 TEST_CASE("memory plan: the target's weights and activations are counted in the compute precision") {

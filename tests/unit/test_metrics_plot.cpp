@@ -14,7 +14,7 @@
 #include "test_util.h"
 
 using namespace dflash;
-using namespace dflash::train;
+using namespace dflash::report;
 
 namespace {
 size_t count(const std::string& s, const std::string& what) {

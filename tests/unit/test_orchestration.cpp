@@ -20,9 +20,9 @@
 namespace dflash {
 namespace {
 
-using train::Checkpointer;
+using report::Reporter;
+using state::Checkpointer;
 using train::PacketPlan;
-using train::Reporter;
 
 // n sequences, sequence i of length 3 + i with tokens 100 i + t (so a read names its sequence).
 std::string write_numbered_dataset(const std::string& name, int n) {
@@ -41,7 +41,7 @@ std::string write_numbered_dataset(const std::string& name, int n) {
   return path;
 }
 
-struct CollectingSink : train::MetricsSink {
+struct CollectingSink : report::MetricsSink {
   std::vector<nlohmann::ordered_json>* out;
   explicit CollectingSink(std::vector<nlohmann::ordered_json>* o) : out(o) {}
   void write(const nlohmann::ordered_json& r) override { out->push_back(r); }
@@ -69,14 +69,14 @@ TEST_CASE("orchestration: checkpointer due every N steps, at the last step, on a
   TrainConfig cfg;
   cfg.ckpt.every = 4;
   train::RunPlan plan;
-  train::CheckpointerSettings writer;
+  state::CheckpointerSettings writer;
   writer.writer = true;
   const Checkpointer rank0(cfg, plan, writer);
   CHECK(rank0.due(8, false, false));
   CHECK_FALSE(rank0.due(9, false, false));
   CHECK(rank0.due(9, true, false));
   CHECK(rank0.best_notice().empty());  // no best metric: no best checkpoint
-  const Checkpointer rank1(cfg, plan, train::CheckpointerSettings{});
+  const Checkpointer rank1(cfg, plan, state::CheckpointerSettings{});
   CHECK_FALSE(rank1.due(8, false, false));
   CHECK_FALSE(rank1.due(9, true, true));
 }
@@ -99,7 +99,7 @@ TEST_CASE("orchestration: held-out eval due every eval.every steps, not on a sto
   TrainConfig cfg;
   cfg.layout.drafter_dp = 2;
   cfg.eval.every = 4;
-  const train::HeldoutEval e(cfg, eval, 4, 0);
+  const eval::HeldoutEval e(cfg, eval, 4, 0);
   CHECK(e.name() == "held-out eval");
   CHECK(e.due(4, false));
   CHECK(e.due(8, false));
@@ -115,7 +115,7 @@ TEST_CASE("orchestration: held-out eval due every eval.every steps, not on a sto
 TEST_CASE("orchestration: speculative eval due every eval.spec_every steps, also on a stop, off with 0") {
   TrainConfig cfg;
   cfg.eval.spec_every = 3;
-  const train::SpecEval e(cfg, 0);
+  const eval::SpecEval e(cfg, 0);
   CHECK(e.name() == "speculative eval");
   CHECK(e.due(3, false));
   CHECK(e.due(6, false));
@@ -136,23 +136,23 @@ TEST_CASE("orchestration: the evals registered per rank and the best checkpoint'
   cfg.layout.drafter_dp = 2;
   train::RunPlan plan;
   plan.drafter.block_size = 4;
-  train::EvalInputs inputs;
+  eval::EvalInputs inputs;
   auto names = [&](int dp_rank) {
     const comm::RankLayout layout = comm::make_rank_layout(1, 1, 2, 3, 1 + dp_rank);
     std::vector<std::string> out;
-    for (const auto& e : train::make_drafter_evals(cfg, plan, layout, inputs)) out.push_back(e->name());
+    for (const auto& e : eval::make_drafter_evals(cfg, plan, layout, inputs)) out.push_back(e->name());
     return out;
   };
   CHECK(names(0).empty());
-  CHECK(train::best_checkpoint_metric(cfg).empty());
+  CHECK(eval::best_checkpoint_metric(cfg).empty());
   cfg.eval.every = 2;
   inputs.data = &eval_data;
   CHECK(names(0) == std::vector<std::string>{"held-out eval"});
-  CHECK(train::best_checkpoint_metric(cfg) == "eval_tau");
+  CHECK(eval::best_checkpoint_metric(cfg) == "eval_tau");
   cfg.eval.spec_every = 5;
   CHECK(names(0) == std::vector<std::string>{"held-out eval", "speculative eval"});
   CHECK(names(1) == std::vector<std::string>{"held-out eval"});  // only drafter rank 0 talks to the target
-  CHECK(train::best_checkpoint_metric(cfg) == "spec_tau");
+  CHECK(eval::best_checkpoint_metric(cfg) == "spec_tau");
 }
 
 TEST_CASE("orchestration: the stream plan gives each drafter its training packets, then the held-out ones") {
@@ -168,9 +168,9 @@ TEST_CASE("orchestration: the stream plan gives each drafter its training packet
   train::RunPlan plan;
   plan.num_sequences = data.size();
   plan.total_steps = 3;
-  train::EvalInputs inputs;
+  eval::EvalInputs inputs;
   inputs.data = &eval;
-  const train::StreamPlan stream = train::make_stream_plan(cfg, plan, data, inputs);
+  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, data, inputs);
   const io::SequenceSchedule schedule(12, 2, 2, uint64_t(cfg.run.seed), false);
 
   // drafter rank 1 from step 0: steps 0, 1 (then held-out 1, 3: eval after 2 steps), 2, end
@@ -219,7 +219,7 @@ TEST_CASE("orchestration: the stream plan gives each drafter its training packet
   CHECK(t.tokens[0] == 100 * int(schedule.sequence(0, 1, 1)));
 
   // without eval.data: no extras at all
-  const train::StreamPlan plain = train::make_stream_plan(cfg, plan, data, {});
+  const train::StreamPlan plain = eval::make_stream_plan(cfg, plan, data, {});
   CHECK(plain.extras(1, 0).empty());
   train::StreamCursor c(plain, 0, 0);
   int m = 0;
@@ -229,11 +229,11 @@ TEST_CASE("orchestration: the stream plan gives each drafter its training packet
 
 TEST_CASE("orchestration: the reporter sends a progress record to every sink when due, eval records from rank 0") {
   const auto dir = test::scratch_dir("orch_reporter");
-  train::Logger log(dir.string(), {5, "drafter", 0}, train::LogLevel::kWarn, false);
+  report::Logger log(dir.string(), {5, "drafter", 0}, report::LogLevel::kWarn, false);
   comm::SelfTransport dp;
   int hashes = 0;
   std::vector<nlohmann::ordered_json> a, b;
-  train::ReporterSettings s;
+  report::ReporterSettings s;
   s.log_every = 3;
   s.total_steps = 7;
   s.block_size = 4;

@@ -13,7 +13,7 @@
 #include "test_util.h"
 
 using namespace dflash;
-using namespace dflash::train;
+using namespace dflash::job;
 
 namespace {
 
@@ -47,7 +47,7 @@ TEST_CASE("run lock: a second job on the same out_dir is refused, naming the hol
   const std::string dir = (test::scratch_dir("run_lock") / "run").string();
   const JobIdentity me = current_job_identity();
   {
-    RunLock first(dir, me);
+    job::RunLock first(dir, me);
     CHECK(first.taken_over().empty());
     const LockRecord r = parse_lock_record(read_text(dir + "/LOCK"));
     REQUIRE(r.valid);
@@ -61,7 +61,7 @@ TEST_CASE("run lock: a second job on the same out_dir is refused, naming the hol
                          Error);
   }
   CHECK(!std::filesystem::exists(dir + "/LOCK"));  // released on a clean end
-  RunLock again(dir, me);
+  job::RunLock again(dir, me);
   CHECK(again.taken_over().empty());
 }
 
@@ -69,28 +69,29 @@ TEST_CASE("run lock: a stale lock is taken over when its holder is provably gone
   const std::string dir = test::scratch_dir("run_lock_stale").string();
   const JobIdentity me = identity("node1", long(getpid()), "991");
   SUBCASE("same host, flock free: its process has ended (flock is authoritative on one host), taken over") {
-    write_text(dir + "/LOCK", format_lock_record(identity("node1", dead_pid(), ""), "2026-11-29 10:00:00"));
-    RunLock lock(dir, me);
+    write_text(dir + "/LOCK", job::format_lock_record(identity("node1", dead_pid(), ""), "2026-11-29 10:00:00"));
+    job::RunLock lock(dir, me);
     CHECK(lock.taken_over().find("took over the stale lock") != std::string::npos);
     CHECK(lock.taken_over().find("that process has ended") != std::string::npos);
-    CHECK(parse_lock_record(read_text(dir + "/LOCK")).holder.job == "991");
+    CHECK(job::parse_lock_record(read_text(dir + "/LOCK")).holder.job == "991");
   }
   SUBCASE("an earlier attempt of the same slurm job (a requeue on another node): taken over") {
-    write_text(dir + "/LOCK", format_lock_record(identity("node9", 4242, "991"), "2026-11-29 10:00:00"));
-    RunLock lock(dir, me);
+    write_text(dir + "/LOCK", job::format_lock_record(identity("node9", 4242, "991"), "2026-11-29 10:00:00"));
+    job::RunLock lock(dir, me);
     CHECK(lock.taken_over().find("an earlier attempt of this job") != std::string::npos);
   }
   SUBCASE("another host's job: refused, naming it, the file to remove and the alternative") {
-    write_text(dir + "/LOCK", format_lock_record(identity("node9", 4242, "17"), "2026-11-29 10:00:00"));
-    CHECK_THROWS_WITH_AS(RunLock(dir, me),
+    write_text(dir + "/LOCK", job::format_lock_record(identity("node9", 4242, "17"), "2026-11-29 10:00:00"));
+    CHECK_THROWS_WITH_AS(job::RunLock(dir, me),
                          doctest::Contains("holds a lock left by host node9, pid 4242, slurm job 17, since "
                                            "2026-11-29 10:00:00"),
                          Error);
-    CHECK_THROWS_WITH_AS(RunLock(dir, me), doctest::Contains(("remove " + dir + "/LOCK and start again").c_str()), Error);
+    CHECK_THROWS_WITH_AS(job::RunLock(dir, me), doctest::Contains(("remove " + dir + "/LOCK and start again").c_str()),
+                         Error);
     CHECK(std::filesystem::exists(dir + "/LOCK"));  // a refusal leaves the other job's lock alone
   }
   SUBCASE("garbage in LOCK: refused as unreadable") {
     write_text(dir + "/LOCK", std::string("\0\0\0", 3));
-    CHECK_THROWS_WITH_AS(RunLock(dir, me), doctest::Contains("left by an unreadable record"), Error);
+    CHECK_THROWS_WITH_AS(job::RunLock(dir, me), doctest::Contains("left by an unreadable record"), Error);
   }
 }

@@ -29,7 +29,9 @@
 
 namespace fs = std::filesystem;
 using namespace dflash;
-using namespace dflash::train;
+using namespace dflash::state;
+using namespace dflash::eval;
+using namespace dflash::preflight;
 
 namespace {
 
@@ -57,10 +59,10 @@ void save_step(const std::string& out_dir, int64_t step) {
   const model::DrafterConfig cfg = test::small_drafter_config();
   model::DrafterParams<float> params(cfg);
   params.init_random(7, 0.1);
-  TrainingState s;
+  state::TrainingState s;
   s.step = step;
   s.config_hash = "0x0000000000000000";
-  save_checkpoint(out_dir, cfg, params, model::AdamWState{}, s);
+  state::save_checkpoint(out_dir, cfg, params, model::AdamWState{}, s);
 }
 
 TrainConfig config_for(const std::string& out_dir, const std::string& resume, bool start_over = false) {
@@ -80,7 +82,7 @@ TEST_CASE("out_dir guard: a fresh start over an earlier run is refused, naming i
   write_text(fs::path(out) / "metrics.jsonl", "{\"step\":1}\n");
   fs::copy(fs::path(out) / "ckpt" / "step_00000004", fs::path(out) / "ckpt" / "best", fs::copy_options::recursive);
 
-  const std::string e = error_of([&] { guard_out_dir(config_for(out, "none")); });
+  const std::string e = error_of([&] { state::guard_out_dir(config_for(out, "none")); });
   CHECK(e.find("holds an earlier run (ckpt/step_00000004, ckpt/best, drafter_final.safetensors, metrics.jsonl)") !=
         std::string::npos);
   CHECK(e.find("ckpt.resume: auto") != std::string::npos);
@@ -95,7 +97,7 @@ TEST_CASE("out_dir guard: run.start_over moves the earlier run to superseded/ an
   save_step(out, 4);
   write_text(fs::path(out) / "drafter_final.safetensors", "final weights");
   write_text(fs::path(out) / "metrics.jsonl", "{\"step\":1}\n");
-  const std::string notice = guard_out_dir(config_for(out, "none", /*start_over=*/true));
+  const std::string notice = state::guard_out_dir(config_for(out, "none", /*start_over=*/true));
   CHECK(notice.find("moved to") != std::string::npos);
   CHECK(!fs::exists(fs::path(out) / "ckpt"));
   CHECK(!fs::exists(fs::path(out) / "drafter_final.safetensors"));
@@ -105,7 +107,7 @@ TEST_CASE("out_dir guard: run.start_over moves the earlier run to superseded/ an
   CHECK(fs::exists(aside[0] / "ckpt" / "step_00000004" / "DONE"));
   CHECK(read_text(aside[0] / "drafter_final.safetensors") == "final weights");
   CHECK(read_text(aside[0] / "metrics.jsonl") == "{\"step\":1}\n");
-  CHECK(earlier_run_files(config_for(out, "none")).empty());  // now a clean start
+  CHECK(state::earlier_run_files(config_for(out, "none")).empty());  // now a clean start
 }
 
 TEST_CASE("out_dir guard: a requeue with ckpt.resume auto and no step checkpoint keeps ckpt/best") {
@@ -113,24 +115,24 @@ TEST_CASE("out_dir guard: a requeue with ckpt.resume auto and no step checkpoint
   save_step(out, 3);
   fs::rename(fs::path(out) / "ckpt" / "step_00000003", fs::path(out) / "ckpt" / "best");  // only best is left
   write_text(fs::path(out) / "metrics.jsonl", "{\"step\":1}\n");  // this job's earlier attempt
-  CHECK(earlier_run_files(config_for(out, "auto")).empty());
-  CHECK(guard_out_dir(config_for(out, "auto")).empty());
+  CHECK(state::earlier_run_files(config_for(out, "auto")).empty());
+  CHECK(state::guard_out_dir(config_for(out, "auto")).empty());
   // the best checkpoint object reads it as the value to beat and never deletes it
   const BestCheckpoint best(out, "spec_tau");
   CHECK(fs::exists(fs::path(out) / "ckpt" / "best" / "DONE"));
   CHECK(best.notice().find("another metric") != std::string::npos);
   // with ckpt.resume none it is an earlier run's best: refused
-  CHECK(error_of([&] { guard_out_dir(config_for(out, "none")); }).find("ckpt/best") != std::string::npos);
+  CHECK(error_of([&] { state::guard_out_dir(config_for(out, "none")); }).find("ckpt/best") != std::string::npos);
 }
 
 TEST_CASE("out_dir guard: final weights without a checkpoint cannot be resumed and are not replaced") {
   const std::string out = test::scratch_dir("guard_final").string();
   write_text(fs::path(out) / "drafter_final.safetensors", "final weights");
-  CHECK(error_of([&] { guard_out_dir(config_for(out, "auto")); }).find("drafter_final.safetensors") !=
+  CHECK(error_of([&] { state::guard_out_dir(config_for(out, "auto")); }).find("drafter_final.safetensors") !=
         std::string::npos);
   save_step(out, 8);  // with a checkpoint to resume, the files are the run's own
-  CHECK(earlier_run_files(config_for(out, "auto")).empty());
-  CHECK(earlier_run_files(config_for(test::scratch_dir("guard_empty").string(), "none")).empty());
+  CHECK(state::earlier_run_files(config_for(out, "auto")).empty());
+  CHECK(state::earlier_run_files(config_for(test::scratch_dir("guard_empty").string(), "none")).empty());
 }
 
 TEST_CASE("export and eval refuse non-finite weights, naming the tensor and the first index") {
@@ -150,16 +152,16 @@ TEST_CASE("export and eval refuse non-finite weights, naming the tensor and the 
   CHECK(error_of([&] { model::require_finite_weights(cfg, params, "x"); }).find("has inf") != std::string::npos);
   params.flat[p.offset + 5] = 0.5f;
   model::export_drafter(cfg, params, info, dir, io::DType::F32);
-  CHECK(load_drafter_source(dir).kind == "export");
+  CHECK(eval::load_drafter_source(dir).kind == "export");
 }
 
 TEST_CASE("tau is null, with the reason, when no verify ran") {
-  model::SpecSummary none(4);
+  eval::SpecSummary none(4);
   none.prompts = 2;
   const nlohmann::ordered_json j = none.to_json();
   CHECK(j["tau"].is_null());
   CHECK(j["tau_undefined"].get<std::string>().find("no verify forward ran") != std::string::npos);
-  model::SpecSummary some(4);
+  eval::SpecSummary some(4);
   some.verifies = 2, some.kept_in_verifies = 5;
   CHECK(some.to_json()["tau"].get<double>() == doctest::Approx(2.5));
 }
@@ -175,7 +177,7 @@ TEST_CASE("config: absurd model sizes are refused by name with the allowed range
 }
 
 TEST_CASE("memory plan: the CPU backend's items, and a refusal that names every rank and the machine") {
-  MemoryPlanInputs in;
+  preflight::MemoryPlanInputs in;
   in.target.hidden = 64, in.target.vocab = 1000, in.target.heads = 4, in.target.kv_heads = 2, in.target.head_dim = 16;
   in.target.intermediate = 128, in.target.tie_word_embeddings = true;
   in.target_rank_params = 1000;
@@ -187,13 +189,14 @@ TEST_CASE("memory plan: the CPU backend's items, and a refusal that names every 
   CHECK(cpu.drafter.items[0].what == "target embedding + lm_head (frozen, fp32)");
   CHECK(cpu.drafter.items[0].bytes == 1000.0 * 64 * 4);  // tied: one matrix
   in.cuda = true;
-  CHECK(gpu_memory_plan(in).drafter.items[0].bytes == 2.0 * 1000 * 64 * 2);
-  CHECK(memory_does_not_fit({{"world rank 0 (target)", 4e9}, {"world rank 1 (drafter)", 5e9}}, 10e9, "node1").empty());
-  const std::string e = memory_does_not_fit({{"world rank 0 (target)", 4e9}, {"world rank 1 (drafter)", 7e9}}, 10e9,
-                                            "node1");
+  CHECK(preflight::gpu_memory_plan(in).drafter.items[0].bytes == 2.0 * 1000 * 64 * 2);
+  CHECK(preflight::memory_does_not_fit({{"world rank 0 (target)", 4e9}, {"world rank 1 (drafter)", 5e9}}, 10e9, "node1")
+            .empty());
+  const std::string e =
+      preflight::memory_does_not_fit({{"world rank 0 (target)", 4e9}, {"world rank 1 (drafter)", 7e9}}, 10e9, "node1");
   CHECK(e.find("does not fit node1: its ranks need 11.00 GB, it has 10.00 GB") != std::string::npos);
   CHECK(e.find("world rank 1 (drafter)") != std::string::npos);
-  CHECK(machine_memory_bytes() > 0);
+  CHECK(preflight::machine_memory_bytes() > 0);
 }
 
 TEST_CASE("generation: a prompt plus max_new_tokens past max_position_embeddings is refused with what fits") {
@@ -221,7 +224,7 @@ TEST_CASE("target identity: equal for a copy, different when one weight changes,
   const fs::path a = test::scratch_dir("ident_a"), b = test::scratch_dir("ident_b");
   model::write_random_target(a.string(), test::small_random_target(false, 2, 11));
   fs::copy(a, b, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-  const std::string ia = target_identity(a.string());
+  const std::string ia = preflight::target_identity(a.string());
   CHECK(ia.find("sampled content 0x") != std::string::npos);
   CHECK(target_identity(b.string()) == ia);
   // one byte of the first tensor's data: the safetensors data section starts after the 8-byte length + header

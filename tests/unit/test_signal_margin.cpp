@@ -8,11 +8,12 @@
 #include "test_util.h"
 
 using namespace dflash;
-using namespace dflash::train;
+using namespace dflash::report;
+using namespace dflash::preflight;
 
 TEST_CASE("signal margin: 2 x (measured step + longest save) + 60 s, rounded up to minutes, 600 s unmeasured") {
   const std::string dir = test::scratch_dir("signal_margin").string();
-  SignalMargin none = recommend_signal_margin(dir);
+  preflight::SignalMargin none = recommend_signal_margin(dir);
   CHECK(!none.measured);
   CHECK(none.margin_seconds == 600);
 
@@ -22,7 +23,7 @@ TEST_CASE("signal margin: 2 x (measured step + longest save) + 60 s, rounded up 
       << R"({"step":30,"elapsed_s":50.0})" "\n" R"({"step":40,"elapsed_s":500.0})" "\n";
   }
   {
-    train::Logger log(dir, {5, "drafter", 0}, train::LogLevel::kInfo, false);
+    report::Logger log(dir, {5, "drafter", 0}, report::LogLevel::kInfo, false);
     log.info("checkpoint: {}/ckpt/step_00000020 ({:.2f} s)", dir, 80.0);
     log.info("checkpoint: {}/ckpt/step_00000040 ({:.2f} s); removed 1 older", dir, 130.5);
     log.info("step 40/100 | loss 2.0");

@@ -215,7 +215,7 @@ TEST_CASE("build_draft_tree: the top-1 chain, then the best nodes by path log-pr
       }
     level = next;
   }
-  auto ranks_of = [&](const model::DraftTree& t, int node) {
+  auto ranks_of = [&](const eval::DraftTree& t, int node) {
     std::vector<int> r;
     for (int a = node; a > 0; a = t.parents[size_t(a)])
       r.push_back(int(t.tokens[size_t(a)] - ids[size_t((t.depth[size_t(a)] - 1) * k)]));  // ids are 100·d + rank
@@ -224,7 +224,7 @@ TEST_CASE("build_draft_tree: the top-1 chain, then the best nodes by path log-pr
   };
   for (int budget : {1, 2, 4, 5, 9, 20, 200}) {
     CAPTURE(budget);
-    const model::DraftTree t = model::build_draft_tree(7, ids.data(), lp.data(), positions, k, budget);
+    const eval::DraftTree t = eval::build_draft_tree(7, ids.data(), lp.data(), positions, k, budget);
     const int n = int(t.tokens.size());
     CHECK(n == 1 + std::min(budget, int(all.size())));
     CHECK(t.tokens[0] == 7);
@@ -257,7 +257,7 @@ TEST_CASE("build_draft_tree: the top-1 chain, then the best nodes by path log-pr
   std::vector<int32_t> top1;
   std::vector<float> top1_lp;
   for (int d = 0; d < positions; ++d) top1.push_back(ids[size_t(d * k)]), top1_lp.push_back(lp[size_t(d * k)]);
-  const model::DraftTree c = model::build_draft_tree(7, top1.data(), top1_lp.data(), positions, 1, positions);
+  const eval::DraftTree c = eval::build_draft_tree(7, top1.data(), top1_lp.data(), positions, 1, positions);
   CHECK(std::vector<int32_t>(c.tokens.begin() + 1, c.tokens.end()) == top1);
   CHECK(c.parents == std::vector<int>({-1, 0, 1, 2, 3}));
 }

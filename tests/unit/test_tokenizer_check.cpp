@@ -10,7 +10,7 @@
 #include "lib/preflight/tokenizer_check.h"
 
 using namespace dflash;
-using namespace dflash::train;
+using namespace dflash::preflight;
 
 namespace {
 
@@ -57,8 +57,9 @@ TEST_CASE("tokenizer check: no tokenizer.json is not checked, a file that is not
   const auto none = test::scratch_dir("tok_none");
   const TokenizerFacts t = read_tokenizer_facts(none.string());
   CHECK(t.path.empty());
-  CHECK(check_tokenizer(t, none.string(), 8, 100, 2).errors.empty());
+  CHECK(preflight::check_tokenizer(t, none.string(), 8, 100, 2).errors.empty());
   const auto bad = test::scratch_dir("tok_notjson");
   write(bad / "tokenizer.json", R"({"version": "1.0"})");
-  CHECK_THROWS_WITH_AS(read_tokenizer_facts(bad.string()), doctest::Contains("no model.vocab object"), Error);
+  CHECK_THROWS_WITH_AS(preflight::read_tokenizer_facts(bad.string()), doctest::Contains("no model.vocab object"),
+                       Error);
 }

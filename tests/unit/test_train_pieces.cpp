@@ -114,7 +114,7 @@ TEST_CASE("lr schedule: linear warmup, cosine to min_lr_ratio at the last step")
 }
 
 TEST_CASE("progress interval: Σw-weighted loss parts, accuracy per position, tau and rates over the steps") {
-  train::ProgressInterval p(/*block_size=*/4);
+  report::ProgressInterval p(/*block_size=*/4);
   train::StepResult a, b;
   a.sums = {6.0, 4.0, 1.0, 0.5, 2.0};  // unnormalised: loss, ce, kl, cap, Σw
   b.sums = {3.0, 2.0, 0.5, 0.5, 1.0};

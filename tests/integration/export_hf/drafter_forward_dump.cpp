@@ -77,14 +77,14 @@ model::DrafterParams<float> random_drafter(const model::DrafterConfig& cfg, uint
 void save(const std::string& run, int64_t step, const nlohmann::json& extra, bool complete,
           const std::string& step_dir = "") {
   const model::DrafterConfig cfg = test_drafter();
-  train::TrainingState st;
+  state::TrainingState st;
   st.step = step;
   st.layout = {1, 1, 1, 1};
   st.config_hash = "0x0000000000000000";
   st.extra = extra;
   const std::string dir = step_dir.empty()
-                              ? train::save_checkpoint(run, cfg, random_drafter(cfg, uint64_t(step)), {}, st)
-                              : train::save_checkpoint_in(step_dir, cfg, random_drafter(cfg, uint64_t(step)), {}, st);
+                              ? state::save_checkpoint(run, cfg, random_drafter(cfg, uint64_t(step)), {}, st)
+                              : state::save_checkpoint_in(step_dir, cfg, random_drafter(cfg, uint64_t(step)), {}, st);
   if (!complete) fs::remove(fs::path(dir) / "DONE");  // a save interrupted before its last rename
 }
 
@@ -144,7 +144,7 @@ struct Sequence {
 };
 
 int dump(const std::string& source, const std::string& out_path) {
-  train::DrafterSource src = train::load_drafter_source(source);
+  eval::DrafterSource src = eval::load_drafter_source(source);
   const model::DrafterConfig& cfg = src.drafter.config;
   const model::DrafterParams<float>& wf = src.drafter.params;
   model::DrafterParams<double> wd(cfg);
