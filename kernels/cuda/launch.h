@@ -69,27 +69,39 @@ int rmsnorm_dw_chunks(int rows);
 template <typename T>
 void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
                              const float* rstd, int rows, int dim, float* partials);
-// backward: dx (+=) Rᵀ dy; forward: y (=) R x.
+// The RoPE cos/sin table: cs[2 (p · rot_dim/2 + i) + {0, 1}] = the cos and sin of p · θ^(−2i/rot_dim) for positions
+// p in [0, positions), each the float rounding of the double cos/sin that cuda_math::rope_cos_sin (and the CPU)
+// evaluates, so a lookup gives the bits of an evaluation. The RoPE kernels read it for positions in
+// [0, positions) and evaluate the rest themselves; cs null: they evaluate every angle.
+struct RopeTable {
+  const float* cs = nullptr;
+  int positions = 0;
+};
+constexpr int kRopeTablePositions = 16384;  // 8 MiB at rot_dim 128 (fp32 cos, sin)
+// cs[positions · rot_dim/2 · 2] (=) the table of (rot_dim, theta)
+void launch_rope_table(cudaStream_t st, float* cs, int positions, int rot_dim, double theta);
+// backward: dx (+=) Rᵀ dy; forward: y (=) R x. table: of (head_dim, theta), or empty.
 template <typename T>
 void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
-                 double theta, bool backward);
+                 double theta, bool backward, RopeTable table);
 // Fused per-head RMSNorm + RoPE (head_norm_rope_forward/backward of kernels/backend.h): one warp per group of
 // consecutive (row, head) items, each lane holding its rotate-half pairs (i, i + head_dim/2) in registers.
 constexpr int kMaxNormRopeHeadDim = 256;  // even head_dim up to this: 4 pairs per lane
 template <typename T>
 void launch_head_norm_rope_forward(cudaStream_t st, T* y, float* rstd, const T* x, const T* w, const int32_t* pos,
-                                   int rows, int heads, int head_dim, float eps, double theta);
+                                   int rows, int heads, int head_dim, float eps, double theta, RopeTable table);
 // partials: device scratch of head_norm_rope_dw_chunks(rows, heads) · head_dim floats (used only when dw is
 // non-null): one row of dw partial sums per warp, summed in a fixed order afterwards.
 int head_norm_rope_dw_chunks(int rows, int heads);
 template <typename T>
 void launch_head_norm_rope_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
                                     const float* rstd, const int32_t* pos, int rows, int heads, int head_dim,
-                                    double theta, float* partials);
-// y (=) partial RoPE of x over the first rot_dim dims of each head (the rest copied when y ≠ x).
+                                    double theta, float* partials, RopeTable table);
+// y (=) partial RoPE of x over the first rot_dim dims of each head (the rest copied when y ≠ x). table: of
+// (rot_dim, theta), or empty.
 template <typename T>
 void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
-                         int rot_dim, double theta);
+                         int rot_dim, double theta, RopeTable table);
 
 // ---- attention_dflash.cu / attention_causal.cu (CUDA cores), attention_dflash_tc.cu (tensor cores) ----
 // The launchers without a suffix take the tensor-core kernels for bf16 where those support the shape, else the

@@ -4,7 +4,8 @@
 // array read back), and the speculative decoders' cache operations on the device cache: a hybrid rollback
 // (truncate + restore_recurrent + re-run), copy_cache, and keep_cache_path's row compaction. Then the bf16 target
 // (TargetOptions::precision "bf16": bf16 weights and activations on CUDA) against the CPU fp32 target, and the
-// forward whose outputs stay in device memory against the host-output one. Test-case names start with
+// forward whose outputs stay in device memory against the host-output one; the RoPE angles of the backend's cos/sin
+// table against the CPU's, bit for bit. Test-case names start with
 // "cuda twin target_model:" (tests/cuda/CMakeLists.txt).
 //
 // Tolerance: max |gpu − cpu| / max |cpu| ≤ 1e-4 over each output, the bound gpu_check.sh uses for the tiny run's
@@ -16,8 +17,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -251,6 +254,87 @@ TEST_CASE("cuda twin target_model: outputs in device memory equal the host outpu
       CHECK(std::memcmp(got_taps.data(), taps.data(), taps.size() * sizeof(float)) == 0);
       CHECK(std::memcmp(got_fh.data(), fh.data(), fh.size() * sizeof(float)) == 0);
     }
+  }
+}
+
+
+// The RoPE angles of the target's (and the drafter's) attention come from the CUDA backend's cos/sin table
+// (kernels/cuda/launch.h, RopeTable: positions [0, 16384), made once per (rot_dim, theta)) and are evaluated in
+// double past it: either way the CPU's bits. Every input pair is (1, 0), so RoPE's output pair is exactly (cos, sin)
+// (1·c − 0·s and 0·c + 1·s, with or without FMA contraction): the outputs compare bit for bit. The fused head
+// norm + RoPE on the same inputs (w = 1) gives (n·c, n·s) for the head's normed value n (its output at position 0,
+// where c = 1, s = 0): fl(n · c) bit for bit too. Positions in, at the end of, and past the table, both directions.
+TEST_CASE("cuda twin target_model: RoPE cos/sin from the backend's table are the CPU's bits, in and past the table") {
+  std::unique_ptr<kernels::Backend<float>> gpu = kernels::make_cuda_backend<float>();
+  kernels::Backend<float>& cpu = kernels::cpu_backend<float>();
+  ExecContext& gx = gpu->context();
+  ExecContext& hx = kernels::host_exec_context();
+  const std::vector<int32_t> pos = {0, 1, 2, 7, 100, 4095, 8191, 8192, 16382, 16383, 16384, 16385, 40000, 100000, 3};
+  const int rows = int(pos.size());
+  const auto device = [&](const auto& host) {
+    using V = typename std::decay_t<decltype(host)>::value_type;
+    Buffer b(MemoryKind::device, std::max<size_t>(1, host.size()) * sizeof(V));
+    gpu->upload(gx, b.data(), host.data(), host.size() * sizeof(V));
+    return b;
+  };
+  const auto host = [&](const Buffer& b, size_t n) {
+    std::vector<float> h(n);
+    gpu->download(gx, h.data(), b.data(), n * sizeof(float));
+    return h;
+  };
+  const Buffer dpos = device(pos);
+  struct Case { int heads, head_dim, rot_dim; double theta; };
+  for (const Case c : {Case{2, 128, 128, 1e6}, Case{3, 256, 64, 1e7}, Case{1, 16, 16, 1e4}, Case{2, 64, 64, 1e6}}) {
+    CAPTURE(c.head_dim);
+    CAPTURE(c.rot_dim);
+    const int half = c.rot_dim / 2;
+    const size_t n = size_t(rows) * c.heads * c.head_dim;
+    std::vector<float> x(n, 0.0f);
+    for (size_t r = 0; r < size_t(rows) * c.heads; ++r)
+      for (int i = 0; i < half; ++i) x[r * c.head_dim + size_t(i)] = 1.0f;  // pairs (1, 0); the rest 0
+    const Buffer dx = device(x);
+    // full or partial RoPE, forward; the backward (Rᵀ: sin negated) of the full one
+    std::vector<float> y_cpu(n), dx_cpu(n, 0.0f);
+    Buffer dy(MemoryKind::device, n * sizeof(float)), ddx = device(dx_cpu);
+    if (c.rot_dim == c.head_dim) {
+      cpu.rope_forward(hx, y_cpu.data(), x.data(), pos.data(), rows, c.heads, c.head_dim, c.theta);
+      cpu.rope_backward(hx, dx_cpu.data(), x.data(), pos.data(), rows, c.heads, c.head_dim, c.theta);
+      gpu->rope_forward(gx, dy.as<float>(), dx.as<float>(), dpos.as<int32_t>(), rows, c.heads, c.head_dim, c.theta);
+      gpu->rope_backward(gx, ddx.as<float>(), dx.as<float>(), dpos.as<int32_t>(), rows, c.heads, c.head_dim,
+                         c.theta);
+      CHECK(std::memcmp(host(ddx, n).data(), dx_cpu.data(), n * sizeof(float)) == 0);
+    } else {
+      cpu.rope_partial_forward(hx, y_cpu.data(), x.data(), pos.data(), rows, c.heads, c.head_dim, c.rot_dim, c.theta);
+      gpu->rope_partial_forward(gx, dy.as<float>(), dx.as<float>(), dpos.as<int32_t>(), rows, c.heads, c.head_dim,
+                                c.rot_dim, c.theta);
+    }
+    const std::vector<float> y_gpu = host(dy, n);
+    size_t differ = 0;
+    for (size_t k = 0; k < n; ++k) differ += std::memcmp(&y_gpu[k], &y_cpu[k], sizeof(float)) != 0;
+    CHECK(differ == 0);
+    // the rotated values are the angles' cos and sin (not a vacuous pass: sin is non-zero past position 0)
+    CHECK(y_cpu[size_t(1) * c.heads * c.head_dim + size_t(half)] != 0.0f);
+    if (c.rot_dim != c.head_dim) continue;
+    // the fused head norm + RoPE: (n·c, n·s), n its own output at position 0
+    const std::vector<float> w(size_t(c.head_dim), 1.0f);
+    const Buffer dw = device(w);
+    Buffer dyf(MemoryKind::device, n * sizeof(float)), drstd(MemoryKind::device, size_t(rows) * c.heads * 4);
+    gpu->head_norm_rope_forward(gx, dyf.as<float>(), drstd.as<float>(), dx.as<float>(), dw.as<float>(),
+                                dpos.as<int32_t>(), rows, c.heads, c.head_dim, 1e-6, c.theta);
+    const std::vector<float> yf = host(dyf, n);
+    const float normed = yf[0];
+    CHECK(normed > 1.0f);  // sqrt(2) · (1 ± eps): half the head is 1, the rest 0
+    size_t fused_differ = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int h = 0; h < c.heads; ++h)
+        for (int i = 0; i < half; ++i) {
+          const size_t at = (size_t(r) * c.heads + h) * c.head_dim, cpu_at = size_t(r) * c.heads * c.head_dim;
+          const float cs = y_cpu[cpu_at + size_t(i)], sn = y_cpu[cpu_at + size_t(half + i)];
+          const float want_a = normed * cs, want_b = normed * sn;
+          fused_differ += std::memcmp(&yf[at + size_t(i)], &want_a, 4) != 0 ||
+                          std::memcmp(&yf[at + size_t(half + i)], &want_b, 4) != 0;
+        }
+    CHECK(fused_differ == 0);
   }
 }
 
