@@ -262,10 +262,10 @@ class CudaBackend final : public Backend<T> {
   void attention_cached_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int n, int past,
                                 int q_heads, int kv_heads, int head_dim) override {
     check_head_dim(head_dim);
-    // bf16 decode / verify over a long cache: split-K on tensor cores, its partials in scratch (the context's
-    // arena, else the backend's buffer, which grows only when a larger split is first seen)
-    const int splits =
-        std::is_same_v<T, bf16> ? cuda::attention_cached_splits(n, past, q_heads, kv_heads, head_dim) : 1;
+    // decode / verify over a long cache: split-K (on tensor cores for bf16 where they run, else on the CUDA-core
+    // kernel), its partials in scratch (the context's arena, else the backend's buffer, which grows only when a
+    // larger split is first seen)
+    const int splits = cuda::attention_cached_forward_splits<D>(n, past, q_heads, kv_heads, head_dim, {out, q, k, v});
     if (splits == 1)
       return on_device(cuda::launch_attention_cached_forward<D>, stream_of(ctx), out, q, k, v, n, past, q_heads,
                        kv_heads, head_dim, 1, static_cast<float*>(nullptr));

@@ -143,7 +143,7 @@ template <typename T>
 void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int S,
                                      int q_heads, int kv_heads, int head_dim);
 // query row i at position past + i sees keys 0 .. past + i of k, v [past + n, KVH, D]. splits > 1 (split-K over
-// the keys, tensor cores only; the CUDA-core kernel ignores it) needs `scratch`: device memory of
+// the keys, on the tensor-core and the CUDA-core kernel) needs `scratch`: device memory of
 // attention_cached_split_scratch_floats(n, q_heads, head_dim, splits) floats, used only by this call's kernels.
 template <typename T>
 void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n, int past,
@@ -153,7 +153,17 @@ void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const 
 // kv_heads, every tensor 16-byte aligned), which the launcher above takes for bf16 when it can.
 template <typename T>
 void launch_attention_cached_forward_cores(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n,
-                                           int past, int q_heads, int kv_heads, int head_dim);
+                                           int past, int q_heads, int kv_heads, int head_dim, int splits = 1,
+                                           float* scratch = nullptr);
+// Split-K of the CUDA-core cached attention: the splits for a shape (the tensor-core policy's rule over blocks of
+// 16 query rows × one head and key tiles of 32; 1 for prefill and short caches), and the split count
+// launch_attention_cached_forward<T> takes for a call: the tensor-core policy where that kernel runs (bf16, its
+// shapes, 16-byte aligned tensors), else this one. The scratch: attention_cached_split_scratch_floats (the same
+// layout for both kernels).
+int attention_cached_splits_cores(int n, int past, int q_heads, int head_dim);
+template <typename T>
+int attention_cached_forward_splits(int n, int past, int q_heads, int kv_heads, int head_dim,
+                                    std::initializer_list<const void*> tensors);
 bool attention_causal_tc_supports(int q_heads, int kv_heads, int head_dim, std::initializer_list<const void*> tensors);
 // Split-K of the tensor-core cached attention (flash-decoding): the number of key splits for a shape, a pure
 // function of it (1: unsplit; prefill and short caches; the launcher uses exactly these), and the scratch they
