@@ -22,9 +22,9 @@ if gc_need_gpu && gc_setup; then
   # CUDA-core kernels are estimated at 1.4-6 s per forward+backward here; DFLASH_BENCH_CORES=0 leaves them out)
   step bench_attention 180 "${lb[@]}" "$bench" cuda attention --seq 8192 --anchors 1024 --block 32 --heads 32 \
     --kv-heads 8 --head-dim 128 --cores "${DFLASH_BENCH_CORES:-1}"
-  # the target's decode/verify attention at the 27B's shape (cache 8192, 24 / 4 heads × 256, bf16 tensor cores):
-  # unsplit against split-K at n = 1 and 16 (docs/benchmarks.md's split-K prediction: 7-15x); milliseconds of
-  # GPU work, the context's start and the 33.6 MB cache's random fill dominate
+  # the target's decode/verify attention at the 27B's shape (cache 8192, 24 / 4 heads × 256): unsplit against
+  # split-K at n = 1 and 16, bf16 on tensor cores (docs/benchmarks.md's prediction: 7-15x), then fp32 on CUDA cores
+  # (~6x); milliseconds of GPU work, the context's start and the caches' random fill dominate
   step bench_decode 60 "${lb[@]}" "$bench" cuda decode --seq 8192 --heads 24 --kv-heads 4 --head-dim 256 --reps 3
   # vocab loss at the seed's shapes (T 32768, H 5120, V 248320, chunk 2048)
   step bench_loss 150 "${lb[@]}" "$bench" cuda loss --precision bf16 --T 32768 --H 5120 --V 248320 --chunk 2048 --reps 1
