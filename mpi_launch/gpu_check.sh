@@ -7,8 +7,8 @@
 #                                             pack them into .gpubundle/ (+ .devbundle/ for the Debian packages)
 #   bash mpi_launch/gpu_check.sh correctness  GPU: the CUDA twin tests, the cuda_math tests, the tiny fp32 job on
 #                                             the GPU against the CPU
-#   bash mpi_launch/gpu_check.sh bench        GPU: dflash_bench cuda attention / loss / drafter, target, the tiny
-#                                             bf16 job (learns)
+#   bash mpi_launch/gpu_check.sh bench        GPU: dflash_bench cuda attention / decode / loss / drafter, target,
+#                                             the tiny bf16 job (learns)
 #   bash mpi_launch/gpu_check.sh nccl         GPU: the NCCL checks, the packet stream, dflash_eval on the GPU
 #   bash mpi_launch/gpu_check.sh all          correctness, bench, nccl in turn (no argument: the same); longer
 #                                             than one device-tool call allows

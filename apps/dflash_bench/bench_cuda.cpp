@@ -479,7 +479,7 @@ int attention_bench(ExecContext& ctx, const CudaBenchOptions& args) {
 // of --seq positions at the 27B's attention shape (24 query / 4 kv heads × 256), unsplit (one thread block per
 // (query tile, kv head) walking the whole cache) against split-K (attention_cached_splits's choice, plus its
 // merge). Decode is bound by reading the cache: K and V, seq × kv_heads × head_dim × 2 × 2 bytes, once per step;
-// the rate printed is those bytes over the time.
+// the rate printed is those bytes over the time. Then the same for the fp32 path's CUDA-core kernel and its split-K.
 int decode_bench(ExecContext& ctx, const CudaBenchOptions& args) {
   const int cache = args.seq.value_or(8192), NH = args.heads.value_or(24),
             KVH = args.kv_heads.value_or(4), D = args.head_dim.value_or(256),
@@ -512,6 +512,30 @@ int decode_bench(ExecContext& ctx, const CudaBenchOptions& args) {
     std::printf("  n=%-2d unsplit %.3f ms %.1f GB/s; %d splits %.3f ms %.1f GB/s (%.2fx)%s\n", n, t1 * 1e3,
                 cache_bytes / t1 * 1e-9, splits, ts * 1e3, cache_bytes / ts * 1e-9, t1 / ts, kFigureNote);
   }
+  // the fp32 path's CUDA-core kernel (one block per 16 query rows × one head), unsplit against its split-K: the
+  // cache in fp32 is twice the bytes
+  auto be32 = kernels::make_cuda_backend<float>();
+  Dev<float> k32(size_t(cache) * KVH * D), v32(size_t(cache) * KVH * D);
+  fill_normal(*be32, ctx, k32, 1.0, 30);
+  fill_normal(*be32, ctx, v32, 1.0, 31);
+  const double cache32 = 2.0 * cache * KVH * D * sizeof(float);
+  std::printf("cuda decode: fp32 cached attention on CUDA cores, K+V %.1f MiB%s\n", cache32 / (1 << 20), kFigureNote);
+  for (const int n : {1, 16}) {
+    const int past = cache - n;
+    const int splits = kernels::cuda::attention_cached_splits_cores(n, past, NH, D);
+    Dev<float> q(size_t(n) * NH * D), out(size_t(n) * NH * D);
+    Dev<float> scratch(kernels::cuda::attention_cached_split_scratch_floats(n, NH, D, splits));
+    fill_normal(*be32, ctx, q, 1.0, 32);
+    auto run = [&](int s) {
+      return time_best(*be32, ctx, reps, [&] {
+        kernels::cuda::launch_attention_cached_forward_cores(st, out.p(), q.p(), k32.p(), v32.p(), n, past, NH, KVH,
+                                                             D, s, scratch.p());
+      });
+    };
+    const double t1 = run(1), ts = splits > 1 ? run(splits) : t1;
+    std::printf("  n=%-2d cores unsplit %.3f ms %.1f GB/s; %d splits %.3f ms %.1f GB/s (%.2fx)%s\n", n, t1 * 1e3,
+                cache32 / t1 * 1e-9, splits, ts * 1e3, cache32 / ts * 1e-9, t1 / ts, kFigureNote);
+  }
   return 0;
 }
 
@@ -534,7 +558,8 @@ int run_cuda(int argc, char** argv) {
         "           [--kv-heads 8] [--head-dim 128] [--intermediate 17408] [--taps 5] [--window 0]\n"
         "  attention (bf16): [--seq 8192] [--anchors 1024] [--block 32] [--heads 32] [--kv-heads 8]\n"
         "           [--head-dim 128] [--window 0] [--hidden 5120] [--cores 1 (0: skip the CUDA-core kernels)]\n"
-        "  decode (bf16, cached attention, n = 1 and 16, unsplit vs split-K): [--seq 8192 (the cache)]\n"
+        "  decode (cached attention, n = 1 and 16, unsplit vs split-K: bf16 tensor cores, fp32 CUDA cores):\n"
+        "           [--seq 8192 (the cache)]\n"
         "           [--heads 24] [--kv-heads 4] [--head-dim 256]\n"
         "Times the CUDA backend against its own cuBLASLt GEMMs alone (same run, same shapes).\n"
         "Prints 'skipped: ...' and exits 0 where there is no GPU or no CUDA backend.\n",

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/check.h"
@@ -192,7 +193,7 @@ class CudaBackend final : public Backend<T> {
                               int heads, int head_dim, double eps, double theta) override {
     check_norm_rope_head_dim(head_dim);
     on_device(cuda::launch_head_norm_rope_forward<D>, stream_of(ctx), y, rstd, x, w, pos, rows, heads, head_dim,
-              float(eps), theta);
+              float(eps), theta, rope_table(ctx, head_dim, theta));
   }
   void head_norm_rope_backward(ExecContext& ctx, T* dx, A* dw, const T* dy, const T* x, const T* w, const A* rstd,
                                const int32_t* pos, int rows, int heads, int head_dim, double theta) override {
@@ -201,16 +202,17 @@ class CudaBackend final : public Backend<T> {
         dw ? sizeof(float) * size_t(cuda::head_norm_rope_dw_chunks(rows, heads)) * size_t(head_dim) : 0;
     Scratch partials(ctx, scratch_, scratch_mutex_, bytes > 0 ? bytes : 1);
     on_device(cuda::launch_head_norm_rope_backward<D>, stream_of(ctx), dx, dw, dy, x, w, rstd, pos, rows, heads,
-              head_dim, theta,
-                                         partials.as<float>());
+              head_dim, theta, partials.as<float>(), rope_table(ctx, head_dim, theta));
   }
   void rope_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                     double theta) override {
-    on_device(cuda::launch_rope<D>, stream_of(ctx), y, x, pos, rows, heads, head_dim, theta, false);
+    on_device(cuda::launch_rope<D>, stream_of(ctx), y, x, pos, rows, heads, head_dim, theta, false,
+              rope_table(ctx, head_dim, theta));
   }
   void rope_backward(ExecContext& ctx, T* dx, const T* dy, const int32_t* pos, int rows, int heads, int head_dim,
                      double theta) override {
-    on_device(cuda::launch_rope<D>, stream_of(ctx), dx, dy, pos, rows, heads, head_dim, theta, true);
+    on_device(cuda::launch_rope<D>, stream_of(ctx), dx, dy, pos, rows, heads, head_dim, theta, true,
+              rope_table(ctx, head_dim, theta));
   }
   void swiglu_forward(ExecContext& ctx, T* h, const T* gate, const T* up, size_t n) override {
     on_device(cuda::launch_swiglu_forward<D>, stream_of(ctx), h, gate, up, n);
@@ -260,10 +262,10 @@ class CudaBackend final : public Backend<T> {
   void attention_cached_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, int n, int past,
                                 int q_heads, int kv_heads, int head_dim) override {
     check_head_dim(head_dim);
-    // bf16 decode / verify over a long cache: split-K on tensor cores, its partials in scratch (the context's
-    // arena, else the backend's buffer, which grows only when a larger split is first seen)
-    const int splits =
-        std::is_same_v<T, bf16> ? cuda::attention_cached_splits(n, past, q_heads, kv_heads, head_dim) : 1;
+    // decode / verify over a long cache: split-K (on tensor cores for bf16 where they run, else on the CUDA-core
+    // kernel), its partials in scratch (the context's arena, else the backend's buffer, which grows only when a
+    // larger split is first seen)
+    const int splits = cuda::attention_cached_forward_splits<D>(n, past, q_heads, kv_heads, head_dim, {out, q, k, v});
     if (splits == 1)
       return on_device(cuda::launch_attention_cached_forward<D>, stream_of(ctx), out, q, k, v, n, past, q_heads,
                        kv_heads, head_dim, 1, static_cast<float*>(nullptr));
@@ -284,7 +286,8 @@ class CudaBackend final : public Backend<T> {
   }
   void rope_partial_forward(ExecContext& ctx, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                             int rot_dim, double theta) override {
-    on_device(cuda::launch_rope_partial<D>, stream_of(ctx), y, x, pos, rows, heads, head_dim, rot_dim, theta);
+    on_device(cuda::launch_rope_partial<D>, stream_of(ctx), y, x, pos, rows, heads, head_dim, rot_dim, theta,
+              rope_table(ctx, rot_dim, theta));
   }
   void l2norm_forward(ExecContext& ctx, T* x, int rows, int dim, double eps, double scale) override {
     on_device(cuda::launch_l2norm<D>, stream_of(ctx), x, rows, dim, float(eps), float(scale));
@@ -356,6 +359,25 @@ class CudaBackend final : public Backend<T> {
                  cuda::kMaxHeadDim);
   }
 
+  // The RoPE cos/sin table of (rot_dim, theta) (cuda::RopeTable): made on first use, on the caller's stream, which is
+  // then synchronised once (a later call may come on another stream), and kept for the backend's life. A model has
+  // one or two (rot_dim, theta) pairs, so every forward and backward looks its angles up instead of evaluating them
+  // in double (the fused kernels did so once per (row, run of ≤ 8 heads) and lane). No allocation after a pair's
+  // first call.
+  cuda::RopeTable rope_table(ExecContext& ctx, int rot_dim, double theta) {
+    if (rot_dim < 2) return {};
+    std::lock_guard<std::mutex> lock(rope_mutex_);
+    for (const RopeTableEntry& e : rope_tables_)
+      if (e.rot_dim == rot_dim && e.theta == theta) return {static_cast<const float*>(e.cs.data()), e.positions};
+    const int positions = cuda::kRopeTablePositions;
+    RopeTableEntry e{rot_dim, theta, positions,
+                     Buffer(MemoryKind::device, sizeof(float) * 2 * size_t(positions) * size_t(rot_dim / 2))};
+    on_device(cuda::launch_rope_table, stream_of(ctx), static_cast<float*>(e.cs.data()), positions, rot_dim, theta);
+    DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+    rope_tables_.push_back(std::move(e));
+    return {static_cast<const float*>(rope_tables_.back().cs.data()), positions};
+  }
+
   static int current_device() {
     int d = 0;
     DFLASH_CUDA_CHECK(cudaGetDevice(&d));
@@ -366,6 +388,14 @@ class CudaBackend final : public Backend<T> {
   cuda::LtGemm gemm_;
   Buffer scratch_;
   std::mutex scratch_mutex_;
+  struct RopeTableEntry {
+    int rot_dim = 0;
+    double theta = 0;
+    int positions = 0;
+    Buffer cs;  // [positions, rot_dim/2] (cos, sin) floats
+  };
+  std::vector<RopeTableEntry> rope_tables_;  // grows by a pair's first call; entries never move their buffers
+  std::mutex rope_mutex_;
 };
 
 void require_device() {

@@ -69,27 +69,39 @@ int rmsnorm_dw_chunks(int rows);
 template <typename T>
 void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
                              const float* rstd, int rows, int dim, float* partials);
-// backward: dx (+=) Rᵀ dy; forward: y (=) R x.
+// The RoPE cos/sin table: cs[2 (p · rot_dim/2 + i) + {0, 1}] = the cos and sin of p · θ^(−2i/rot_dim) for positions
+// p in [0, positions), each the float rounding of the double cos/sin that cuda_math::rope_cos_sin (and the CPU)
+// evaluates, so a lookup gives the bits of an evaluation. The RoPE kernels read it for positions in
+// [0, positions) and evaluate the rest themselves; cs null: they evaluate every angle.
+struct RopeTable {
+  const float* cs = nullptr;
+  int positions = 0;
+};
+constexpr int kRopeTablePositions = 16384;  // 8 MiB at rot_dim 128 (fp32 cos, sin)
+// cs[positions · rot_dim/2 · 2] (=) the table of (rot_dim, theta)
+void launch_rope_table(cudaStream_t st, float* cs, int positions, int rot_dim, double theta);
+// backward: dx (+=) Rᵀ dy; forward: y (=) R x. table: of (head_dim, theta), or empty.
 template <typename T>
 void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
-                 double theta, bool backward);
+                 double theta, bool backward, RopeTable table);
 // Fused per-head RMSNorm + RoPE (head_norm_rope_forward/backward of kernels/backend.h): one warp per group of
 // consecutive (row, head) items, each lane holding its rotate-half pairs (i, i + head_dim/2) in registers.
 constexpr int kMaxNormRopeHeadDim = 256;  // even head_dim up to this: 4 pairs per lane
 template <typename T>
 void launch_head_norm_rope_forward(cudaStream_t st, T* y, float* rstd, const T* x, const T* w, const int32_t* pos,
-                                   int rows, int heads, int head_dim, float eps, double theta);
+                                   int rows, int heads, int head_dim, float eps, double theta, RopeTable table);
 // partials: device scratch of head_norm_rope_dw_chunks(rows, heads) · head_dim floats (used only when dw is
 // non-null): one row of dw partial sums per warp, summed in a fixed order afterwards.
 int head_norm_rope_dw_chunks(int rows, int heads);
 template <typename T>
 void launch_head_norm_rope_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
                                     const float* rstd, const int32_t* pos, int rows, int heads, int head_dim,
-                                    double theta, float* partials);
-// y (=) partial RoPE of x over the first rot_dim dims of each head (the rest copied when y ≠ x).
+                                    double theta, float* partials, RopeTable table);
+// y (=) partial RoPE of x over the first rot_dim dims of each head (the rest copied when y ≠ x). table: of
+// (rot_dim, theta), or empty.
 template <typename T>
 void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
-                         int rot_dim, double theta);
+                         int rot_dim, double theta, RopeTable table);
 
 // ---- attention_dflash.cu / attention_causal.cu (CUDA cores), attention_dflash_tc.cu (tensor cores) ----
 // The launchers without a suffix take the tensor-core kernels for bf16 where those support the shape, else the
@@ -131,7 +143,7 @@ template <typename T>
 void launch_attention_causal_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int S,
                                      int q_heads, int kv_heads, int head_dim);
 // query row i at position past + i sees keys 0 .. past + i of k, v [past + n, KVH, D]. splits > 1 (split-K over
-// the keys, tensor cores only; the CUDA-core kernel ignores it) needs `scratch`: device memory of
+// the keys, on the tensor-core and the CUDA-core kernel) needs `scratch`: device memory of
 // attention_cached_split_scratch_floats(n, q_heads, head_dim, splits) floats, used only by this call's kernels.
 template <typename T>
 void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n, int past,
@@ -141,7 +153,17 @@ void launch_attention_cached_forward(cudaStream_t st, T* out, const T* q, const 
 // kv_heads, every tensor 16-byte aligned), which the launcher above takes for bf16 when it can.
 template <typename T>
 void launch_attention_cached_forward_cores(cudaStream_t st, T* out, const T* q, const T* k, const T* v, int n,
-                                           int past, int q_heads, int kv_heads, int head_dim);
+                                           int past, int q_heads, int kv_heads, int head_dim, int splits = 1,
+                                           float* scratch = nullptr);
+// Split-K of the CUDA-core cached attention: the splits for a shape (the tensor-core policy's rule over blocks of
+// 16 query rows × one head and key tiles of 32; 1 for prefill and short caches), and the split count
+// launch_attention_cached_forward<T> takes for a call: the tensor-core policy where that kernel runs (bf16, its
+// shapes, 16-byte aligned tensors), else this one. The scratch: attention_cached_split_scratch_floats (the same
+// layout for both kernels).
+int attention_cached_splits_cores(int n, int past, int q_heads, int head_dim);
+template <typename T>
+int attention_cached_forward_splits(int n, int past, int q_heads, int kv_heads, int head_dim,
+                                    std::initializer_list<const void*> tensors);
 bool attention_causal_tc_supports(int q_heads, int kv_heads, int head_dim, std::initializer_list<const void*> tensors);
 // Split-K of the tensor-core cached attention (flash-decoding): the number of key splits for a shape, a pure
 // function of it (1: unsplit; prefill and short caches; the launcher uses exactly these), and the scratch they

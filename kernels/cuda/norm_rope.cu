@@ -3,7 +3,8 @@
 // RMSNorm: one block per row (a fixed-tree Σ x²) for wide rows; for rows of at most kWarpRowDim (the per-head q/k
 // norms, small hidden sizes) one warp per row, 8 rows a block, the Σ in a fixed xor-shuffle tree: a 256-thread block
 // on a 128-wide row leaves half its threads idle at every barrier. dw without atomics: per-chunk column partials,
-// then a fixed sum over chunks (deterministic). RoPE: one thread per (row, pair), angles in double as on the CPU.
+// then a fixed sum over chunks (deterministic). RoPE: one thread per (row, pair), cos/sin from the backend's table
+// (RopeTable: computed once, in double as on the CPU) or, past its positions, evaluated in double.
 // Fused per-head RMSNorm + RoPE (the q/k norms of attention): one warp per few (row, head) items, the head in
 // registers, one read and one write of it (below).
 #include "kernels/cuda/check.h"
@@ -99,17 +100,38 @@ __global__ void rmsnorm_dw_final_kernel(float* dw, const float* partials, int ch
   dw[i] += acc;
 }
 
+// The cos/sin table (RopeTable, launch.h): one thread per (position, pair), the angle in double as on the CPU.
+__global__ void rope_table_kernel(float* cs, int positions, int rot_dim, double theta) {
+  const int half = rot_dim / 2;
+  const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (idx >= size_t(positions) * half) return;
+  cuda_math::rope_cos_sin(int(idx / half), int(idx % half), rot_dim, theta, cs[2 * idx], cs[2 * idx + 1]);
+}
+
+// cos/sin of pair i (of rot_dim/2) at position p: from the table where it holds p (one 8-byte load instead of a
+// double pow, cos and sin: slow on GPUs with little fp64), else evaluated; the same bits either way.
+__device__ inline void rope_cos_sin_at(const RopeTable& table, int p, int i, int rot_dim, double theta, float& c,
+                                       float& s) {
+  if (p >= 0 && p < table.positions) {
+    const float* e = table.cs + 2 * (size_t(p) * (rot_dim / 2) + i);
+    c = e[0];
+    s = e[1];
+  } else {
+    cuda_math::rope_cos_sin(p, i, rot_dim, theta, c, s);
+  }
+}
+
 // One thread per (row, i < rot_dim/2): the pair (i, i + rot_dim/2) of every head at that row's position, angle
 // pos · θ^(−2i/rot_dim). rot_dim = head_dim is plain RoPE; the dims past rot_dim are not touched here.
 template <typename T>
 __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim, int rot_dim,
-                            double theta, bool backward) {
+                            double theta, bool backward, RopeTable table) {
   const int half = rot_dim / 2;
   const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (idx >= size_t(rows) * half) return;
   const int r = int(idx / half), i = int(idx % half);
   float c, s;
-  cuda_math::rope_cos_sin(pos[r], i, rot_dim, theta, c, s);
+  rope_cos_sin_at(table, pos[r], i, rot_dim, theta, c, s);
   if (backward) s = -s;  // Rᵀ = rotation by −angle
   for (int h = 0; h < heads; ++h) {
     const size_t base = (size_t(r) * heads + h) * head_dim;
@@ -127,8 +149,8 @@ __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int rows, int 
 
 // ---- fused per-head RMSNorm + RoPE ----
 // One warp per run of consecutive (row, head) items: lane l holds the pairs (i, i + D/2) for i = l + 32k < D/2,
-// so the rotation never leaves its registers, and each lane works out the cos/sin of its pairs once per row (not
-// per head: the angles in double cost more than the head's memory traffic). Lane l sums its lower elements, then
+// so the rotation never leaves its registers, and each lane takes the cos/sin of its pairs once per row (not per
+// head), from the backend's table (an evaluation in double past its positions). Lane l sums its lower elements, then
 // its upper ones: for D a multiple of 64 that is the order l, l + 32, … of the warp RMSNorm kernel above, so the
 // Σ x² (and rstd) are the two-op path's bits.
 constexpr int kPairsPerLane = kMaxNormRopeHeadDim / 2 / kWarp;
@@ -136,14 +158,14 @@ constexpr int kNormRopeMaxChunks = 4096;  // dw partial rows at most (4 MiB at D
 constexpr int kNormRopeHeadsPerWarp = 8;   // a warp's items without dw: up to 8 heads of one row
 
 // cos/sin of the lane's pairs at position p; (1, 0) past the pairs.
-__device__ void lane_cos_sin(int p, int lane, int half, int head_dim, double theta, float (&c)[kPairsPerLane],
-                             float (&s)[kPairsPerLane]) {
+__device__ void lane_cos_sin(const RopeTable& table, int p, int lane, int half, int head_dim, double theta,
+                             float (&c)[kPairsPerLane], float (&s)[kPairsPerLane]) {
 #pragma unroll
   for (int k = 0; k < kPairsPerLane; ++k) {
     const int i = lane + k * kWarp;
     c[k] = 1.0f;
     s[k] = 0.0f;
-    if (i < half) cuda_math::rope_cos_sin(p, i, head_dim, theta, c[k], s[k]);
+    if (i < half) rope_cos_sin_at(table, p, i, head_dim, theta, c[k], s[k]);
   }
 }
 
@@ -152,7 +174,7 @@ __device__ void lane_cos_sin(int p, int lane, int half, int head_dim, double the
 template <typename T>
 __global__ void head_norm_rope_forward_kernel(T* y, float* rstd, const T* x, const T* w, const int32_t* pos,
                                               int items, int heads, int head_dim, int per_warp, float eps,
-                                              double theta) {
+                                              double theta, RopeTable table) {
   const int warp = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int first = warp * per_warp;
   if (first >= items) return;  // whole warps: no block barriers below
@@ -169,7 +191,7 @@ __global__ void head_norm_rope_forward_kernel(T* y, float* rstd, const T* x, con
   for (int item = first; item < last; ++item) {
     if (item / heads != row) {  // warp-uniform
       row = item / heads;
-      lane_cos_sin(pos[row], lane, half, head_dim, theta, c, s);
+      lane_cos_sin(table, pos[row], lane, half, head_dim, theta, c, s);
     }
     const size_t base = size_t(item) * head_dim;
     float a[kPairsPerLane], b[kPairsPerLane];
@@ -206,7 +228,7 @@ __global__ void head_norm_rope_forward_kernel(T* y, float* rstd, const T* x, con
 template <typename T>
 __global__ void head_norm_rope_backward_kernel(T* dx, float* partials, const T* dy, const T* x, const T* w,
                                                const float* rstd, const int32_t* pos, int items, int heads,
-                                               int head_dim, int per_warp, double theta) {
+                                               int head_dim, int per_warp, double theta, RopeTable table) {
   const int warp = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int first = warp * per_warp;
   if (first >= items) return;
@@ -225,7 +247,7 @@ __global__ void head_norm_rope_backward_kernel(T* dx, float* partials, const T* 
   for (int item = first; item < last; ++item) {
     if (item / heads != row) {
       row = item / heads;
-      lane_cos_sin(pos[row], lane, half, head_dim, theta, c, s);
+      lane_cos_sin(table, pos[row], lane, half, head_dim, theta, c, s);
     }
     const size_t base = size_t(item) * head_dim;
     const float sr = rstd[item];
@@ -320,22 +342,29 @@ void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, con
   DFLASH_LAUNCH(col_tiles, kThreads, 0, st, rmsnorm_dw_final_kernel)(dw, partials, chunks, dim);
 }
 
+void launch_rope_table(cudaStream_t st, float* cs, int positions, int rot_dim, double theta) {
+  const size_t n = size_t(positions) * (rot_dim / 2);
+  if (!n) return;
+  DFLASH_LAUNCH(unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st, rope_table_kernel)(cs, positions, rot_dim,
+                                                                                           theta);
+}
+
 template <typename T>
 void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
-                 double theta, bool backward) {
+                 double theta, bool backward, RopeTable table) {
   const size_t n = size_t(rows) * (head_dim / 2);
   if (!n) return;
   DFLASH_LAUNCH(unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st, rope_kernel<T>)(y, x, pos, rows, heads, head_dim,
-                                                                               head_dim, theta, backward);
+                                                                               head_dim, theta, backward, table);
 }
 
 template <typename T>
 void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
-                         int rot_dim, double theta) {
+                         int rot_dim, double theta, RopeTable table) {
   const size_t n = size_t(rows) * (rot_dim / 2);
   if (n) {
     DFLASH_LAUNCH(unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st, rope_kernel<T>)(y, x, pos, rows, heads, head_dim,
-                                                                                 rot_dim, theta, false);
+                                                                                 rot_dim, theta, false, table);
   }
   const size_t head_rows = size_t(rows) * heads;
   if (y == x || rot_dim >= head_dim || head_rows == 0) return;
@@ -350,23 +379,23 @@ int head_norm_rope_dw_chunks(int rows, int heads) {
 
 template <typename T>
 void launch_head_norm_rope_forward(cudaStream_t st, T* y, float* rstd, const T* x, const T* w, const int32_t* pos,
-                                   int rows, int heads, int head_dim, float eps, double theta) {
+                                   int rows, int heads, int head_dim, float eps, double theta, RopeTable table) {
   const int items = rows * heads;
   if (items <= 0 || head_dim <= 0) return;
   const int per = norm_rope_items_per_warp(rows, heads, false), warps = (items + per - 1) / per;
   DFLASH_LAUNCH((warps + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, st, head_norm_rope_forward_kernel<T>)(
-      y, rstd, x, w, pos, items, heads, head_dim, per, eps, theta);
+      y, rstd, x, w, pos, items, heads, head_dim, per, eps, theta, table);
 }
 
 template <typename T>
 void launch_head_norm_rope_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
                                     const float* rstd, const int32_t* pos, int rows, int heads, int head_dim,
-                                    double theta, float* partials) {
+                                    double theta, float* partials, RopeTable table) {
   const int items = rows * heads;
   if (items <= 0 || head_dim <= 0) return;
   const int per = norm_rope_items_per_warp(rows, heads, dw != nullptr), warps = (items + per - 1) / per;
   DFLASH_LAUNCH((warps + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, st, head_norm_rope_backward_kernel<T>)(
-      dx, dw ? partials : nullptr, dy, x, w, rstd, pos, items, heads, head_dim, per, theta);
+      dx, dw ? partials : nullptr, dy, x, w, rstd, pos, items, heads, head_dim, per, theta, table);
   if (!dw) return;
   // the warps' partial rows summed in warp order: deterministic, no atomics
   DFLASH_LAUNCH(unsigned((head_dim + kThreads - 1) / kThreads), kThreads, 0, st, rmsnorm_dw_final_kernel)(
@@ -375,14 +404,17 @@ void launch_head_norm_rope_backward(cudaStream_t st, T* dx, float* dw, const T* 
 
 #define DFLASH_INSTANTIATE(T)                                                                                  \
   template void launch_head_norm_rope_forward<T>(cudaStream_t, T*, float*, const T*, const T*, const int32_t*, \
-                                                 int, int, int, float, double);                                \
+                                                 int, int, int, float, double, RopeTable);                     \
   template void launch_head_norm_rope_backward<T>(cudaStream_t, T*, float*, const T*, const T*, const T*,      \
-                                                  const float*, const int32_t*, int, int, int, double, float*); \
+                                                  const float*, const int32_t*, int, int, int, double, float*, \
+                                                  RopeTable);                                                  \
   template void launch_rmsnorm_forward<T>(cudaStream_t, T*, float*, const T*, const T*, int, int, float);      \
   template void launch_rmsnorm_backward<T>(cudaStream_t, T*, float*, const T*, const T*, const T*, const float*, \
                                            int, int, float*);                                                  \
-  template void launch_rope<T>(cudaStream_t, T*, const T*, const int32_t*, int, int, int, double, bool);     \
-  template void launch_rope_partial<T>(cudaStream_t, T*, const T*, const int32_t*, int, int, int, int, double);
+  template void launch_rope<T>(cudaStream_t, T*, const T*, const int32_t*, int, int, int, double, bool,      \
+                               RopeTable);                                                                   \
+  template void launch_rope_partial<T>(cudaStream_t, T*, const T*, const int32_t*, int, int, int, int, double, \
+                                       RopeTable);
 DFLASH_INSTANTIATE(float)
 DFLASH_INSTANTIATE(bf16)
 #undef DFLASH_INSTANTIATE

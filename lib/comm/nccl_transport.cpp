@@ -219,6 +219,10 @@ class NcclTransport final : public Transport {
   void allreduce_sum(double* data, size_t n) override {
     reduce(data, n, ncclFloat64, sizeof(double), "ncclAllReduce(double)");
   }
+  bool sums_bf16_on_device() const override { return true; }
+  void allreduce_sum_bf16_device(uint16_t* data, size_t n) override {
+    reduce(data, n, ncclBfloat16, sizeof(uint16_t), "ncclAllReduce(bf16)");
+  }
 
   void broadcast_bytes(void* data, size_t bytes, int root) override {
     if (bytes == 0) return;

@@ -6,6 +6,11 @@ namespace dflash::comm {
 
 const char* data_plane_name(DataPlane p) { return p == DataPlane::Nccl ? "nccl" : "mpi"; }
 
+void Transport::allreduce_sum_bf16_device(uint16_t*, size_t n) {
+  DFLASH_FAIL("a bf16 all-reduce of {} device values on a transport that sums only fp32 host buffers (MPI): callers "
+              "ask sums_bf16_on_device() first", n);
+}
+
 void SelfTransport::send_bytes(const void*, size_t, int dest, int) {
   DFLASH_FAIL("SelfTransport: no rank {} to send to (a group of one has no peers)", dest);
 }

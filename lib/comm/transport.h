@@ -5,6 +5,7 @@
 // buffers, anywhere) and the NCCL transport (lib/comm/nccl_transport.h, CUDA builds); the control plane (layout,
 // stop protocol, packet headers, small messages) is always MPI.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace dflash::comm {
@@ -89,6 +90,12 @@ class Transport {
   // True where the buffers may be device memory of the calling rank's GPU (NCCL): a caller holding its data on the
   // device then hands the device pointer and saves the copies through the host. MPI here is not CUDA-aware: host only.
   virtual bool takes_device_pointers() const { return false; }
+  // data[n] (=) sum over the ranks of data[n]: n bf16 values (the bits of kernels::bf16) in this rank's device
+  // memory, summed in bf16 (NCCL: ncclBfloat16; its ring rounds each hop's partial sum to bf16, n_ranks - 1
+  // roundings instead of one: the target's layout.tp_allreduce: bf16). Only where sums_bf16_on_device() is true
+  // (NCCL); elsewhere an error.
+  virtual bool sums_bf16_on_device() const { return false; }
+  virtual void allreduce_sum_bf16_device(uint16_t* data, size_t n);
   // Point-to-point calls between group_start and group_end are issued together (NCCL: ncclGroupStart/End, so the
   // transfers to or from several peers progress at once); their requests may be waited for only after group_end.
   // MPI needs no grouping: no-ops.

@@ -32,6 +32,7 @@ struct LayoutSection {
   int target_groups = 1;              // target groups; world = target_tp * target_groups + drafter_dp
   int drafter_dp = 3;                 // drafter data-parallel ranks
   std::string transport = "auto";     // auto | mpi | nccl (lib/comm/data_plane.h)
+  std::string tp_allreduce = "bf16";  // fp32 | bf16: how a bf16 target sums its TP partials on NCCL (docs/cuda.md)
   int packets_in_flight = 2;          // packets a target group may run ahead of each drafter rank
 };
 

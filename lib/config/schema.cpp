@@ -102,6 +102,10 @@ std::vector<ConfigKey> build_schema() {
       unhashed(choice("layout.transport", FIELD(layout.transport), {"auto", "mpi", "nccl"},
                       "data plane (packets, TP and DP all-reduce): mpi (anywhere), nccl (one GPU per rank) or "
                       "auto (nccl when run.device is cuda and every rank has its own GPU)")),
+      unhashed(choice("layout.tp_allreduce", FIELD(layout.tp_allreduce), {"fp32", "bf16"},
+                      "a bf16 target's TP all-reduce on the nccl plane: bf16 (the bf16 partials summed as bf16, "
+                      "half the bytes) or fp32 (widened, summed in fp32, rounded once); fp32 targets and the mpi "
+                      "plane always sum in fp32")),
       unhashed(key("layout.packets_in_flight", T::kInt, FIELD(layout.packets_in_flight), within(1, 64),
                    "packets a target group may run ahead of each drafter rank (back-pressure)")),
       // target

@@ -69,6 +69,7 @@ void run_target_worker(const TrainConfig& cfg, const train::RunPlan& plan, const
   model::TargetOptions target_options;
   target_options.cuda = cfg.run.device == "cuda";
   target_options.precision = target_options.cuda ? cfg.run.compute_precision() : "fp32";
+  target_options.tp_allreduce = cfg.layout.tp_allreduce;  // bf16 targets on the NCCL plane
   model::TargetModel target(cfg.target.path, tp_data, target_options);
   log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB ({}, {} backend) in {:.2f} s; "
            "taps {}",

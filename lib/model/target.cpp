@@ -166,6 +166,7 @@ class EngineT final : public TargetModel::Engine {
   Buffer load_stage_;           // fp32 staging of one tensor at load (device backends with T ≠ float)
   std::vector<float> host_stage_;   // [S, H] host staging: embedding rows, taps (device backends)
   std::vector<R> reduce_stage_;     // [S, H] host staging of the all-reduce (device backend, host transport)
+  bool bf16_allreduce_ = false;     // TargetOptions::tp_allreduce "bf16"
   TargetStats stats_;
   MoeRouting routing_;  // the last MoE layer's routing (host)
 };
@@ -179,6 +180,9 @@ EngineT<T>::EngineT(const std::string& model_dir, comm::Transport& tp, const Tar
       config_(load_qwen_config(model_dir)),
       shard_(plan_target_shard(config_, tp.size(), tp.rank(), options.mlp_grain)),
       ckpt_(model_dir) {
+  DFLASH_USER_CHECK(options.tp_allreduce == "fp32" || options.tp_allreduce == "bf16",
+                    "target: tp_allreduce '{}': use fp32 or bf16", options.tp_allreduce);
+  bf16_allreduce_ = options.tp_allreduce == "bf16";
   const int64_t H = config_.hidden;
   ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
   if (backend_->memory() != MemoryKind::host) load_embedding_table();
@@ -419,28 +423,42 @@ void EngineT<T>::timed_allreduce(T* part, size_t n, float* f32) {
   if (tp_.size() > 1) {  // a group of one has nothing to sum
     kernels::Backend<T>& be = *backend_;
     ExecContext& ctx = be.context();
-    R* sum = nullptr;
-    if constexpr (std::is_same_v<T, R>) {
-      sum = part;
-    } else {  // bf16: the partial sums widened to fp32 (exact), one rounding of the total below
-      be.convert_to_float(ctx, f32, part, n);
-      sum = f32;
+    bool summed = false;
+    if constexpr (std::is_same_v<T, kernels::bf16>) {
+      // tp_allreduce bf16 on NCCL: the bf16 partials summed as bf16 on the device (the ring rounds every hop),
+      // half the bytes of the fp32 sum and no widening or narrowing pass. NCCL runs on its own stream: the
+      // backend's stream must have finished writing the partials first
+      if (bf16_allreduce_ && be.memory() != MemoryKind::host && tp_.sums_bf16_on_device()) {
+        static_assert(sizeof(kernels::bf16) == sizeof(uint16_t));
+        be.synchronize(ctx);
+        tp_.allreduce_sum_bf16_device(reinterpret_cast<uint16_t*>(part), n);
+        summed = true;
+      }
     }
-    if (be.memory() == MemoryKind::host) {
-      tp_.allreduce_sum(sum, n);
-    } else if (tp_.takes_device_pointers()) {
-      // NCCL reduces the device array in place on its own stream and returns when it is done: the backend's stream
-      // must have finished writing it first
-      be.synchronize(ctx);
-      tp_.allreduce_sum(sum, n);
-    } else {
-      // a host transport (MPI here is not CUDA-aware): staged through the host
-      reduce_stage_.resize(n);
-      be.download(ctx, reduce_stage_.data(), sum, n * sizeof(R));
-      tp_.allreduce_sum(reduce_stage_.data(), n);
-      be.upload(ctx, sum, reduce_stage_.data(), n * sizeof(R));
+    if (!summed) {
+      R* sum = nullptr;
+      if constexpr (std::is_same_v<T, R>) {
+        sum = part;
+      } else {  // bf16: the partial sums widened to fp32 (exact), one rounding of the total below
+        be.convert_to_float(ctx, f32, part, n);
+        sum = f32;
+      }
+      if (be.memory() == MemoryKind::host) {
+        tp_.allreduce_sum(sum, n);
+      } else if (tp_.takes_device_pointers()) {
+        // NCCL reduces the device array in place on its own stream and returns when it is done: the backend's
+        // stream must have finished writing it first
+        be.synchronize(ctx);
+        tp_.allreduce_sum(sum, n);
+      } else {
+        // a host transport (MPI here is not CUDA-aware): staged through the host
+        reduce_stage_.resize(n);
+        be.download(ctx, reduce_stage_.data(), sum, n * sizeof(R));
+        tp_.allreduce_sum(reduce_stage_.data(), n);
+        be.upload(ctx, sum, reduce_stage_.data(), n * sizeof(R));
+      }
+      if constexpr (!std::is_same_v<T, R>) be.convert_from_float(ctx, part, f32, n);
     }
-    if constexpr (!std::is_same_v<T, R>) be.convert_from_float(ctx, part, f32, n);
   }
   stats_.allreduce_seconds += t.seconds();
   ++stats_.allreduces;

@@ -44,6 +44,11 @@ struct TargetOptions {
   std::string precision = "fp32";
   // Run on the CUDA backend (device memory on the calling thread's current GPU); false: the CPU backend.
   bool cuda = false;
+  // The row-parallel all-reduces of a bf16 forward on a transport that sums bf16 in device memory (NCCL):
+  // "bf16" sums the bf16 partials directly (half the bytes; NCCL's ring rounds every hop), "fp32" widens them,
+  // sums in fp32 and rounds once (layout.tp_allreduce, docs/cuda.md). fp32 forwards and host transports (MPI) always
+  // sum in fp32. Anything else is a dflash::Error naming it.
+  std::string tp_allreduce = "bf16";
   // An fp32 backend to run on instead (tests share one; precision must be "fp32", cuda is ignored). Weights and
   // activations are allocated in its memory.
   std::shared_ptr<kernels::Backend<float>> backend;

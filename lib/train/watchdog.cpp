@@ -179,6 +179,11 @@ void WatchedTransport::allreduce_sum(double* data, size_t n) {
   inner_.allreduce_sum(data, n);
 }
 
+void WatchedTransport::allreduce_sum_bf16_device(uint16_t* data, size_t n) {
+  auto g = watchdog_.arm([&] { return fmt::format("all-reduce of {} bf16 values on the {}", n, name_); });
+  inner_.allreduce_sum_bf16_device(data, n);
+}
+
 void WatchedTransport::broadcast_bytes(void* data, size_t bytes, int root) {
   auto g = watchdog_.arm([&] { return fmt::format("broadcast of {} bytes from rank {} of the {}", bytes, root, name_); });
   inner_.broadcast_bytes(data, bytes, root);

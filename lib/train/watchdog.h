@@ -108,6 +108,8 @@ class WatchedTransport final : public comm::Transport {
   bool probe(int src, int tag) override { return inner_.probe(src, tag); }  // does not block
   bool cancellable_receives() const override { return inner_.cancellable_receives(); }
   bool takes_device_pointers() const override { return inner_.takes_device_pointers(); }
+  bool sums_bf16_on_device() const override { return inner_.sums_bf16_on_device(); }
+  void allreduce_sum_bf16_device(uint16_t* data, size_t n) override;
   void group_start() override { inner_.group_start(); }
   void group_end() override { inner_.group_end(); }
 

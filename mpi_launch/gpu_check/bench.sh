@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # gpu_check phase `bench` (GPU): dflash_bench cuda (DFlash attention at the seed's shapes, tensor cores and CUDA
-# cores, against a cuBLASLt GEMM rate; vocab loss at the seed's shapes; a small fp32 loss; a small drafter), the
-# bf16 target forward of one TP-5 shard of a 27B-sized hybrid, and the tiny bf16 job on the GPU (it learns;
-# tests/integration/cuda_job.sh bf16). Each time is printed against the same run's GEMMs alone. README.md beside
-# this file.
+# cores, against a cuBLASLt GEMM rate; the target's decode attention at the 27B's shape, unsplit against split-K;
+# vocab loss at the seed's shapes; a small fp32 loss; a small drafter), the bf16 target forward of one TP-5 shard
+# of a 27B-sized hybrid, and the tiny bf16 job on the GPU (it learns; tests/integration/cuda_job.sh bf16). Each time
+# is printed against the same run's GEMMs alone. README.md beside this file.
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gc_begin bench
 gc_extra() {
   echo "  benchmark lines (ratio = bound / time; 1.0 = as fast as the GEMMs alone):"
-  grep -hE "^cuda |ratio|TFLOP/s|attention fwd|scratch|^\| 1 \|" "$gc_logs"/bench_*.log 2>/dev/null | sed 's/^/    /'
+  grep -hE "^cuda |ratio|TFLOP/s|attention fwd|scratch|^\| 1 \||^  n=[0-9]+ " "$gc_logs"/bench_*.log 2>/dev/null | sed 's/^/    /'
   grep -h "^bf16: mean loss" "$gc_logs"/cuda_job_bf16.log 2>/dev/null | sed 's/^/  tiny job: /'
 }
 # line-buffered output, so that a benchmark cut short by its timeout still leaves the lines it printed
@@ -22,6 +22,10 @@ if gc_need_gpu && gc_setup; then
   # CUDA-core kernels are estimated at 1.4-6 s per forward+backward here; DFLASH_BENCH_CORES=0 leaves them out)
   step bench_attention 180 "${lb[@]}" "$bench" cuda attention --seq 8192 --anchors 1024 --block 32 --heads 32 \
     --kv-heads 8 --head-dim 128 --cores "${DFLASH_BENCH_CORES:-1}"
+  # the target's decode/verify attention at the 27B's shape (cache 8192, 24 / 4 heads × 256): unsplit against
+  # split-K at n = 1 and 16, bf16 on tensor cores (docs/benchmarks.md's prediction: 7-15x), then fp32 on CUDA cores
+  # (~6x); milliseconds of GPU work, the context's start and the caches' random fill dominate
+  step bench_decode 60 "${lb[@]}" "$bench" cuda decode --seq 8192 --heads 24 --kv-heads 4 --head-dim 256 --reps 3
   # vocab loss at the seed's shapes (T 32768, H 5120, V 248320, chunk 2048)
   step bench_loss 150 "${lb[@]}" "$bench" cuda loss --precision bf16 --T 32768 --H 5120 --V 248320 --chunk 2048 --reps 1
   step bench_drafter 90 "${lb[@]}" "$bench" cuda drafter --precision bf16 --seq 4096 --anchors 128 --block 32 \

@@ -4,7 +4,8 @@
 // array read back), and the speculative decoders' cache operations on the device cache: a hybrid rollback
 // (truncate + restore_recurrent + re-run), copy_cache, and keep_cache_path's row compaction. Then the bf16 target
 // (TargetOptions::precision "bf16": bf16 weights and activations on CUDA) against the CPU fp32 target, and the
-// forward whose outputs stay in device memory against the host-output one. Test-case names start with
+// forward whose outputs stay in device memory against the host-output one; the RoPE angles of the backend's cos/sin
+// table against the CPU's, bit for bit; split-K of the CUDA-core cached attention. Test-case names start with
 // "cuda twin target_model:" (tests/cuda/CMakeLists.txt).
 //
 // Tolerance: max |gpu − cpu| / max |cpu| ≤ 1e-4 over each output, the bound gpu_check.sh uses for the tiny run's
@@ -16,11 +17,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/launch.h"
 #include "lib/comm/transport.h"
 #include "lib/core/buffer.h"
 #include "lib/core/error.h"
@@ -251,6 +256,229 @@ TEST_CASE("cuda twin target_model: outputs in device memory equal the host outpu
       CHECK(std::memcmp(got_taps.data(), taps.data(), taps.size() * sizeof(float)) == 0);
       CHECK(std::memcmp(got_fh.data(), fh.data(), fh.size() * sizeof(float)) == 0);
     }
+  }
+}
+
+
+// The RoPE angles of the target's (and the drafter's) attention come from the CUDA backend's cos/sin table
+// (kernels/cuda/launch.h, RopeTable: positions [0, 16384), made once per (rot_dim, theta)) and are evaluated in
+// double past it: either way the CPU's bits. Every input pair is (1, 0), so RoPE's output pair is exactly (cos, sin)
+// (1·c − 0·s and 0·c + 1·s, with or without FMA contraction): the outputs compare bit for bit. The fused head
+// norm + RoPE on the same inputs (w = 1) gives (n·c, n·s) for the head's normed value n (its output at position 0,
+// where c = 1, s = 0): fl(n · c) bit for bit too. Positions in, at the end of, and past the table, both directions.
+TEST_CASE("cuda twin target_model: RoPE cos/sin from the backend's table are the CPU's bits, in and past the table") {
+  std::unique_ptr<kernels::Backend<float>> gpu = kernels::make_cuda_backend<float>();
+  kernels::Backend<float>& cpu = kernels::cpu_backend<float>();
+  ExecContext& gx = gpu->context();
+  ExecContext& hx = kernels::host_exec_context();
+  const std::vector<int32_t> pos = {0, 1, 2, 7, 100, 4095, 8191, 8192, 16382, 16383, 16384, 16385, 40000, 100000, 3};
+  const int rows = int(pos.size());
+  const auto device = [&](const auto& host) {
+    using V = typename std::decay_t<decltype(host)>::value_type;
+    Buffer b(MemoryKind::device, std::max<size_t>(1, host.size()) * sizeof(V));
+    gpu->upload(gx, b.data(), host.data(), host.size() * sizeof(V));
+    return b;
+  };
+  const auto host = [&](const Buffer& b, size_t n) {
+    std::vector<float> h(n);
+    gpu->download(gx, h.data(), b.data(), n * sizeof(float));
+    return h;
+  };
+  const Buffer dpos = device(pos);
+  struct Case { int heads, head_dim, rot_dim; double theta; };
+  for (const Case c : {Case{2, 128, 128, 1e6}, Case{3, 256, 64, 1e7}, Case{1, 16, 16, 1e4}, Case{2, 64, 64, 1e6}}) {
+    CAPTURE(c.head_dim);
+    CAPTURE(c.rot_dim);
+    const int half = c.rot_dim / 2;
+    const size_t n = size_t(rows) * c.heads * c.head_dim;
+    std::vector<float> x(n, 0.0f);
+    for (size_t r = 0; r < size_t(rows) * c.heads; ++r)
+      for (int i = 0; i < half; ++i) x[r * c.head_dim + size_t(i)] = 1.0f;  // pairs (1, 0); the rest 0
+    const Buffer dx = device(x);
+    // full or partial RoPE, forward; the backward (Rᵀ: sin negated) of the full one
+    std::vector<float> y_cpu(n), dx_cpu(n, 0.0f);
+    Buffer dy(MemoryKind::device, n * sizeof(float)), ddx = device(dx_cpu);
+    if (c.rot_dim == c.head_dim) {
+      cpu.rope_forward(hx, y_cpu.data(), x.data(), pos.data(), rows, c.heads, c.head_dim, c.theta);
+      cpu.rope_backward(hx, dx_cpu.data(), x.data(), pos.data(), rows, c.heads, c.head_dim, c.theta);
+      gpu->rope_forward(gx, dy.as<float>(), dx.as<float>(), dpos.as<int32_t>(), rows, c.heads, c.head_dim, c.theta);
+      gpu->rope_backward(gx, ddx.as<float>(), dx.as<float>(), dpos.as<int32_t>(), rows, c.heads, c.head_dim,
+                         c.theta);
+      CHECK(std::memcmp(host(ddx, n).data(), dx_cpu.data(), n * sizeof(float)) == 0);
+    } else {
+      cpu.rope_partial_forward(hx, y_cpu.data(), x.data(), pos.data(), rows, c.heads, c.head_dim, c.rot_dim, c.theta);
+      gpu->rope_partial_forward(gx, dy.as<float>(), dx.as<float>(), dpos.as<int32_t>(), rows, c.heads, c.head_dim,
+                                c.rot_dim, c.theta);
+    }
+    const std::vector<float> y_gpu = host(dy, n);
+    size_t differ = 0;
+    for (size_t k = 0; k < n; ++k) differ += std::memcmp(&y_gpu[k], &y_cpu[k], sizeof(float)) != 0;
+    CHECK(differ == 0);
+    // the rotated values are the angles' cos and sin (not a vacuous pass: sin is non-zero past position 0)
+    CHECK(y_cpu[size_t(1) * c.heads * c.head_dim + size_t(half)] != 0.0f);
+    if (c.rot_dim != c.head_dim) continue;
+    // the fused head norm + RoPE: (n·c, n·s), n its own output at position 0
+    const std::vector<float> w(size_t(c.head_dim), 1.0f);
+    const Buffer dw = device(w);
+    Buffer dyf(MemoryKind::device, n * sizeof(float)), drstd(MemoryKind::device, size_t(rows) * c.heads * 4);
+    gpu->head_norm_rope_forward(gx, dyf.as<float>(), drstd.as<float>(), dx.as<float>(), dw.as<float>(),
+                                dpos.as<int32_t>(), rows, c.heads, c.head_dim, 1e-6, c.theta);
+    const std::vector<float> yf = host(dyf, n);
+    const float normed = yf[0];
+    CHECK(normed > 1.0f);  // sqrt(2) · (1 ± eps): half the head is 1, the rest 0
+    size_t fused_differ = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int h = 0; h < c.heads; ++h)
+        for (int i = 0; i < half; ++i) {
+          const size_t at = (size_t(r) * c.heads + h) * c.head_dim, cpu_at = size_t(r) * c.heads * c.head_dim;
+          const float cs = y_cpu[cpu_at + size_t(i)], sn = y_cpu[cpu_at + size_t(half + i)];
+          const float want_a = normed * cs, want_b = normed * sn;
+          fused_differ += std::memcmp(&yf[at + size_t(i)], &want_a, 4) != 0 ||
+                          std::memcmp(&yf[at + size_t(half + i)], &want_b, 4) != 0;
+        }
+    CHECK(fused_differ == 0);
+  }
+}
+
+
+// Split-K of the CUDA-core cached attention (the fp32 target's decode and verify; bf16 shapes the tensor cores do
+// not take): the launcher with the policy's splits against the unsplit kernel and the CPU backend's
+// attention_cached_forward, and through the CUDA backend (which asks the policy). Bound, per element, for an output
+// that is a convex combination of v rows: 2·u·(keys + D · max|q| · max|k| · scale)·max|v| (the fp32 sum over the
+// keys, and the scores' D-term dot products moving every weight by at most their error), u = 2⁻²⁴ for fp32; bf16
+// outputs add one rounding, 2⁻⁸·max|v|. Also: the scratch filled with NaN and then zeros gives the same bits (every
+// partial read is written first), and the split counts of the 27B's shapes.
+TEST_CASE("cuda twin target_model: split-K on the CUDA-core cached attention matches the unsplit kernel and the CPU") {
+  CHECK(kernels::cuda::attention_cached_splits_cores(1, 8191, 24, 256) == 6);   // 24 blocks: 6 for 132; 256 tiles
+  CHECK(kernels::cuda::attention_cached_splits_cores(1, 8191, 5, 256) == 26);   // a TP-5 shard's 5 heads: 10 a split
+  CHECK(kernels::cuda::attention_cached_splits_cores(16, 8176, 24, 256) == 6);  // 16 rows: still 1 query tile
+  CHECK(kernels::cuda::attention_cached_splits_cores(8192, 0, 24, 256) == 1);   // prefill: 12288 blocks
+  CHECK(kernels::cuda::attention_cached_splits_cores(1, 100, 8, 128) == 1);     // 4 tiles: too short to split
+  // bf16 at a tensor-core shape takes the tensor-core policy; elsewhere this one
+  CHECK(kernels::cuda::attention_cached_forward_splits<kernels::cuda::bf16>(1, 8191, 24, 4, 256, {}) ==
+        kernels::cuda::attention_cached_splits(1, 8191, 24, 4, 256));
+  CHECK(kernels::cuda::attention_cached_forward_splits<kernels::cuda::bf16>(1, 8191, 8, 2, 96, {}) ==
+        kernels::cuda::attention_cached_splits_cores(1, 8191, 8, 96));
+  CHECK(kernels::cuda::attention_cached_forward_splits<float>(1, 8191, 24, 4, 256, {}) == 6);
+
+  std::unique_ptr<kernels::Backend<float>> gpu = kernels::make_cuda_backend<float>();
+  kernels::Backend<float>& cpu = kernels::cpu_backend<float>();
+  ExecContext& gx = gpu->context();
+  ExecContext& hx = kernels::host_exec_context();
+  const cudaStream_t st = static_cast<cudaStream_t>(gx.stream);
+  const auto to_device = [&](const std::vector<float>& h) {
+    Buffer b(MemoryKind::device, std::max<size_t>(1, h.size()) * sizeof(float));
+    gpu->upload(gx, b.data(), h.data(), h.size() * sizeof(float));
+    return b;
+  };
+  const auto to_host = [&](const Buffer& b, size_t n) {
+    std::vector<float> h(n);
+    gpu->download(gx, h.data(), b.data(), n * sizeof(float));
+    return h;
+  };
+  struct Case { int n, past, NH, KVH, D, splits; };
+  // decode, a verify, GQA 1 / 4 / 3, partial last tiles, and past = 0 with 6 splits of 1 tile: the first query
+  // tiles see fewer keys than the later splits start at (empty splits)
+  for (const Case c : {Case{1, 1000, 8, 2, 128, 0}, Case{16, 700, 6, 2, 64, 5}, Case{1, 300, 4, 1, 256, 3},
+                       Case{3, 517, 3, 3, 96, 4}, Case{100, 90, 2, 1, 32, 6}, Case{1, 64, 4, 4, 16, 2}}) {
+    CAPTURE(c.n);
+    CAPTURE(c.past);
+    CAPTURE(c.D);
+    const int keys = c.past + c.n, splits = c.splits ? c.splits : kernels::cuda::attention_cached_splits_cores(
+                                                                      c.n, c.past, c.NH, c.D);
+    REQUIRE(splits > 1);
+    Rng rng(uint64_t(c.past * 7 + c.D));
+    std::vector<float> q(size_t(c.n) * c.NH * c.D), k(size_t(keys) * c.KVH * c.D), v(k.size());
+    for (auto* t : {&q, &k, &v})
+      for (auto& x : *t) x = float(rng.normal());
+    const size_t n_out = q.size();
+    std::vector<float> ref(n_out);
+    cpu.attention_cached_forward(hx, ref.data(), q.data(), k.data(), v.data(), c.n, c.past, c.NH, c.KVH, c.D);
+    const Buffer dq = to_device(q), dk = to_device(k), dv = to_device(v);
+    Buffer unsplit(MemoryKind::device, n_out * sizeof(float)), split(MemoryKind::device, n_out * sizeof(float));
+    kernels::cuda::launch_attention_cached_forward_cores<float>(st, unsplit.as<float>(), dq.as<float>(),
+                                                                dk.as<float>(), dv.as<float>(), c.n, c.past, c.NH,
+                                                                c.KVH, c.D);
+    const size_t floats = kernels::cuda::attention_cached_split_scratch_floats(c.n, c.NH, c.D, splits);
+    size_t unwritten = 0;  // partials still NaN after the split kernel (the NaN-filled run): none may be
+    const auto run_split = [&](float fill) {
+      const Buffer scratch = to_device(std::vector<float>(floats, fill));
+      kernels::cuda::launch_attention_cached_forward_cores<float>(st, split.as<float>(), dq.as<float>(),
+                                                                  dk.as<float>(), dv.as<float>(), c.n, c.past, c.NH,
+                                                                  c.KVH, c.D, splits, scratch.as<float>());
+      for (float x : to_host(scratch, floats)) unwritten += std::isnan(x);
+      return to_host(split, n_out);
+    };
+    const std::vector<float> got = run_split(std::numeric_limits<float>::quiet_NaN()), got0 = run_split(0.0f);
+    CHECK(unwritten == 0);
+    const std::vector<float> one = to_host(unsplit, n_out);
+    CHECK(std::memcmp(got.data(), got0.data(), n_out * sizeof(float)) == 0);
+    double max_q = 0, max_k = 0, max_v = 0;
+    for (float x : q) max_q = std::max(max_q, double(std::fabs(x)));
+    for (float x : k) max_k = std::max(max_k, double(std::fabs(x)));
+    for (float x : v) max_v = std::max(max_v, double(std::fabs(x)));
+    const double u = std::ldexp(1.0, -24), bound = 2 * u * (keys + c.D * max_q * max_k / std::sqrt(double(c.D))) * max_v;
+    double worst_ref = 0, worst_one = 0;
+    size_t nan = 0;
+    for (size_t i = 0; i < n_out; ++i) {
+      nan += std::isnan(got[i]);
+      worst_ref = std::max(worst_ref, std::fabs(double(got[i]) - ref[i]));
+      worst_one = std::max(worst_one, std::fabs(double(got[i]) - one[i]));
+    }
+    CAPTURE(bound);
+    CHECK(nan == 0);
+    CHECK(worst_ref <= bound);
+    CHECK(worst_one <= bound);
+    // the backend asks the policy: the same bits as the launcher with the policy's splits
+    const int policy = kernels::cuda::attention_cached_splits_cores(c.n, c.past, c.NH, c.D);
+    if (policy > 1) {
+      const std::vector<float> at_policy = [&] {
+        const Buffer scratch = to_device(std::vector<float>(
+            kernels::cuda::attention_cached_split_scratch_floats(c.n, c.NH, c.D, policy), 0.0f));
+        kernels::cuda::launch_attention_cached_forward_cores<float>(st, split.as<float>(), dq.as<float>(),
+                                                                    dk.as<float>(), dv.as<float>(), c.n, c.past,
+                                                                    c.NH, c.KVH, c.D, policy, scratch.as<float>());
+        return to_host(split, n_out);
+      }();
+      Buffer via(MemoryKind::device, n_out * sizeof(float));
+      gpu->attention_cached_forward(gx, via.as<float>(), dq.as<float>(), dk.as<float>(), dv.as<float>(), c.n, c.past,
+                                    c.NH, c.KVH, c.D);
+      CHECK(std::memcmp(to_host(via, n_out).data(), at_policy.data(), n_out * sizeof(float)) == 0);
+    }
+  }
+  // bf16 at a shape the tensor cores do not take (head_dim 96): split against the CPU on the same bf16 inputs
+  {
+    std::unique_ptr<kernels::Backend<kernels::bf16>> gb = kernels::make_cuda_backend<kernels::bf16>();
+    ExecContext& bx = gb->context();
+    const int n = 1, past = 2000, NH = 6, KVH = 2, D = 96, keys = past + n;
+    REQUIRE(kernels::cuda::attention_cached_forward_splits<kernels::cuda::bf16>(n, past, NH, KVH, D, {}) > 1);
+    Rng rng(31);
+    std::vector<float> q(size_t(n) * NH * D), k(size_t(keys) * KVH * D), v(k.size());
+    for (auto* t : {&q, &k, &v})
+      for (auto& x : *t) x = float(kernels::bf16(float(rng.normal())));  // bf16 values: both sides read the same
+    std::vector<float> ref(q.size());
+    cpu.attention_cached_forward(hx, ref.data(), q.data(), k.data(), v.data(), n, past, NH, KVH, D);
+    const auto to_bf16 = [](const std::vector<float>& f) {
+      std::vector<kernels::bf16> b(f.size());
+      for (size_t i = 0; i < f.size(); ++i) b[i] = kernels::bf16(f[i]);
+      return b;
+    };
+    const auto up = [&](const std::vector<kernels::bf16>& h) {
+      Buffer b(MemoryKind::device, h.size() * sizeof(kernels::bf16));
+      gb->upload(bx, b.data(), h.data(), h.size() * sizeof(kernels::bf16));
+      return b;
+    };
+    const Buffer dq = up(to_bf16(q)), dk = up(to_bf16(k)), dv = up(to_bf16(v));
+    Buffer out(MemoryKind::device, q.size() * sizeof(kernels::bf16));
+    using B = kernels::bf16;
+    gb->attention_cached_forward(bx, out.as<B>(), dq.as<B>(), dk.as<B>(), dv.as<B>(), n, past, NH, KVH, D);
+    std::vector<kernels::bf16> got(q.size());
+    gb->download(bx, got.data(), out.data(), got.size() * sizeof(kernels::bf16));
+    double max_v = 0, worst = 0;
+    for (float x : v) max_v = std::max(max_v, double(std::fabs(x)));
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(float(got[i])) - ref[i]));
+    const double u = std::ldexp(1.0, -24);
+    CHECK(worst <= (2 * u * (keys + D * 16.0 / std::sqrt(double(D))) + std::ldexp(1.0, -8)) * max_v);
   }
 }
 

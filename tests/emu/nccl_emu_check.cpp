@@ -7,6 +7,8 @@
 //                   takes >= 0.4 s), a receive waits for a late send, fan-in of sends to rank 0 outside groups
 //   ring            one group: send to next, receive from previous, twice per peer (same-peer calls keep order)
 //   allreduce       sum / prod / max / min / avg over int8 .. float64, bf16 and fp16, in and out of place, exact
+//   bf16_sum        bf16 sums as NCCL's ring rounds them (one rounding per hop), the same bits on every rank, and
+//                   their error at the 27B's hidden size against fp32 + one rounding (the TP all-reduce's choice)
 //   broadcast       from the last rank, out of place (non-roots pass no sendbuff) and in place
 //   order           one stream: recv, recv, all-reduce of what was received; one communicator on two streams with
 //                   the first stream held back by an event: its all-reduces still run in issue order
@@ -383,6 +385,115 @@ int case_allreduce() {
   sync(s);
   expect(ncclCommFinalize(comm) == ncclInProgress, "non-blocking ncclCommFinalize returns ncclInProgress");
   nccl_ok(comm, ncclInProgress, "ncclCommFinalize (polled)");
+  expect(ncclCommDestroy(comm) == ncclSuccess, "ncclCommDestroy");
+  cudaStreamDestroy(s);
+  return 0;
+}
+
+uint16_t bf16_rne(float f) {  // round to nearest even (finite inputs), as a GEMM's bf16 output and NCCL's sum
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// bf16_sum: NCCL's bf16 ring sum (one rounding per hop: kernels/cuda/emu/nccl.cpp, ring_sum16) and what it costs
+// the target's TP all-reduce (layout.tp_allreduce). Each rank's partial row-parallel output, rows x H = 5120 (the
+// 27B's hidden size): in fp32 as the GEMM accumulates it, sigma_c * z with z ~ N(0, 1) independent per rank
+// (channel c's sigma 1, every 512th channel an outlier of sigma 50 whose partials share a sign across ranks, as the
+// massive activations of Qwen's residual stream), then rounded to bf16 as the bf16 GEMM writes it. Two paths:
+//   fp32: widened, all-reduced in fp32, rounded once to bf16 (what the MPI path and tp_allreduce: fp32 do)
+//   bf16: ncclBfloat16 sum (n - 1 roundings of partial sums)
+// Checked: the bf16 result is the ring's, recomputed here from every rank's input (chunk c of ceil(count / n)
+// starts on rank c + 1), the same bits on every rank; both paths within their first-order bounds against the
+// exact sum of the bf16 partials (fp32: 2^-9 |sum| + the fp32 sum's own; bf16: 2^-9 times the sum of the |partial
+// sums| each hop rounds, the error so far included). Printed: RMS and max errors relative to rms(sum), for the partials' own rounding too.
+int case_bf16_sum() {
+  ncclComm_t comm = make_comm(MPI_COMM_WORLD, false);
+  cudaStream_t s = new_stream();
+  const int n = wsize, H = 5120, rows = 64;
+  const size_t count = size_t(rows) * H;
+  // every rank's partials (each rank draws all of them from one seed, so it knows its peers' inputs)
+  std::vector<std::vector<float>> exact(static_cast<size_t>(n), std::vector<float>(count));
+  std::vector<std::vector<uint16_t>> part(static_cast<size_t>(n), std::vector<uint16_t>(count));
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  const auto uniform = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double((state >> 11) & ((1ull << 53) - 1)) + 0.5) / double(1ull << 53);
+  };
+  const auto normal = [&] { return std::sqrt(-2 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()); };
+  for (size_t i = 0; i < count; ++i) {
+    const bool outlier = (i % H) % 512 == 7;
+    const double sign = uniform() < 0.5 ? -1 : 1;
+    for (int r = 0; r < n; ++r) {
+      const double v = outlier ? 50 * sign * (1 + 0.3 * normal()) : normal();
+      exact[size_t(r)][i] = float(v);
+      part[size_t(r)][i] = bf16_rne(float(v));
+    }
+  }
+  Dev<uint16_t> d16(part[size_t(wrank)]);
+  std::vector<float> wide(count);
+  for (size_t i = 0; i < count; ++i) wide[i] = from_bf16(part[size_t(wrank)][i]);
+  Dev<float> d32(wide);
+  nccl_ok(comm, ncclAllReduce(d16.p, d16.p, count, ncclBfloat16, ncclSum, comm, s), "bf16 sum");
+  nccl_ok(comm, ncclAllReduce(d32.p, d32.p, count, ncclFloat32, ncclSum, comm, s), "fp32 sum");
+  sync(s);
+  const std::vector<uint16_t> got16 = d16.get();
+  const std::vector<float> got32 = d32.get();
+
+  // the ring, recomputed: chunk c starts on rank c + 1, each hop adds the next rank's value and rounds
+  const size_t chunk = (count + size_t(n) - 1) / size_t(n);
+  const double u = std::ldexp(1.0, -8);  // bf16's unit roundoff (8 significant bits, round to nearest)
+  double se16 = 0, se32 = 0, separt = 0, sf16 = 0, sf32 = 0, ssum = 0, max16 = 0, max32 = 0;
+  size_t ring_mismatch = 0, bound16 = 0, bound32 = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const int c = int(i / chunk);
+    float acc = from_bf16(part[size_t((c + 1) % n)][i]);
+    double hop_bound = 0, sum = from_bf16(part[size_t((c + 1) % n)][i]), full = 0;
+    for (int k = 2; k <= n; ++k) {
+      sum += double(from_bf16(part[size_t((c + k) % n)][i]));
+      acc = from_bf16(bf16_rne(acc + from_bf16(part[size_t((c + k) % n)][i])));
+      // this hop's rounding of a value within hop_bound of the exact partial sum (+ the float add's own rounding)
+      hop_bound += (u + std::ldexp(1.0, -23)) * (std::fabs(sum) + hop_bound);
+    }
+    double abs_sum = 0;
+    for (int r = 0; r < n; ++r) {
+      full += double(exact[size_t(r)][i]);
+      abs_sum += std::fabs(double(from_bf16(part[size_t(r)][i])));
+    }
+    ring_mismatch += got16[i] != bf16_rne(acc) || (n == 1 && got16[i] != part[0][i]);
+    const double e16 = double(from_bf16(got16[i])) - sum;
+    const double e32 = double(from_bf16(bf16_rne(got32[i]))) - sum;
+    bound16 += std::fabs(e16) > hop_bound + 1e-30;
+    const double fp32_sum = n * std::ldexp(1.0, -24) * abs_sum;  // the fp32 ring's own error, before the rounding
+    bound32 += std::fabs(e32) > u * (std::fabs(sum) + fp32_sum) + fp32_sum + 1e-30;
+    se16 += e16 * e16;
+    se32 += e32 * e32;
+    separt += (sum - full) * (sum - full);
+    sf16 += (e16 + sum - full) * (e16 + sum - full);
+    sf32 += (e32 + sum - full) * (e32 + sum - full);
+    ssum += sum * sum;
+    max16 = std::max(max16, std::fabs(e16));
+    max32 = std::max(max32, std::fabs(e32));
+  }
+  expect(ring_mismatch == 0, str("%zu of %zu bf16 sums differ from NCCL's ring", ring_mismatch, count));
+  expect(bound16 == 0 && bound32 == 0, str("outside the first-order bound: bf16 %zu, fp32 %zu", bound16, bound32));
+  // the same bits on every rank
+  std::vector<uint16_t> rank0 = got16;
+  MPI_Bcast(rank0.data(), int(count), MPI_UINT16_T, 0, MPI_COMM_WORLD);
+  same(got16, rank0, "bf16 sum, against rank 0's");
+  const double rms = std::sqrt(ssum / double(count));
+  const double r16 = std::sqrt(se16 / double(count)) / rms, r32 = std::sqrt(se32 / double(count)) / rms;
+  const auto rel = [&](double se) { return std::sqrt(se / double(count)) / rms; };
+  if (wrank == 0)
+    note(str("TP %d, %d x %d, error / rms(sum): against the exact sum of the bf16 partials: bf16 ring RMS %.3e max "
+             "%.3e, fp32 + one rounding RMS %.3e max %.3e (ring / fp32 RMS %.2f); against the sum of the fp32 "
+             "partials (the GEMMs' bf16 rounding included, RMS %.3e alone): bf16 ring RMS %.3e, fp32 path RMS "
+             "%.3e (ratio %.2f)", n, rows, H, r16, max16 / rms, r32, max32 / rms, r32 > 0 ? r16 / r32 : 0.0,
+             rel(separt), rel(sf16), rel(sf32), sf32 > 0 ? std::sqrt(sf16 / sf32) : 0.0));
+  // one rounding to bf16 is ~2^-7 / sqrt(12) ~ 1.1e-3 .. 2.3e-3 RMS relative (the ulp is 2^-8 .. 2^-7 of the
+  // value); n - 1 hops over partial sums of 2 .. n terms: at most sqrt(n) times the fp32 path's one rounding
+  expect(r32 < 2.5e-3 && r16 < std::sqrt(double(n)) * 2.5e-3,
+         str("RMS errors %.3e (fp32 path) and %.3e (bf16 ring) above 2.5e-3 and sqrt(n) 2.5e-3", r32, r16));
   expect(ncclCommDestroy(comm) == ncclSuccess, "ncclCommDestroy");
   cudaStreamDestroy(s);
   return 0;
@@ -821,6 +932,7 @@ int main(int argc, char** argv) {
       int (*run)();
     } cases[] = {{"sendrecv", case_sendrecv},     {"ring", case_ring},
                  {"allreduce", case_allreduce},   {"broadcast", case_broadcast},
+                 {"bf16_sum", case_bf16_sum},
                  {"order", case_order},           {"two_comms", case_two_comms},
                  {"bad_args", case_bad_args},     {"abort_recv", case_abort_recv},
                  {"abort_init", case_abort_init},

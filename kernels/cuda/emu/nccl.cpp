@@ -11,6 +11,8 @@
 //   operations      stream work (runtime.h's Work): run() snapshots the data into host staging and posts the MPI
 //                   request (MPI_Issend: a send completes only once its receive is posted, as in NCCL; MPI_Irecv,
 //                   MPI_Iallreduce, MPI_Ibcast), poll() tests it without blocking and copies the result back.
+//                   bf16 / fp16 sums are all-gathered (MPI_Iallgather) and summed as NCCL's ring rounds them, one
+//                   rounding per hop (ring_sum16), not in whatever order MPI's reduction takes.
 //                   The operations of one communicator are posted in issue order, whatever their streams.
 //   groups          between ncclGroupStart and ncclGroupEnd (nesting counted, per thread) operations are collected;
 //                   ncclGroupEnd queues one work item per stream that posts all of that stream's operations at once
@@ -291,6 +293,32 @@ void divide(void* data, size_t n, ncclDataType_t t, int nranks) {
       break;
     }
     default: break;
+  }
+}
+
+// A 16-bit float sum (sum, avg) as NCCL's ring all-reduce rounds it (src/device/all_reduce.h, runRing): the buffer is
+// cut into nranks chunks of ceil(count / nranks) elements; chunk c starts on ring index c + 1 (its step 0 sends its
+// own values), every next rank adds its value to what it received and rounds to the type before sending it on
+// (recvReduceSend; FuncSum of two bf16 / fp16 is their float sum rounded to nearest even), and rank c's addition
+// gives the total, which the all-gather half copies to everyone: n - 1 roundings of partial sums, the same bits on
+// every rank. The ring is in rank order here (NCCL orders it by topology, and splits a large buffer over channels
+// and loops, so which rank starts an element's sum varies; the count of roundings does not). `parts` holds the
+// ranks' inputs, rank r's element i at parts(r, i); the result goes to out[count].
+template <typename Part>
+void ring_sum16(uint16_t* out, size_t count, int nranks, bool bf, const Part& parts) {
+  const size_t chunk = (count + size_t(nranks) - 1) / size_t(nranks);
+  for (size_t i = 0; i < count; ++i) {
+    const int c = int(i / chunk);
+    const auto value = [&](int k) {
+      const uint16_t v = parts((c + k) % nranks, i);
+      return bf ? bf16_to_float(v) : half_to_float(v);
+    };
+    float acc = value(1);
+    for (int k = 2; k <= nranks; ++k) {
+      const float sum = acc + value(k);
+      acc = bf ? bf16_to_float(float_to_bf16(sum)) : half_to_float(float_to_half(sum));
+    }
+    out[i] = bf ? float_to_bf16(acc) : float_to_half(acc);
   }
 }
 
@@ -632,6 +660,9 @@ struct Op {
   std::shared_ptr<OpRecord> rec;
   // on the worker
   std::vector<char> staging;
+  // a 16-bit float sum (sum, avg): every rank's input, all-gathered, then summed as NCCL's ring (ring_sum16)
+  bool ring16 = false;
+  std::vector<char> gathered;
   std::vector<MPI_Request> reqs;
   bool done = false;
 };
@@ -709,6 +740,8 @@ struct Unit {
     char* p = op.staging.data();
     const size_t elem = op.kind == Kind::allreduce ? op.type.size : 1;
     const size_t chunk = kChunkBytes / elem * elem;
+    op.ring16 = op.kind == Kind::allreduce && op.type.f16 && (op.redop == ncclSum || op.redop == ncclAvg);
+    if (op.ring16) op.gathered.resize(size_t(c.nranks) * op.bytes);
     for (size_t off = 0; off < op.bytes; off += chunk) {
       const size_t n = std::min(chunk, op.bytes - off);
       MPI_Request req = MPI_REQUEST_NULL;
@@ -717,8 +750,12 @@ struct Unit {
         case Kind::send: rc = MPI_Issend(p + off, int(n), MPI_BYTE, op.peer, 0, c.mpi, &req); break;
         case Kind::recv: rc = MPI_Irecv(p + off, int(n), MPI_BYTE, op.peer, 0, c.mpi, &req); break;
         case Kind::allreduce:
-          rc = MPI_Iallreduce(MPI_IN_PLACE, p + off, int(n / elem), op.type.mpi, mpi_op(op.redop, op.type), c.mpi,
-                              &req);
+          if (op.ring16)  // piece `off` of every rank at gathered[nranks · off + rank · n]
+            rc = MPI_Iallgather(p + off, int(n), MPI_BYTE, op.gathered.data() + size_t(c.nranks) * off, int(n),
+                                MPI_BYTE, c.mpi, &req);
+          else
+            rc = MPI_Iallreduce(MPI_IN_PLACE, p + off, int(n / elem), op.type.mpi, mpi_op(op.redop, op.type), c.mpi,
+                                &req);
           break;
         case Kind::broadcast: rc = MPI_Ibcast(p + off, int(n), MPI_BYTE, op.peer, c.mpi, &req); break;
       }
@@ -797,6 +834,17 @@ struct Unit {
                                             op.peer, got));
         return;
       }
+    }
+    if (op.ring16) {
+      const size_t chunk = kChunkBytes / 2 * 2, nranks = size_t(op.comm->nranks);
+      const char* g = op.gathered.data();
+      ring_sum16(reinterpret_cast<uint16_t*>(op.staging.data()), op.count, op.comm->nranks, op.dtype == ncclBfloat16,
+                 [&](int r, size_t i) {
+                   const size_t b = i * 2, off = b / chunk * chunk, n = std::min(chunk, op.bytes - off);
+                   uint16_t v;
+                   std::memcpy(&v, g + nranks * off + size_t(r) * n + (b - off), 2);
+                   return v;
+                 });
     }
     if (op.kind != Kind::send) {
       if (op.kind == Kind::allreduce && op.redop == ncclAvg)
