@@ -73,6 +73,16 @@ void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_d
         }
       }
     }
+    // an odd head_dim's last dim has no partner: it passes through unrotated (the identity, in both directions), as
+    // in the fused head_norm_rope
+    if (head_dim % 2)
+      for (int h = 0; h < heads; ++h) {
+        const size_t last = (size_t(r) * heads + h) * head_dim + 2 * half;
+        if constexpr (Accumulate)
+          out[last] += in[last];
+        else
+          out[last] = in[last];
+      }
   }
 }
 
@@ -80,8 +90,7 @@ void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_d
 // T(0) + the rotated value, the same expressions as rotate's.
 template <typename T>
 T rotated_back(const T* g, const double* cs, int i, int half) {
-  // an odd head_dim's last dim passes through the fused forward unrotated: its adjoint is the identity (rope_backward
-  // leaves that dim out, so only even head dims match the two-op sequence in backward)
+  // an odd head_dim's last dim passes through unrotated: its adjoint is the identity (as rope_backward's)
   if (i >= 2 * half) return T(0) + g[i];
   const int p = i < half ? i : i - half;
   const T c = T(cs[2 * p]), s = T(-1.0 * cs[2 * p + 1]);
