@@ -104,6 +104,26 @@ TEST_CASE("rope backward at odd head_dim (the last dim passes through) matches f
   }
 }
 
+// With the last dim passed through, the two-op backward (rope_backward into zeros, then rmsnorm_backward) is the
+// fused head_norm_rope_backward bit for bit at odd head_dim too (the even case: test_head_norm_rope.cpp).
+TEST_CASE("rope backward at odd head_dim: rope then rmsnorm backward equals the fused head_norm_rope_backward") {
+  for (int hd : {1, 5, 9}) {
+    const int rows = 3, heads = 2, n = rows * heads;
+    std::vector<int> pos = {0, 7, 300};
+    Vec x = random_vector(size_t(n) * hd, 31 + hd), w = random_vector(hd, 32 + hd), dy = random_vector(size_t(n) * hd, 33 + hd);
+    Vec y(x.size()), rstd(static_cast<size_t>(n)), g(x.size(), 0.0), dx_two(x.size(), 0.0), dw_two(hd, 0.0), dx_fused(x.size(), 0.0),
+        dw_fused(hd, 0.0);
+    cpu::head_norm_rope_forward(y.data(), rstd.data(), x.data(), w.data(), pos.data(), rows, heads, hd, 1e-6, 1e4);
+    cpu::rope_backward(g.data(), dy.data(), pos.data(), rows, heads, hd, 1e4);
+    cpu::rmsnorm_backward(dx_two.data(), dw_two.data(), g.data(), x.data(), w.data(), rstd.data(), n, hd);
+    cpu::head_norm_rope_backward(dx_fused.data(), dw_fused.data(), dy.data(), x.data(), w.data(), rstd.data(),
+                                 pos.data(), rows, heads, hd, 1e4);
+    INFO("head_dim " << hd);
+    CHECK(dx_two == dx_fused);
+    CHECK(dw_two == dw_fused);
+  }
+}
+
 TEST_CASE("swiglu backward matches finite differences") {
   const int n = 40;
   Vec g = random_vector(n, 9, 2.0), u = random_vector(n, 10), r = random_vector(n, 11);
