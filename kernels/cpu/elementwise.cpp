@@ -4,12 +4,13 @@
 #include <cassert>
 #include <cstring>
 
+#include "kernels/math/gates.h"
 #include "kernels/math/norm.h"
 #include "lib/core/error.h"
 
 namespace dflash::cpu {
 
-using kernels::math::sigmoid;  // the formulas of kernels/math/norm.h, shared with the CUDA kernels
+// The element formulas are kernels/math/norm.h and gates.h, shared with the CUDA kernels.
 
 template <typename T>
 void swiglu_forward(T* h, const T* gate, const T* up, size_t n) {
@@ -52,7 +53,7 @@ void embedding_forward(T* out, const T* table, const int32_t* ids, int rows, int
 template <typename T>
 void sigmoid_gate(T* x, const T* gate, size_t n) {
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) x[i] *= sigmoid(gate[i]);
+  for (size_t i = 0; i < n; ++i) x[i] = kernels::math::sigmoid_gate(x[i], gate[i]);
 }
 
 template <typename T>
