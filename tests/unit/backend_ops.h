@@ -140,6 +140,13 @@ enum class Op {
   vocab_loss_rows,
   adamw,
   gemm,
+  accumulate_scale,
+  sigmoid_gate,
+  l2norm,
+  gated_rmsnorm,
+  deltanet_gates,
+  rope_partial,
+  linear,
 };
 inline const char* op_name(Op op) {
   switch (op) {
@@ -151,12 +158,20 @@ inline const char* op_name(Op op) {
     case Op::vocab_loss_rows: return "vocab_loss row_stats and row_grad";
     case Op::adamw: return "adamw_step";
     case Op::gemm: return "gemm";
+    case Op::accumulate_scale: return "accumulate and scale";
+    case Op::sigmoid_gate: return "sigmoid_gate";
+    case Op::l2norm: return "l2norm_forward";
+    case Op::gated_rmsnorm: return "gated_rmsnorm_forward";
+    case Op::deltanet_gates: return "deltanet_gates_forward";
+    case Op::rope_partial: return "rope_partial_forward";
+    case Op::linear: return "linear forward and backward";
   }
   return "?";
 }
 
-// Shape fields by op: residual/swiglu: n; rmsnorm: rows, dim; rope/head_norm_rope: rows, heads, head_dim;
-// vocab_loss_rows: rows, V (+ tau, with_u); adamw: n; gemm: M, N, K (+ trans_a, trans_b, beta).
+// Shape fields by op: residual/swiglu/accumulate_scale/sigmoid_gate/adamw: n; rmsnorm/l2norm/gated_rmsnorm: rows,
+// dim; deltanet_gates: rows, heads; rope/head_norm_rope: rows, heads, head_dim; rope_partial: rows, head_dim,
+// rot_dim; vocab_loss_rows: rows, V (+ tau, with_u); gemm: M, N, K (+ trans_a, trans_b, beta); linear: N, in, out.
 struct OpCase {
   Op op;
   int a = 0, b = 0, c = 0;
@@ -206,6 +221,17 @@ inline std::vector<OpCase> op_cases() {
       k.beta = t == 3 ? 0.5 : 0.0;
       c.push_back(k);
     }
+  for (int n : {1, 9, 1029}) c.push_back({Op::accumulate_scale, n});
+  for (int n : {1, 9, 1029}) c.push_back({Op::sigmoid_gate, n});
+  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{5, 33}, std::pair{3, 257}}) {
+    c.push_back({Op::l2norm, rows, dim});
+    c.push_back({Op::gated_rmsnorm, rows, dim});
+  }
+  for (auto [rows, heads] : {std::pair{1, 1}, std::pair{7, 6}, std::pair{33, 32}}) c.push_back({Op::deltanet_gates, rows, heads});
+  for (auto [rows, hd, rot] : {std::array{3, 8, 8}, std::array{5, 64, 16}, std::array{4, 10, 6}, std::array{2, 256, 64}})
+    c.push_back({Op::rope_partial, rows, hd, rot});
+  for (auto [N, in, out] : {std::array{1, 1, 1}, std::array{7, 33, 5}, std::array{65, 48, 17}})
+    c.push_back({Op::linear, N, in, out});
   return c;
 }
 
@@ -590,6 +616,153 @@ struct Runner {
     check("C", c.get(be), ref, bounds(ref, mag, K + 3, uc, us));
   }
 
+  // y (+=) x: 1 operation on |y| + |x|; then x (=) x · s: s rounded to the compute type and the product, 2 on |x s|.
+  void accumulate_scale(const OpCase& k) {
+    const size_t n = size_t(k.a);
+    const double sc = 0.3;
+    DevArray<T> y(be, randn(n, 40)), x(be, randn(n, 41));
+    be.accumulate(be.context(), y.p(), x.p(), n);
+    Vec ry(n), my(n);
+    for (size_t i = 0; i < n; ++i) ry[i] = y.host[i] + x.host[i], my[i] = std::fabs(y.host[i]) + std::fabs(x.host[i]);
+    check("accumulate", y.get(be), ry, bounds(ry, my, 1, uc, us));
+    be.scale(be.context(), x.p(), sc, n);
+    Vec rx(n), mx(n);
+    for (size_t i = 0; i < n; ++i) rx[i] = x.host[i] * sc, mx[i] = std::fabs(rx[i]);
+    check("scale", x.get(be), rx, bounds(rx, mx, 2, uc, us));
+  }
+
+  // x (=) x · σ(gate): σ's 6 operations (as swiglu's) and the product: 7 on |y|.
+  void sigmoid_gate(const OpCase& k) {
+    const size_t n = size_t(k.a);
+    DevArray<T> x(be, randn(n, 42)), g(be, randn(n, 43, 3.0));
+    be.sigmoid_gate(be.context(), x.p(), g.p(), n);
+    Vec r(n), m(n);
+    for (size_t i = 0; i < n; ++i) r[i] = x.host[i] / (1 + std::exp(-g.host[i])), m[i] = std::fabs(r[i]);
+    check("x", x.get(be), r, bounds(r, m, 7, uc, us));
+  }
+
+  // x (= in place) x · scale / sqrt(Σx² + ε): the sum (d + 1), sqrt (2, halving the sum's part), the division and
+  // the product: d/2 + 6 on |y|.
+  void l2norm(const OpCase& k) {
+    const int rows = k.a, dim = k.b;
+    const size_t n = size_t(rows) * dim;
+    const double eps = 1e-6, sc = 0.125;
+    DevArray<T> x(be, randn(n, 44));
+    be.l2norm_forward(be.context(), x.p(), rows, dim, eps, sc);
+    Vec r(n), m(n);
+    for (int q = 0; q < rows; ++q) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += x.host[size_t(q) * dim + i] * x.host[size_t(q) * dim + i];
+      for (int i = 0; i < dim; ++i) {
+        const size_t o = size_t(q) * dim + i;
+        r[o] = x.host[o] * sc / std::sqrt(ss + eps), m[o] = std::fabs(r[o]);
+      }
+    }
+    check("x", x.get(be), r, bounds(r, m, dim / 2.0 + 6, uc, us));
+  }
+
+  // y (=) w · (x · rstd) · silu(z): rstd as RMSNorm's (d/2 + 6), silu's 5, three products: d/2 + 14 on |y|.
+  void gated_rmsnorm(const OpCase& k) {
+    const int rows = k.a, dim = k.b;
+    const size_t n = size_t(rows) * dim;
+    const double eps = 1e-6;
+    DevArray<T> x(be, randn(n, 45)), z(be, randn(n, 46, 2.0)), w(be, randn(size_t(dim), 47, 0.5, 1.0)), y(be, Vec(n));
+    be.gated_rmsnorm_forward(be.context(), y.p(), x.p(), z.p(), w.p(), rows, dim, eps);
+    Vec r(n), m(n);
+    for (int q = 0; q < rows; ++q) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += x.host[size_t(q) * dim + i] * x.host[size_t(q) * dim + i];
+      const double rstd = 1 / std::sqrt(ss / dim + eps);
+      for (int i = 0; i < dim; ++i) {
+        const size_t o = size_t(q) * dim + i;
+        const double zz = z.host[o];
+        r[o] = w.host[size_t(i)] * (x.host[o] * rstd) * (zz / (1 + std::exp(-zz))), m[o] = std::fabs(r[o]);
+      }
+    }
+    check("y", y.get(be), r, bounds(r, m, dim / 2.0 + 14, uc, us));
+  }
+
+  // β (=) σ(b): 6 on |β|. g (=) −exp(a_log) · softplus(a + dt): the sum's absolute error u(|a| + |dt|) moves
+  // log softplus by at most that (d log softplus / dx = σ(x) / softplus(x) ≤ 1), then exp, log1p, exp (2 each) and
+  // the product: relative 7 + (|a| + |dt|), counted as n = 7 on M = |g| (1 + (|a| + |dt|)/7). Both in A.
+  void deltanet_gates(const OpCase& k) {
+    const int rows = k.a, heads = k.b;
+    const size_t n = size_t(rows) * heads;
+    Vec a0 = randn(n, 48, 4.0);
+    if (n > 2) a0[1] = 25.0;  // softplus's linear branch
+    DevArray<T> a(be, a0), b(be, randn(n, 49, 3.0)), a_log(be, randn(size_t(heads), 50, 0.5)),
+        dt(be, randn(size_t(heads), 51));
+    DevArray<A> g(be, Vec(n)), beta(be, Vec(n));
+    be.deltanet_gates_forward(be.context(), g.p(), beta.p(), a.p(), b.p(), a_log.p(), dt.p(), rows, heads);
+    Vec rg(n), mg(n), rb(n), mb(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int j = int(i % size_t(heads));
+      rb[i] = 1 / (1 + std::exp(-b.host[i])), mb[i] = rb[i];
+      const double x = a.host[i] + dt.host[size_t(j)], sp = x > 20 ? x : std::log1p(std::exp(x));
+      rg[i] = -std::exp(a_log.host[size_t(j)]) * sp;
+      mg[i] = std::fabs(rg[i]) * (1 + (std::fabs(a.host[i]) + std::fabs(dt.host[size_t(j)])) / 7);
+    }
+    check("beta", beta.get(be), rb, bounds(rb, mb, 6, uc, uc));
+    check("g", g.get(be), rg, bounds(rg, mg, 7, uc, uc));
+  }
+
+  // The first rot_dim dims rotate (rope's n = 4 with rot_dim as the period), the rest pass through exactly.
+  void rope_partial(const OpCase& k) {
+    const int rows = k.a, heads = 3, D = k.b, rot = k.c, half = rot / 2;
+    const size_t n = size_t(rows) * heads * D;
+    const double theta = 1e7;
+    const auto pos = positions(rows);
+    DevArray<int32_t> dpos = upload_pos(pos);
+    DevArray<T> x(be, randn(n, 52)), y(be, Vec(n, std::numeric_limits<double>::quiet_NaN()));
+    be.rope_partial_forward(be.context(), y.p(), x.p(), dpos.p(), rows, heads, D, rot, theta);
+    Vec r = x.host, m(n);
+    for (size_t i = 0; i < n; ++i) m[i] = std::fabs(x.host[i]);
+    for (int q = 0; q < rows; ++q)
+      for (int h = 0; h < heads; ++h) {
+        const size_t base = (size_t(q) * heads + h) * D;
+        for (int i = 0; i < half; ++i) {
+          const double ang = double(pos[size_t(q)]) * std::pow(theta, -2.0 * i / rot), c = std::cos(ang), s = std::sin(ang);
+          const double a = x.host[base + i], b = x.host[base + i + half];
+          r[base + i] = a * c - b * s, r[base + i + half] = b * c + a * s;
+          m[base + i] = std::fabs(a * c) + std::fabs(b * s), m[base + i + half] = std::fabs(b * c) + std::fabs(a * s);
+        }
+      }
+    check("y", y.get(be), r, bounds(r, m, 4, uc, us));
+  }
+
+  // y (=) x Wᵀ: an in-term dot (in + 1) on Σ|x||W|. Backward: dx (+=) dy W, an out-term dot and the accumulation
+  // (out + 2) on |init| + Σ|dy||W|; dW (+=, in A) dyᵀ x, an N-term dot (N + 2) on |init| + Σ|dy||x|.
+  void linear(const OpCase& k) {
+    const int N = k.a, in = k.b, out = k.c;
+    DevArray<T> x(be, randn(size_t(N) * in, 53)), W(be, randn(size_t(out) * in, 54)), y(be, Vec(size_t(N) * out));
+    DevArray<T> dy(be, randn(size_t(N) * out, 55)), dx(be, randn(size_t(N) * in, 56));
+    DevArray<A> dW(be, randn(size_t(out) * in, 57));
+    be.linear_forward(be.context(), y.p(), x.p(), W.p(), N, in, out);
+    be.linear_backward(be.context(), dx.p(), dW.p(), dy.p(), x.p(), W.p(), N, in, out);
+    Vec ry(size_t(N) * out), my(ry.size()), rdx = dx.host, mdx(rdx.size()), rdW = dW.host, mdW(rdW.size());
+    for (size_t i = 0; i < mdx.size(); ++i) mdx[i] = std::fabs(rdx[i]);
+    for (size_t i = 0; i < mdW.size(); ++i) mdW[i] = std::fabs(rdW[i]);
+    for (int r = 0; r < N; ++r)
+      for (int o = 0; o < out; ++o) {
+        double s = 0, sa = 0;
+        for (int i = 0; i < in; ++i) {
+          const double t = x.host[size_t(r) * in + i] * W.host[size_t(o) * in + i];
+          s += t, sa += std::fabs(t);
+        }
+        ry[size_t(r) * out + o] = s, my[size_t(r) * out + o] = sa;
+        const double g = dy.host[size_t(r) * out + o];
+        for (int i = 0; i < in; ++i) {
+          rdx[size_t(r) * in + i] += g * W.host[size_t(o) * in + i];
+          mdx[size_t(r) * in + i] += std::fabs(g * W.host[size_t(o) * in + i]);
+          rdW[size_t(o) * in + i] += g * x.host[size_t(r) * in + i];
+          mdW[size_t(o) * in + i] += std::fabs(g * x.host[size_t(r) * in + i]);
+        }
+      }
+    check("y", y.get(be), ry, bounds(ry, my, in + 1, uc, us));
+    check("dx", dx.get(be), rdx, bounds(rdx, mdx, out + 2, uc, us));
+    check("dW", dW.get(be), rdW, bounds(rdW, mdW, N + 2, uc, uc));
+  }
+
   void run(const OpCase& k) {
     switch (k.op) {
       case Op::residual: return residual(k);
@@ -600,6 +773,13 @@ struct Runner {
       case Op::vocab_loss_rows: return vocab_loss_rows(k);
       case Op::adamw: return adamw(k);
       case Op::gemm: return gemm(k);
+      case Op::accumulate_scale: return accumulate_scale(k);
+      case Op::sigmoid_gate: return sigmoid_gate(k);
+      case Op::l2norm: return l2norm(k);
+      case Op::gated_rmsnorm: return gated_rmsnorm(k);
+      case Op::deltanet_gates: return deltanet_gates(k);
+      case Op::rope_partial: return rope_partial(k);
+      case Op::linear: return linear(k);
     }
   }
 };
