@@ -1,10 +1,10 @@
-// The CUDA kernels' per-row / per-tile math (kernels/cuda/*_math.h, __host__ __device__) run on the CPU against
-// the CPU kernels: the attention mask enumeration and its inverse, the online-softmax tile merge (forward and the
-// recomputing backward, walked in the order the CUDA kernels walk them), RMSNorm (with the dw chunk partials),
-// RoPE and SwiGLU; and the vocab loss's row statistics (kernels/math/loss_rows.h, the one copy the CPU and CUDA
-// row passes call) merged from 256 strided partials as the CUDA block merges them, against the one-thread walk of
-// the CPU. Each op against a double reference on every backend: test_backend_ops.cpp. What only a GPU can check
-// (thread mapping, memory access, cuBLASLt) is in tests/cuda.
+// The CUDA kernels' per-row / per-tile math (kernels/cuda/*_math.h, __host__ __device__) walked on the CPU in the
+// order the CUDA kernels walk it, against the CPU kernels: the attention mask enumeration and its inverse, the
+// online-softmax tile merge (forward and the recomputing backward), RMSNorm's dw from the CUDA kernel's chunk
+// partials, and the vocab loss's row statistics (kernels/math/loss_rows.h) merged from 256 strided partials as the
+// CUDA block merges them, against the CPU's one-thread walk. The formulas of kernels/math/ have one copy, which
+// both backends call: each op against a double reference on every backend is test_backend_ops.cpp. What only a
+// GPU can check (thread mapping, memory access, cuBLASLt) is in tests/cuda.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,9 +14,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_dflash.h"
-#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/rmsnorm.h"
-#include "kernels/cpu/rope.h"
 #include "kernels/cpu/vocab_loss_rows.h"
 #include "kernels/cuda/attention_math.h"
 #include "kernels/cuda/norm_math.h"
@@ -366,7 +364,7 @@ TEST_CASE("cuda_math: loss row statistics merged from block partials equal the C
   }
 }
 
-// ---------------- RMSNorm, RoPE, SwiGLU ----------------
+// ---------------- RMSNorm (the CUDA walk: per-row sums, dw from per-chunk partials) ----------------
 
 // The CUDA RMSNorm: per-row Σ x² then rstd / y; backward per-row Σ g⊙n; dw from per-chunk column partials summed
 // over chunks in order. Float sums of ≤ 100 terms in another order: ~1e-6 relative.
@@ -411,47 +409,4 @@ TEST_CASE("cuda_math: RMSNorm row math and chunked dw partials match the CPU ker
     require_close(dx, dx_cpu, 1e-5, 1e-6, "dx");
     require_close(dw, dw_cpu, 1e-5, 1e-5, "dw");
   }
-}
-
-// Angles in double, cos/sin rounded to float, rotation in float on both sides: identical up to rounding of the
-// same operations (≤ 1 ulp), positions up to 1e5.
-TEST_CASE("cuda_math: RoPE rotation matches the CPU kernel forward and backward") {
-  const int rows = 5, heads = 3, D = 8;
-  const std::vector<int> pos = {0, 1, 17, 4095, 100000};
-  const auto x = random_floats(size_t(rows) * heads * D, 9);
-  std::vector<float> y_cpu(x.size()), dx_cpu(x.size(), 1.0f), y(x.size()), dx(x.size(), 1.0f);
-  cpu::rope_forward(y_cpu.data(), x.data(), pos.data(), rows, heads, D, 1e6);
-  cpu::rope_backward(dx_cpu.data(), x.data(), pos.data(), rows, heads, D, 1e6);
-  for (int r = 0; r < rows; ++r)
-    for (int i = 0; i < D / 2; ++i) {
-      float c, s;
-      cm::rope_cos_sin(pos[r], i, D, 1e6, c, s);
-      for (int h = 0; h < heads; ++h) {
-        const size_t o = (size_t(r) * heads + h) * D;
-        float a, b;
-        cm::rope_rotate(x[o + i], x[o + i + D / 2], c, s, a, b);
-        y[o + i] = a, y[o + i + D / 2] = b;
-        cm::rope_rotate(x[o + i], x[o + i + D / 2], c, -s, a, b);
-        dx[o + i] += a, dx[o + i + D / 2] += b;
-      }
-    }
-  require_close(y, y_cpu, 2e-7, 1e-7, "rope forward");
-  require_close(dx, dx_cpu, 2e-7, 1e-7, "rope backward");
-}
-
-TEST_CASE("cuda_math: SwiGLU forward and backward match the CPU kernel") {
-  const size_t n = 1000;
-  const auto gate = random_floats(n, 4, 4.0), up = random_floats(n, 5), dh = random_floats(n, 6);
-  std::vector<float> h_cpu(n), dg_cpu(n, 0.5f), du_cpu(n, -0.5f), h(n), dg = dg_cpu, du = du_cpu;
-  cpu::swiglu_forward(h_cpu.data(), gate.data(), up.data(), n);
-  cpu::swiglu_backward(dg_cpu.data(), du_cpu.data(), dh.data(), gate.data(), up.data(), n);
-  for (size_t i = 0; i < n; ++i) {
-    h[i] = cm::swiglu(gate[i], up[i]);
-    float a, b;
-    cm::swiglu_grad(dh[i], gate[i], up[i], a, b);
-    dg[i] += a, du[i] += b;
-  }
-  require_close(h, h_cpu, 2e-7, 1e-7, "swiglu");
-  require_close(dg, dg_cpu, 2e-7, 1e-7, "dgate");
-  require_close(du, du_cpu, 2e-7, 1e-7, "dup");
 }
