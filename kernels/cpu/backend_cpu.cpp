@@ -22,6 +22,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/rope_partial.h"
 #include "kernels/cpu/vocab_loss_rows.h"
+#include "kernels/math/adamw.h"
 #include "lib/core/error.h"
 
 namespace dflash::kernels {
@@ -246,13 +247,7 @@ class CpuBackend final : public Backend<T> {
   void adamw_step(ExecContext&, float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
                   size_t n, const AdamWCoeffs& k) override {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; ++i) {
-      const float g = grads[i];
-      m[i] = k.beta1 * m[i] + (1.0f - k.beta1) * g;
-      v[i] = k.beta2 * v[i] + (1.0f - k.beta2) * g * g;
-      if (k.decay != 0.0f && decay_mask[i]) params[i] -= k.decay * params[i];
-      params[i] -= k.step_size * m[i] / (std::sqrt(v[i]) * k.inv_sqrt_bc2 + k.eps);
-    }
+    for (size_t i = 0; i < n; ++i) math::adamw_update(params[i], grads[i], m[i], v[i], decay_mask[i] != 0, k);
   }
   double sum_squares(ExecContext&, const float* x, size_t n) override {
     double s = 0;

@@ -4,19 +4,18 @@
 #include <cassert>
 #include <cstring>
 
+#include "kernels/math/gates.h"
+#include "kernels/math/norm.h"
 #include "lib/core/error.h"
 
 namespace dflash::cpu {
 
-template <typename T>
-static inline T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
+// The element formulas are kernels/math/norm.h and gates.h, shared with the CUDA kernels.
 
 template <typename T>
 void swiglu_forward(T* h, const T* gate, const T* up, size_t n) {
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) h[i] = gate[i] * sigmoid(gate[i]) * up[i];
+  for (size_t i = 0; i < n; ++i) h[i] = kernels::math::swiglu(gate[i], up[i]);
 }
 
 // silu(g) = g·σ(g);  silu'(g) = σ(g) · (1 + g · (1 − σ(g)))
@@ -24,9 +23,10 @@ template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dh, const T* gate, const T* up, size_t n) {
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) {
-    const T s = sigmoid(gate[i]);
-    dgate[i] += dh[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
-    dup[i] += dh[i] * gate[i] * s;
+    T dg, du;
+    kernels::math::swiglu_grad(dh[i], gate[i], up[i], dg, du);
+    dgate[i] += dg;
+    dup[i] += du;
   }
 }
 
@@ -53,7 +53,7 @@ void embedding_forward(T* out, const T* table, const int32_t* ids, int rows, int
 template <typename T>
 void sigmoid_gate(T* x, const T* gate, size_t n) {
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) x[i] *= sigmoid(gate[i]);
+  for (size_t i = 0; i < n; ++i) x[i] = kernels::math::sigmoid_gate(x[i], gate[i]);
 }
 
 template <typename T>

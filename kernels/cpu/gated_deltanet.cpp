@@ -5,18 +5,13 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/math/gates.h"
 #include "lib/core/error.h"
 
 namespace dflash::cpu {
 
-namespace {
-
-template <typename T>
-T silu(T x) {
-  return x / (T(1) + std::exp(-x));
-}
-
-}  // namespace
+// The element formulas are kernels/math/gates.h (shared with the CUDA kernels).
+namespace km = kernels::math;
 
 template <typename T>
 void causal_conv1d_silu_forward(T* y, const T* x, const T* w, int S, int C, int K) {
@@ -26,9 +21,9 @@ void causal_conv1d_silu_forward(T* y, const T* x, const T* w, int S, int C, int 
       T acc = 0;
       for (int j = 0; j < K; ++j) {
         const int src = t - (K - 1) + j;
-        if (src >= 0) acc += w[size_t(c) * K + j] * x[size_t(src) * C + c];
+        if (src >= 0) acc = km::conv_tap(acc, w[size_t(c) * K + j], x[size_t(src) * C + c]);
       }
-      y[size_t(t) * C + c] = silu(acc);
+      y[size_t(t) * C + c] = km::silu(acc);
     }
   }
 }
@@ -40,7 +35,7 @@ void l2norm_forward(T* x, int rows, int dim, T eps, T scale) {
     T* row = x + size_t(r) * dim;
     T ss = 0;
     for (int i = 0; i < dim; ++i) ss += row[i] * row[i];
-    const T f = scale / std::sqrt(ss + eps);
+    const T f = km::l2norm_factor(ss, eps, scale);
     for (int i = 0; i < dim; ++i) row[i] *= f;
   }
 }
@@ -51,10 +46,8 @@ void deltanet_gates_forward(T* g, T* beta, const T* a, const T* b, const T* a_lo
   for (int t = 0; t < rows; ++t)
     for (int j = 0; j < heads; ++j) {
       const size_t i = size_t(t) * heads + j;
-      beta[i] = T(1) / (T(1) + std::exp(-b[i]));
-      const T x = a[i] + dt_bias[j];
-      const T softplus = x > T(20) ? x : std::log1p(std::exp(x));
-      g[i] = -std::exp(a_log[j]) * softplus;
+      beta[i] = km::deltanet_beta(b[i]);
+      g[i] = km::deltanet_g(a[i], dt_bias[j], a_log[j]);
     }
 }
 
@@ -67,8 +60,8 @@ void gated_rmsnorm_forward(T* y, const T* x, const T* z, const T* w, int rows, i
     T* yr = y + size_t(r) * dim;
     T ss = 0;
     for (int i = 0; i < dim; ++i) ss += xr[i] * xr[i];
-    const T rstd = T(1) / std::sqrt(ss / T(dim) + eps);
-    for (int i = 0; i < dim; ++i) yr[i] = w[i] * (xr[i] * rstd) * silu(zr[i]);
+    const T rstd = km::rmsnorm_rstd(ss, dim, eps);
+    for (int i = 0; i < dim; ++i) yr[i] = km::gated_rmsnorm_y(xr[i], rstd, w[i], zr[i]);
   }
 }
 

@@ -5,11 +5,14 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/math/norm.h"
 #include "lib/core/error.h"
 
 namespace dflash::cpu {
 
 namespace {
+
+namespace km = kernels::math;  // the row formulas, shared with the CUDA kernels
 
 // cos/sin of pos · inv_freq_i for positions [0, n_pos), computed in double once per (theta, head_dim) and kept
 // per thread: recomputing them per call costs more than the rotation itself for few heads.
@@ -28,8 +31,7 @@ struct RopeTable {
     cos_sin.resize(size_t(grown) * head_dim);
     for (int p = n_pos; p < grown; ++p)
       for (int i = 0; i < half; ++i) {
-        // angles in double: positions up to ~1e5 times frequencies near 1 lose digits in float
-        const double angle = double(p) * std::pow(theta, -2.0 * i / head_dim);
+        const double angle = km::rope_angle(p, i, head_dim, theta);  // in double (kernels/math/norm.h)
         cos_sin[size_t(p) * head_dim + 2 * i] = std::cos(angle);
         cos_sin[size_t(p) * head_dim + 2 * i + 1] = std::sin(angle);
       }
@@ -62,8 +64,8 @@ void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_d
       const T c = T(cs[2 * i]), s = T(sign * cs[2 * i + 1]);
       for (int h = 0; h < heads; ++h) {
         const size_t base = (size_t(r) * heads + h) * head_dim;
-        const T a = in[base + i], b = in[base + i + half];
-        const T ya = a * c - b * s, yb = b * c + a * s;
+        T ya, yb;
+        km::rope_rotate(in[base + i], in[base + i + half], c, s, ya, yb);
         if constexpr (Accumulate) {
           out[base + i] += ya;
           out[base + i + half] += yb;
@@ -73,6 +75,16 @@ void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_d
         }
       }
     }
+    // an odd head_dim's last dim has no partner: it passes through unrotated (the identity, in both directions), as
+    // in the fused head_norm_rope
+    if (head_dim % 2)
+      for (int h = 0; h < heads; ++h) {
+        const size_t last = (size_t(r) * heads + h) * head_dim + 2 * half;
+        if constexpr (Accumulate)
+          out[last] += in[last];
+        else
+          out[last] = in[last];
+      }
   }
 }
 
@@ -80,13 +92,13 @@ void rotate(T* out, const T* in, const int* pos, int rows, int heads, int head_d
 // T(0) + the rotated value, the same expressions as rotate's.
 template <typename T>
 T rotated_back(const T* g, const double* cs, int i, int half) {
-  // an odd head_dim's last dim passes through the fused forward unrotated: its adjoint is the identity (rope_backward
-  // leaves that dim out, so only even head dims match the two-op sequence in backward)
+  // an odd head_dim's last dim passes through unrotated: its adjoint is the identity (as rope_backward's)
   if (i >= 2 * half) return T(0) + g[i];
   const int p = i < half ? i : i - half;
   const T c = T(cs[2 * p]), s = T(-1.0 * cs[2 * p + 1]);
-  const T a = g[p], b = g[p + half];
-  return i < half ? T(0) + (a * c - b * s) : T(0) + (b * c + a * s);
+  T ya, yb;
+  km::rope_rotate(g[p], g[p + half], c, s, ya, yb);
+  return i < half ? T(0) + ya : T(0) + yb;
 }
 
 }  // namespace
@@ -106,15 +118,13 @@ void head_norm_rope_forward(T* y, T* rstd, const T* x, const T* w, const int* po
       // rmsnorm_forward's row
       T ss = 0;
       for (int i = 0; i < dim; ++i) ss += xr[i] * xr[i];
-      T s = T(1) / std::sqrt(ss / T(dim) + eps);
+      const T s = km::rmsnorm_rstd(ss, dim, eps);
       rstd[row] = s;
-      for (int i = 0; i < dim; ++i) yr[i] = xr[i] * s * w[i];
+      for (int i = 0; i < dim; ++i) yr[i] = km::rmsnorm_y(xr[i], s, w[i]);
       // rotate's pairs, in place on the normed head
       for (int i = 0; i < half; ++i) {
         const T c = T(cs[2 * i]), sn = T(1.0 * cs[2 * i + 1]);
-        const T a = yr[i], b = yr[i + half];
-        yr[i] = a * c - b * sn;
-        yr[i + half] = b * c + a * sn;
+        km::rope_rotate(T(yr[i]), T(yr[i + half]), c, sn, yr[i], yr[i + half]);
       }
     }
   }
@@ -139,9 +149,9 @@ void head_norm_rope_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, 
         // rmsnorm_backward's row
         const T s = rstd[row];
         T dot = 0;
-        for (int i = 0; i < dim; ++i) dot += g[size_t(i)] * w[i] * xr[i] * s;
+        for (int i = 0; i < dim; ++i) dot += km::rmsnorm_gn(g[size_t(i)], w[i], xr[i], s);
         const T mean_gn = dot / T(dim);
-        for (int i = 0; i < dim; ++i) dxr[i] += s * (g[size_t(i)] * w[i] - xr[i] * s * mean_gn);
+        for (int i = 0; i < dim; ++i) dxr[i] += km::rmsnorm_dx(g[size_t(i)], w[i], xr[i], s, mean_gn);
       }
     }
   }
@@ -153,7 +163,7 @@ void head_norm_rope_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, 
     T acc = 0;
     for (size_t row = 0; row < n_rows; ++row) {
       const T gi = rotated_back(dy + row * dim, tab.at(pos[row / size_t(heads)]), i, half);
-      acc += gi * x[row * dim + i] * rstd[row];
+      acc += km::rmsnorm_dw_term(gi, x[row * dim + i], rstd[row]);
     }
     dw[i] += acc;
   }

@@ -1,9 +1,9 @@
-// The optimizer's kernels on fp32 master weights: AdamW (cuda_math::adamw_update, the CPU's formula), the
-// deterministic Σ x² of the global gradient norm, and the gradient scale.
-#include "kernels/cuda/adamw_math.h"
+// The optimizer's kernels on fp32 master weights: AdamW (math::adamw_update, the function the CPU backend calls),
+// the deterministic Σ x² of the global gradient norm, and the gradient scale.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/math/adamw.h"
 
 namespace dflash::kernels::cuda {
 
@@ -13,7 +13,7 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
                              size_t n, AdamWCoeffs k) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     float p = params[i], mi = m[i], vi = v[i];
-    cuda_math::adamw_update(p, grads[i], mi, vi, decay_mask[i] != 0, k);
+    math::adamw_update(p, grads[i], mi, vi, decay_mask[i] != 0, k);
     params[i] = p;
     m[i] = mi;
     v[i] = vi;

@@ -12,14 +12,16 @@
 
 #include "kernels/attention_shape.h"  // DFLASH_HD
 #include "kernels/cuda/norm_math.h"    // sigmoidf
+#include "kernels/math/gates.h"
 
 namespace dflash::kernels::cuda_math {
 
 // Keys 0 .. past + i are visible to query row i of a call that continues a sequence of `past` cached positions.
 DFLASH_HD inline int causal_key_count(int past, int i) { return past + i + 1; }
 
-// silu(x) = x / (1 + e^−x), the CPU's form (kernels/cpu/gated_deltanet.cpp).
-DFLASH_HD inline float siluf(float x) { return x / (1.0f + expf(-x)); }
+// The element formulas (silu, the conv tap, l2norm, gated RMSNorm, the gates) are kernels/math/gates.h, the copy the
+// CPU kernels call: fp32 entry points only here.
+DFLASH_HD inline float siluf(float x) { return math::silu(x); }
 
 // The input of tap j (< K) of output row t sits at row t + j of [tail (K−1 rows) ; x (S rows)]: returns true with
 // its tail row, or false with its x row. The new tail after S rows is rows S .. S + K − 2 of the same
@@ -34,24 +36,20 @@ DFLASH_HD inline bool conv_tap_row(int t, int j, int K, int& row) {
   return false;
 }
 // One tap of the depthwise conv, accumulated in tap order j = 0 .. K−1 (the CPU's order).
-DFLASH_HD inline float conv_tap(float acc, float w, float x) { return acc + w * x; }
+DFLASH_HD inline float conv_tap(float acc, float w, float x) { return math::conv_tap(acc, w, x); }
 
 // l2norm's row factor scale / sqrt(Σx² + eps).
-DFLASH_HD inline float l2norm_factor(float sum_sq, float eps, float scale) { return scale / sqrtf(sum_sq + eps); }
+DFLASH_HD inline float l2norm_factor(float sum_sq, float eps, float scale) { return math::l2norm_factor(sum_sq, eps, scale); }
 
 // Gated RMSNorm's element w · (x · rstd) · silu(z), rstd = rmsnorm_rstd(Σx², dim, eps).
-DFLASH_HD inline float gated_rmsnorm_y(float x, float rstd, float w, float z) { return w * (x * rstd) * siluf(z); }
+DFLASH_HD inline float gated_rmsnorm_y(float x, float rstd, float w, float z) { return math::gated_rmsnorm_y(x, rstd, w, z); }
 
 // The attention output gate: x · sigmoid(gate).
-DFLASH_HD inline float sigmoid_gate(float x, float gate) { return x * sigmoidf(gate); }
+DFLASH_HD inline float sigmoid_gate(float x, float gate) { return math::sigmoid_gate(x, gate); }
 
 // Gated DeltaNet's gates: β = sigmoid(b); g = −exp(a_log) · softplus(a + dt_bias), softplus linear above 20.
-DFLASH_HD inline float deltanet_beta(float b) { return 1.0f / (1.0f + expf(-b)); }
-DFLASH_HD inline float deltanet_g(float a, float dt_bias, float a_log) {
-  const float x = a + dt_bias;
-  const float softplus = x > 20.0f ? x : log1pf(expf(x));
-  return -expf(a_log) * softplus;
-}
+DFLASH_HD inline float deltanet_beta(float b) { return math::deltanet_beta(b); }
+DFLASH_HD inline float deltanet_g(float a, float dt_bias, float a_log) { return math::deltanet_g(a, dt_bias, a_log); }
 
 // The gated delta rule, split as deltanet.cu's kernel runs it: each value column's dk state rows are cut into
 // kDeltaRowGroups consecutive slices of R rows (R ≥ ⌈dk / groups⌉, a multiple of 4; the last slices may hold

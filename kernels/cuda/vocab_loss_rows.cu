@@ -1,21 +1,22 @@
 // The vocab-loss row passes on logits in device memory (T = float or bf16; exponentials in float, sums over the
 // vocabulary in double, as on the CPU). One thread block per row; the per-element and per-row math is
-// cuda_math (loss_math.h), which the CPU tests check against kernels/cpu/vocab_loss_rows.h. Reductions are fixed
+// kernels/math/loss_rows.h, the functions the CPU row passes call (the CPU being one thread). Reductions are fixed
 // trees (deterministic). Unverified on GPU; simple over fast: up to three passes over the row from global memory,
 // each in 16-byte loads where the row is aligned (for_row: V = 248,320 bf16 is 31,040 packs of 8).
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/loss_math.h"
 #include "kernels/cuda/pack16.cuh"
+#include "kernels/math/loss_rows.h"
 
 namespace dflash::kernels::cuda {
 
 namespace {
 
-using cuda_math::RowMax;
-using cuda_math::RowPass2In;
-using cuda_math::RowSums;
+using RowMax = math::RowMax<float>;
+using RowPass2In = math::RowPass2In<float>;
+using RowSums = math::RowSums<float>;
+using GradRow = math::GradRow<float>;
 
 // f(v, z_v, u_v) for the elements of a row this thread owns: when both rows are 16-byte aligned, packs of
 // W = kPack<T> elements (thread t takes packs t, t + kThreads, …: 16-byte loads), then the V mod W tail one
@@ -55,14 +56,7 @@ __global__ void row_stats_kernel(const T* z, const T* u, int V, const int32_t* l
   for_row(zr, ur, V, -INFINITY, [&](int, float zv, float uv) { mx.add(zv, uv); });
   mx = block_merge(mx);
 
-  RowPass2In in;
-  in.zmax = mx.z;
-  in.umax = mx.u;
-  in.zy = to_f(zr[y]);
-  in.y = y;
-  in.tau1 = tau == 1.0;
-  in.inv_tau = float(1.0 / tau);
-  in.has_u = ur != nullptr;
+  const RowPass2In in = math::pass2_in(mx, to_f(zr[y]), y, tau, ur != nullptr);
   RowSums sums;
   if (isfinite(mx.z)) {  // block-uniform: every thread holds the same merged maximum
     for_row(zr, ur, V, 0.0f, [&](int v, float zv, float uv) { sums.add(in, v, zv, uv); });
@@ -70,17 +64,17 @@ __global__ void row_stats_kernel(const T* z, const T* u, int V, const int32_t* l
   }
 
   SumD excl;
-  if (isfinite(mx.z) && cuda_math::needs_excl_pass(mx, sums, y)) {  // block-uniform as well
+  if (isfinite(mx.z) && math::needs_excl_pass(mx, sums, y)) {  // block-uniform as well
     const float second = sums.second(mx.z);
     const T* no_u = nullptr;  // this pass reads z only
-    for_row(zr, no_u, V, 0.0f, [&](int v, float zv, float) { excl.v += cuda_math::excl_term(v, zv, sums.argmax, second); });
+    for_row(zr, no_u, V, 0.0f, [&](int v, float zv, float) { excl.v += math::excl_term(v, zv, sums.argmax, second); });
     excl = block_merge(excl);
   }
 
   if (tid == 0) {
     VocabLossRow s = rows[row];
     VocabLossRowValues out;
-    cuda_math::finish_row_stats(mx, sums, excl.v, in.zy, y, tau, top_k, ur != nullptr, s, out);
+    math::finish_row_stats(mx, sums, excl.v, in.zy, y, tau, top_k, ur != nullptr, s, out);
     out.scored = 1;
     rows[row] = s;
     values[row] = out;
@@ -91,8 +85,8 @@ template <typename T>
 __global__ void row_grad_kernel(T* z, const T* u, int V, const int32_t* labels, const float* weights,
                                 const VocabLossRow* rows, double grad_scale, VocabLossCoeffs k) {
   // raw bytes: a __shared__ variable cannot have GradRow's member initialisers; thread 0 writes it whole
-  DFLASH_SHARED_ALIGNED(alignof(cuda_math::GradRow), unsigned char, g_raw, [sizeof(cuda_math::GradRow)]);
-  cuda_math::GradRow& g_sh = *reinterpret_cast<cuda_math::GradRow*>(g_raw);
+  DFLASH_SHARED_ALIGNED(alignof(GradRow), unsigned char, g_raw, [sizeof(GradRow)]);
+  GradRow& g_sh = *reinterpret_cast<GradRow*>(g_raw);
   const int row = blockIdx.x, tid = threadIdx.x;
   T* zr = z + size_t(row) * V;
   const T* ur = u ? u + size_t(row) * V : nullptr;
@@ -100,18 +94,18 @@ __global__ void row_grad_kernel(T* z, const T* u, int V, const int32_t* labels, 
     const double c = grad_scale * double(weights[row]);
     const int y = labels[row];
     if (c == 0) {  // the statistics of a skipped row are not read (its argmax may be stale)
-      cuda_math::GradRow g;
+      GradRow g;
       g.zero = true;
       g_sh = g;
     } else {
       const VocabLossRow s = rows[row];
       const int m = s.argmax;
-      g_sh = cuda_math::grad_row_coeffs(s, y, to_f(zr[y]), to_f(zr[m]), ur ? to_f(ur[y]) : 0.0f,
+      g_sh = math::grad_row_coeffs(s, y, to_f(zr[y]), to_f(zr[m]), ur ? to_f(ur[y]) : 0.0f,
                                         ur ? to_f(ur[m]) : 0.0f, ur != nullptr, c, k);
     }
   }
   __syncthreads();
-  const cuda_math::GradRow g = g_sh;
+  const GradRow g = g_sh;
   // every element independently (the same bits in any partition): 16-byte packs when the rows allow, as for_row
   constexpr int W = kPack<T>;
   const int packs = pack_aligned<T, W>(zr) && (!ur || pack_aligned<T, W>(ur)) ? V / W : 0;
@@ -120,11 +114,11 @@ __global__ void row_grad_kernel(T* z, const T* u, int V, const int32_t* labels, 
     Pack<T, W> pu{};
     if (ur) pu = load_pack<W>(ur, size_t(j));
 #pragma unroll
-    for (int e = 0; e < W; ++e) pz.v[e] = from_f<T>(cuda_math::grad_element(g, to_f(pz.v[e]), ur ? to_f(pu.v[e]) : 0.0f));
+    for (int e = 0; e < W; ++e) pz.v[e] = from_f<T>(math::grad_element(g, to_f(pz.v[e]), ur ? to_f(pu.v[e]) : 0.0f));
     store_pack<W>(zr, size_t(j), pz);
   }
   for (int v = packs * W + tid; v < V; v += kThreads)
-    zr[v] = from_f<T>(cuda_math::grad_element(g, to_f(zr[v]), ur ? to_f(ur[v]) : 0.0f));
+    zr[v] = from_f<T>(math::grad_element(g, to_f(zr[v]), ur ? to_f(ur[v]) : 0.0f));
   __syncthreads();
   if (tid == 0 && !g.zero) {
     zr[g.y] = from_f<T>(float(g.at_y));

@@ -1,8 +1,10 @@
-// The CUDA kernels' per-row / per-tile math (kernels/cuda/*_math.h, __host__ __device__) run on the CPU against
-// the CPU kernels: the attention mask enumeration and its inverse, the online-softmax tile merge (forward and the
-// recomputing backward, walked in the order the CUDA kernels walk them), the vocab-loss row statistics and
-// gradient (block partials merged as the CUDA block merges them), RMSNorm (with the dw chunk partials), RoPE,
-// SwiGLU and AdamW. What only a GPU can check (thread mapping, memory access, cuBLASLt) is in tests/cuda.
+// The CUDA kernels' per-row / per-tile math (kernels/cuda/*_math.h, __host__ __device__) walked on the CPU in the
+// order the CUDA kernels walk it, against the CPU kernels: the attention mask enumeration and its inverse, the
+// online-softmax tile merge (forward and the recomputing backward), RMSNorm's dw from the CUDA kernel's chunk
+// partials, and the vocab loss's row statistics (kernels/math/loss_rows.h) merged from 256 strided partials as the
+// CUDA block merges them, against the CPU's one-thread walk. The formulas of kernels/math/ have one copy, which
+// both backends call: each op against a double reference on every backend is test_backend_ops.cpp. What only a
+// GPU can check (thread mapping, memory access, cuBLASLt) is in tests/cuda.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,21 +14,18 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_dflash.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/loss_exp.h"
 #include "kernels/cpu/rmsnorm.h"
-#include "kernels/cpu/rope.h"
 #include "kernels/cpu/vocab_loss_rows.h"
-#include "kernels/cuda/adamw_math.h"
 #include "kernels/cuda/attention_math.h"
-#include "kernels/cuda/loss_math.h"
 #include "kernels/cuda/norm_math.h"
+#include "kernels/math/loss_rows.h"
 #include "lib/core/rng.h"
 #include "test_util.h"
 
 using namespace dflash;
 using namespace dflash::kernels;
 namespace cm = dflash::kernels::cuda_math;
+namespace km = dflash::kernels::math;
 using dflash::test::random_floats;
 using dflash::test::require_close;
 
@@ -249,15 +248,6 @@ TEST_CASE("cuda_math: online-softmax tiles and the key-owned backward reproduce 
 
 // ---------------- vocab loss rows ----------------
 
-TEST_CASE("cuda_math: loss_expf is the CPU's loss_exp") {
-  for (float x = -100.f; x <= 100.f; x += 0.0137f) {
-    const float a = cm::loss_expf(x), b = cpu::loss_exp(x);
-    REQUIRE(std::fabs(a - b) <= 2e-7f * std::fabs(b));
-  }
-  CHECK(cm::loss_expf(0.0f) == 1.0f);  // RowSums::s_excl counts each tied maximum as exactly 1
-  CHECK(cm::loss_expf(-90.0f) == 0.0f);
-}
-
 namespace {
 
 // The CUDA block's view of one row: P threads, thread t takes v = t, t + P, …; partials merged in a tree.
@@ -273,23 +263,23 @@ S block_reduce(int V, int P, Add add) {
 
 void gpu_style_row_stats(const float* z, const float* u, int V, int y, double tau, int top_k, int P,
                          VocabLossRow& s, VocabLossRowValues& out) {
-  const cm::RowMax mx = block_reduce<cm::RowMax>(V, P, [&](cm::RowMax& m, int v) { m.add(z[v], u ? u[v] : -INFINITY); });
-  cm::RowPass2In in;
+  const km::RowMax<float> mx = block_reduce<km::RowMax<float>>(V, P, [&](km::RowMax<float>& m, int v) { m.add(z[v], u ? u[v] : -INFINITY); });
+  km::RowPass2In<float> in;
   in.zmax = mx.z, in.umax = mx.u, in.zy = z[y], in.y = y, in.tau1 = tau == 1.0, in.inv_tau = float(1.0 / tau);
   in.has_u = u != nullptr;
-  cm::RowSums sums;
+  km::RowSums<float> sums;
   if (std::isfinite(mx.z))
-    sums = block_reduce<cm::RowSums>(V, P, [&](cm::RowSums& r, int v) { r.add(in, v, z[v], u ? u[v] : 0.f); });
+    sums = block_reduce<km::RowSums<float>>(V, P, [&](km::RowSums<float>& r, int v) { r.add(in, v, z[v], u ? u[v] : 0.f); });
   struct SumD {
     double v = 0;
     void merge(const SumD& o) { v += o.v; }
   };
   SumD excl;
-  if (std::isfinite(mx.z) && cm::needs_excl_pass(mx, sums, y)) {
+  if (std::isfinite(mx.z) && km::needs_excl_pass(mx, sums, y)) {
     const float second = sums.second(mx.z);
-    excl = block_reduce<SumD>(V, P, [&](SumD& d, int v) { d.v += cm::excl_term(v, z[v], sums.argmax, second); });
+    excl = block_reduce<SumD>(V, P, [&](SumD& d, int v) { d.v += km::excl_term(v, z[v], sums.argmax, second); });
   }
-  cm::finish_row_stats(mx, sums, excl.v, z[y], y, tau, top_k, u != nullptr, s, out);
+  km::finish_row_stats(mx, sums, excl.v, z[y], y, tau, top_k, u != nullptr, s, out);
 }
 
 struct LossRowCase {
@@ -340,9 +330,10 @@ void check_row(const VocabLossRow& a, const VocabLossRow& b, const VocabLossRowV
 
 }  // namespace
 
-// Exponentials are the same float polynomial on both sides; only the order of the double sums differs (P = 256
-// strided partials vs one loop), ~V·2^-53 relative: 1e-10 is a loose bound that still catches any wrong term.
-TEST_CASE("cuda_math: loss row statistics (block partials + finish) match the CPU row_stats") {
+// The same functions on both sides; only the order of the double sums differs (P = 256 strided partials merged in a
+// tree vs one loop), ~V·2^-53 relative: 1e-10 is a loose bound that still catches a wrong merge (a lost partial, a
+// wrong argmax or tie count, a second maximum from the wrong side).
+TEST_CASE("cuda_math: loss row statistics merged from block partials equal the CPU's one-thread walk") {
   for (int V : {1, 7, 300, 4099}) {
     for (const LossRowCase& r : loss_rows(V, 100 + V)) {
       for (double tau : {1.0, 2.0}) {
@@ -373,36 +364,7 @@ TEST_CASE("cuda_math: loss row statistics (block partials + finish) match the CP
   }
 }
 
-TEST_CASE("cuda_math: loss row gradient (coefficients + element rule) matches the CPU row_grad") {
-  const VocabLossCoeffs coeff_sets[] = {{1, 0, 0, 1}, {1, 1, 0, 1}, {1, 0.5, 0, 2}, {1, 1, 0.2, 1}, {0.3, 1, 0.5, 1.7}};
-  for (int V : {2, 300, 4099}) {
-    for (const LossRowCase& r : loss_rows(V, 300 + V)) {
-      for (const VocabLossCoeffs& k : coeff_sets) {
-        for (bool with_u : {false, true}) {
-          const float* u = with_u ? r.u.data() : nullptr;
-          VocabLossRow s;
-          VocabLossRowValues vals;
-          cpu::row_stats<float>(r.z.data(), u, V, r.y, k.tau, 5, s, vals);
-          for (double c : {0.0, 0.37}) {
-            std::vector<float> want = r.z, got = r.z;
-            cpu::row_grad<float>(want.data(), u, V, r.y, s, c, k);
-            const cm::GradRow g = cm::grad_row_coeffs(s, r.y, r.z[r.y], r.z[s.argmax], u ? u[r.y] : 0.f,
-                                                      u ? u[s.argmax] : 0.f, u != nullptr, c, k);
-            for (int v = 0; v < V; ++v) got[v] = cm::grad_element(g, r.z[v], u ? u[v] : 0.f);
-            if (!g.zero) {
-              got[g.y] = float(g.at_y);
-              got[g.m] = float(g.at_m);
-            }
-            INFO("V " << V << " y " << r.y << " kl " << k.kl << " cap " << k.cap << " tau " << k.tau << " c " << c);
-            require_close(got, want, 1e-6, 1e-12, "d logits");
-          }
-        }
-      }
-    }
-  }
-}
-
-// ---------------- RMSNorm, RoPE, SwiGLU, AdamW ----------------
+// ---------------- RMSNorm (the CUDA walk: per-row sums, dw from per-chunk partials) ----------------
 
 // The CUDA RMSNorm: per-row Σ x² then rstd / y; backward per-row Σ g⊙n; dw from per-chunk column partials summed
 // over chunks in order. Float sums of ≤ 100 terms in another order: ~1e-6 relative.
@@ -447,67 +409,4 @@ TEST_CASE("cuda_math: RMSNorm row math and chunked dw partials match the CPU ker
     require_close(dx, dx_cpu, 1e-5, 1e-6, "dx");
     require_close(dw, dw_cpu, 1e-5, 1e-5, "dw");
   }
-}
-
-// Angles in double, cos/sin rounded to float, rotation in float on both sides: identical up to rounding of the
-// same operations (≤ 1 ulp), positions up to 1e5.
-TEST_CASE("cuda_math: RoPE rotation matches the CPU kernel forward and backward") {
-  const int rows = 5, heads = 3, D = 8;
-  const std::vector<int> pos = {0, 1, 17, 4095, 100000};
-  const auto x = random_floats(size_t(rows) * heads * D, 9);
-  std::vector<float> y_cpu(x.size()), dx_cpu(x.size(), 1.0f), y(x.size()), dx(x.size(), 1.0f);
-  cpu::rope_forward(y_cpu.data(), x.data(), pos.data(), rows, heads, D, 1e6);
-  cpu::rope_backward(dx_cpu.data(), x.data(), pos.data(), rows, heads, D, 1e6);
-  for (int r = 0; r < rows; ++r)
-    for (int i = 0; i < D / 2; ++i) {
-      float c, s;
-      cm::rope_cos_sin(pos[r], i, D, 1e6, c, s);
-      for (int h = 0; h < heads; ++h) {
-        const size_t o = (size_t(r) * heads + h) * D;
-        float a, b;
-        cm::rope_rotate(x[o + i], x[o + i + D / 2], c, s, a, b);
-        y[o + i] = a, y[o + i + D / 2] = b;
-        cm::rope_rotate(x[o + i], x[o + i + D / 2], c, -s, a, b);
-        dx[o + i] += a, dx[o + i + D / 2] += b;
-      }
-    }
-  require_close(y, y_cpu, 2e-7, 1e-7, "rope forward");
-  require_close(dx, dx_cpu, 2e-7, 1e-7, "rope backward");
-}
-
-TEST_CASE("cuda_math: SwiGLU forward and backward match the CPU kernel") {
-  const size_t n = 1000;
-  const auto gate = random_floats(n, 4, 4.0), up = random_floats(n, 5), dh = random_floats(n, 6);
-  std::vector<float> h_cpu(n), dg_cpu(n, 0.5f), du_cpu(n, -0.5f), h(n), dg = dg_cpu, du = du_cpu;
-  cpu::swiglu_forward(h_cpu.data(), gate.data(), up.data(), n);
-  cpu::swiglu_backward(dg_cpu.data(), du_cpu.data(), dh.data(), gate.data(), up.data(), n);
-  for (size_t i = 0; i < n; ++i) {
-    h[i] = cm::swiglu(gate[i], up[i]);
-    float a, b;
-    cm::swiglu_grad(dh[i], gate[i], up[i], a, b);
-    dg[i] += a, du[i] += b;
-  }
-  require_close(h, h_cpu, 2e-7, 1e-7, "swiglu");
-  require_close(dg, dg_cpu, 2e-7, 1e-7, "dgate");
-  require_close(du, du_cpu, 2e-7, 1e-7, "dup");
-}
-
-TEST_CASE("cuda_math: AdamW element update matches the CPU backend's adamw_step") {
-  const size_t n = 257;
-  auto p_cpu = random_floats(n, 1), g = random_floats(n, 2), m_cpu = random_floats(n, 3, 0.1),
-       v_cpu = random_floats(n, 4, 0.1);
-  for (auto& v : v_cpu) v = v * v;
-  std::vector<uint8_t> mask(n);
-  for (size_t i = 0; i < n; ++i) mask[i] = uint8_t(i % 3 != 0);
-  AdamWCoeffs k;
-  k.step_size = 1e-3f / (1 - 0.9f * 0.9f);
-  k.inv_sqrt_bc2 = 1.0f / std::sqrt(1 - 0.95f * 0.95f);
-  k.decay = 1e-3f * 0.1f;
-  auto p = p_cpu, m = m_cpu, v = v_cpu;
-  cpu_backend<float>().adamw_step(host_exec_context(), p_cpu.data(), g.data(), m_cpu.data(), v_cpu.data(),
-                                  mask.data(), n, k);
-  for (size_t i = 0; i < n; ++i) cm::adamw_update(p[i], g[i], m[i], v[i], mask[i] != 0, k);
-  require_close(p, p_cpu, 1e-7, 0, "params");
-  require_close(m, m_cpu, 1e-7, 0, "m");
-  require_close(v, v_cpu, 1e-7, 0, "v");
 }

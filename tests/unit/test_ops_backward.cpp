@@ -2,6 +2,7 @@
 // loss = Σ r ⊙ op(x) for a fixed random r, so d loss / d x = backward(dy = r). Tolerance: max rel err ≤ 1e-6.
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <vector>
 
 #include "fd_check.h"
@@ -77,6 +78,50 @@ TEST_CASE("rope backward matches finite differences and forward preserves norms"
   auto rx = fd_check(x, dx, loss);
   INFO(describe(rx));
   CHECK(rx.max_rel_err <= kTol);
+}
+
+// An odd head_dim's last dim has no rotation partner: forward passes it through, so its gradient is dy itself. The
+// two-op rope_backward used to leave it at zero (the fused head_norm_rope was right); y starts as NaN so that a dim
+// forward leaves unwritten fails too.
+TEST_CASE("rope backward at odd head_dim (the last dim passes through) matches finite differences") {
+  for (int hd : {1, 5, 9}) {
+    const int rows = 4, heads = 2;
+    std::vector<int> pos = {0, 3, 50, 1000};
+    Vec x = random_vector(rows * heads * hd, 21 + hd), r = random_vector(rows * heads * hd, 22 + hd);
+    Vec y(x.size(), std::numeric_limits<double>::quiet_NaN()), dx(x.size(), 0.0);
+    auto loss = [&] {
+      cpu::rope_forward(y.data(), x.data(), pos.data(), rows, heads, hd, 10000.0);
+      return dot(y, r);
+    };
+    loss();
+    CHECK(dot(y, y) == doctest::Approx(dot(x, x)).epsilon(1e-12));
+    for (int row = 0; row < rows * heads; ++row) CHECK(y[size_t(row) * hd + hd - 1] == x[size_t(row) * hd + hd - 1]);
+    cpu::rope_backward(dx.data(), r.data(), pos.data(), rows, heads, hd, 10000.0);
+    for (int row = 0; row < rows * heads; ++row) CHECK(dx[size_t(row) * hd + hd - 1] == r[size_t(row) * hd + hd - 1]);
+    auto rx = fd_check(x, dx, loss);
+    INFO("head_dim " << hd << ": " << describe(rx));
+    CHECK(rx.max_rel_err <= kTol);
+  }
+}
+
+// With the last dim passed through, the two-op backward (rope_backward into zeros, then rmsnorm_backward) is the
+// fused head_norm_rope_backward bit for bit at odd head_dim too (the even case: test_head_norm_rope.cpp).
+TEST_CASE("rope backward at odd head_dim: rope then rmsnorm backward equals the fused head_norm_rope_backward") {
+  for (int hd : {1, 5, 9}) {
+    const int rows = 3, heads = 2, n = rows * heads;
+    std::vector<int> pos = {0, 7, 300};
+    Vec x = random_vector(size_t(n) * hd, 31 + hd), w = random_vector(hd, 32 + hd), dy = random_vector(size_t(n) * hd, 33 + hd);
+    Vec y(x.size()), rstd(static_cast<size_t>(n)), g(x.size(), 0.0), dx_two(x.size(), 0.0), dw_two(hd, 0.0), dx_fused(x.size(), 0.0),
+        dw_fused(hd, 0.0);
+    cpu::head_norm_rope_forward(y.data(), rstd.data(), x.data(), w.data(), pos.data(), rows, heads, hd, 1e-6, 1e4);
+    cpu::rope_backward(g.data(), dy.data(), pos.data(), rows, heads, hd, 1e4);
+    cpu::rmsnorm_backward(dx_two.data(), dw_two.data(), g.data(), x.data(), w.data(), rstd.data(), n, hd);
+    cpu::head_norm_rope_backward(dx_fused.data(), dw_fused.data(), dy.data(), x.data(), w.data(), rstd.data(),
+                                 pos.data(), rows, heads, hd, 1e4);
+    INFO("head_dim " << hd);
+    CHECK(dx_two == dx_fused);
+    CHECK(dw_two == dw_fused);
+  }
 }
 
 TEST_CASE("swiglu backward matches finite differences") {
