@@ -16,11 +16,7 @@
 //   sliding layer (window > 0): context keys [max(0, a + j - (window-1)), a) + block keys [0, j]      (causal)
 // The anchor's own context row is never visible (strict <): its target state already encodes the next token.
 
-#if defined(__CUDACC__)
-#define DFLASH_HD __host__ __device__
-#else
-#define DFLASH_HD
-#endif
+#include "kernels/math/hd.h"  // DFLASH_HD
 
 namespace dflash::kernels {
 

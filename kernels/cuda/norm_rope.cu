@@ -121,15 +121,24 @@ __device__ inline void rope_cos_sin_at(const RopeTable& table, int p, int i, int
   }
 }
 
-// One thread per (row, i < rot_dim/2): the pair (i, i + rot_dim/2) of every head at that row's position, angle
-// pos · θ^(−2i/rot_dim). rot_dim = head_dim is plain RoPE; the dims past rot_dim are not touched here.
+// One thread per (row, i < ⌈rot_dim/2⌉): for i < rot_dim/2 the pair (i, i + rot_dim/2) of every head at that row's
+// position, angle pos · θ^(−2i/rot_dim); for an odd rot_dim, thread i = rot_dim/2 passes the last rotated dim
+// (2·(rot_dim/2)) through unrotated, as the CPU does (its adjoint is the identity: backward accumulates it).
+// rot_dim = head_dim is plain RoPE; the dims past rot_dim are not touched here.
 template <typename T>
 __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim, int rot_dim,
                             double theta, bool backward, RopeTable table) {
-  const int half = rot_dim / 2;
+  const int half = rot_dim / 2, per_row = (rot_dim + 1) / 2;
   const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (idx >= size_t(rows) * half) return;
-  const int r = int(idx / half), i = int(idx % half);
+  if (idx >= size_t(rows) * per_row) return;
+  const int r = int(idx / per_row), i = int(idx % per_row);
+  if (i == half) {  // odd rot_dim: the unpaired dim
+    for (int h = 0; h < heads; ++h) {
+      const size_t o = (size_t(r) * heads + h) * head_dim + 2 * half;
+      y[o] = backward ? from_f<T>(to_f(y[o]) + to_f(x[o])) : x[o];
+    }
+    return;
+  }
   float c, s;
   rope_cos_sin_at(table, pos[r], i, rot_dim, theta, c, s);
   if (backward) s = -s;  // Rᵀ = rotation by −angle
@@ -352,7 +361,7 @@ void launch_rope_table(cudaStream_t st, float* cs, int positions, int rot_dim, d
 template <typename T>
 void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                  double theta, bool backward, RopeTable table) {
-  const size_t n = size_t(rows) * (head_dim / 2);
+  const size_t n = size_t(rows) * ((head_dim + 1) / 2);
   if (!n) return;
   DFLASH_LAUNCH(unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st, rope_kernel<T>)(y, x, pos, rows, heads, head_dim,
                                                                                head_dim, theta, backward, table);
@@ -361,7 +370,7 @@ void launch_rope(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows
 template <typename T>
 void launch_rope_partial(cudaStream_t st, T* y, const T* x, const int32_t* pos, int rows, int heads, int head_dim,
                          int rot_dim, double theta, RopeTable table) {
-  const size_t n = size_t(rows) * (rot_dim / 2);
+  const size_t n = size_t(rows) * ((rot_dim + 1) / 2);
   if (n) {
     DFLASH_LAUNCH(unsigned((n + kThreads - 1) / kThreads), kThreads, 0, st, rope_kernel<T>)(y, x, pos, rows, heads, head_dim,
                                                                                  rot_dim, theta, false, table);

@@ -175,8 +175,7 @@ inline const char* op_name(Op op) {
 struct OpCase {
   Op op;
   int a = 0, b = 0, c = 0;
-  bool cuda = true;  // the CUDA backend takes this shape (its fused head_norm_rope: head_dim even ≤ 256; its
-                     // two-op rope does not pass an odd head_dim's last dim through, kernels/cuda/norm_rope.cu)
+  bool cuda = true;  // the CUDA backend takes this shape (its fused head_norm_rope: head_dim even ≤ 256)
   double tau = 1.0;
   bool with_u = true, trans_a = false, trans_b = false;
   double beta = 0.0;
@@ -199,7 +198,7 @@ inline std::vector<OpCase> op_cases() {
     c.push_back({Op::rmsnorm, rows, dim});
   for (auto [rows, heads, hd] : {std::array{1, 1, 2}, std::array{5, 3, 8}, std::array{9, 2, 64}, std::array{3, 4, 128}})
     c.push_back({Op::rope, rows, heads, hd});
-  for (int hd : {1, 5, 9}) c.push_back({Op::rope, 4, 2, hd, /*cuda=*/false});
+  for (int hd : {1, 5, 9}) c.push_back({Op::rope, 4, 2, hd});  // an odd head_dim's last dim passes through
   for (auto [rows, heads, hd] : {std::array{1, 1, 2}, std::array{5, 3, 8}, std::array{7, 2, 64}, std::array{3, 2, 256},
                                  std::array{2, 3, 30}})
     c.push_back({Op::head_norm_rope, rows, heads, hd});
