@@ -122,7 +122,12 @@ void set_value(TrainConfig& cfg, const ConfigKey& k, const YAML::Node& n, const 
         *std::get<std::string*>(field) = n.Scalar();
       }
       break;
-    case KeyType::kEnum: *std::get<std::string*>(field) = parse_enum(where, k, n, "key"); break;
+    case KeyType::kEnum: {
+      std::string choice = parse_enum(where, k, n, "key");
+      if (auto mode = std::get_if<model::VocabLossMode*>(&field)) **mode = *model::parse_vocab_loss_mode(choice);
+      else *std::get<std::string*>(field) = choice;
+      break;
+    }
     case KeyType::kIntList:
     case KeyType::kEnumList: {
       const bool ints = k.type == KeyType::kIntList;

@@ -1,6 +1,7 @@
 #pragma once
 // The training configuration: one typed struct per YAML section (run, layout, target, drafter, loss, optim, data,
-// ckpt, log, eval). The member initialisers below ARE the defaults; the key table in schema.cpp names every member
+// ckpt, log, eval). The member initialisers below ARE the defaults (the loss and optim sections inherit theirs from
+// the model's settings structs, so each default is written once); the key table in schema.cpp names every member
 // with its dotted path, type, range and help, and drives parsing, validation, printing, hashing and
 // docs/config.md. Adding a key = one member here + one row in schema.cpp + one row in docs/config.md.
 #include <cstdint>
@@ -8,6 +9,9 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "lib/model/adamw_settings.h"
+#include "lib/model/vocab_loss_settings.h"
 
 namespace dflash {
 
@@ -59,24 +63,18 @@ struct DrafterSection {
   std::string init;                   // warm start: an exported drafter, a checkpoint or a run folder; "" = random
 };
 
-struct LossSection {
-  int chunk_size = 1024;              // positions per vocab chunk: loss memory is O(chunk_size * V)
-  std::string mode = "recompute";     // recompute | fused (see docs/loss.md, "Chunking and the two schedules")
-  double ce_weight = 1;
-  double kl_weight = 0;
-  double kl_temperature = 1;
-  double cap_weight = 0;
-  int top_k = 4;                      // top-k hit metric
+// The loss keys ARE the model's loss settings (lib/model/vocab_loss_settings.h: chunk_size, mode, the weights,
+// kl_temperature, top_k, with their defaults written there once); the two below only shape the run (anchors and
+// position weights, lib/train/anchors.h). block_size is inherited but not a key: the run plan sets it from
+// drafter.block_size.
+struct LossSection : model::VocabLossSettings {
   double decay_gamma = 0;             // weight exp(-(k-1)/gamma); 0 = default_decay_gamma(B) (train/anchors.h)
   int anchors_per_seq = 512;          // anchors sampled per sequence per step (fewer if the mask allows fewer)
 };
 
-struct OptimSection {
-  double lr = 6e-4;
-  double weight_decay = 0;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
+// The optimizer keys: AdamW's constants ARE the model's settings (lib/model/adamw_settings.h: lr, weight_decay,
+// beta1, beta2, eps, with their defaults written there once), then the schedule, clipping and batching.
+struct OptimSection : model::AdamWSettings {
   double warmup_ratio = 0.04;         // linear warmup over this fraction of run.steps, then cosine
   double min_lr_ratio = 0.0;          // cosine floor as a fraction of lr
   double grad_clip = 1.0;             // global-norm clip; 0 = off

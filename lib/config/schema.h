@@ -14,8 +14,9 @@ enum class KeyType { kInt, kFloat, kBool, kString, kEnum, kIntList, kEnumList };
 const char* key_type_name(KeyType t);  // "int", "float", ... as in messages and docs
 
 // Where a key's value lives inside a TrainConfig.
+// kEnum keys are text (std::string) or, where the section is a model settings struct, that struct's enum.
 using FieldRef = std::variant<int*, int64_t*, double*, bool*, std::string*, std::vector<int>*,
-                              std::vector<std::string>*>;
+                              std::vector<std::string>*, model::VocabLossMode*>;
 
 // Allowed numeric interval (ints, floats, elements of int lists); open ends are exclusive.
 struct ValueRange {

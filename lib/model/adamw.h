@@ -5,14 +5,9 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "lib/model/adamw_settings.h"
 
 namespace dflash::model {
-
-struct AdamWSettings {
-  double lr = 6e-4;
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double weight_decay = 0.0;  // decoupled; applied only where decay_mask is 1 (matrices, not norm weights)
-};
 
 struct AdamWState {
   std::vector<float> m, v;  // [P] first and second moments, fp32

@@ -20,55 +20,180 @@ DFlashAttentionShape drafter_attention_shape(const DrafterConfig& c, int layer, 
 
 namespace {
 
-// The arrays of one forward + backward, in allocation order. drafter_arena_bytes adds up the same list, so the
-// arena's capacity is exactly the peak (a unit test checks arena.peak() against it).
-struct DrafterSizes {
-  size_t S, NB, H, Q, KV, I, NH, KVH, elem, acc;
-  DrafterSizes(const DrafterConfig& c, int seq_len, int n_anchors, size_t elem_bytes, size_t acc_bytes)
-      : S(size_t(seq_len)), NB(size_t(n_anchors) * c.block_size), H(size_t(c.hidden)),
+// The activation arena's arrays, declared once. Each bind_* below names every array of one stage with its element
+// count; its element type is the member's. Bound with ArenaBinder they are the pointers drafter_forward and
+// drafter_backward use; bound with ArenaMeter the same calls add up drafter_arena_bytes. So the arena's capacity is
+// exactly the peak (a unit test checks arena.peak() against it: it fails if a stage allocates outside its list).
+struct DrafterDims {
+  size_t S, N, NB, H, Q, KV, I, NH, KVH;
+  DrafterDims(const DrafterConfig& c, int seq_len, int n_anchors)
+      : S(size_t(seq_len)), N(size_t(n_anchors)), NB(size_t(n_anchors) * c.block_size), H(size_t(c.hidden)),
         Q(size_t(c.heads) * c.head_dim), KV(size_t(c.kv_heads) * c.head_dim), I(size_t(c.intermediate)),
-        NH(size_t(c.heads)), KVH(size_t(c.kv_heads)), elem(elem_bytes), acc(acc_bytes) {}
-  static size_t f(size_t bytes) { return Arena::footprint(bytes); }
-  size_t e(size_t n) const { return f(n * elem); }
-  size_t a(size_t n) const { return f(n * acc); }
-  size_t ints(size_t n) const { return f(n * sizeof(int32_t)); }
+        NH(size_t(c.heads)), KVH(size_t(c.kv_heads)) {}
+};
 
-  size_t forward_fixed(size_t N) const {
-    return ints(N) + ints(S) + ints(NB) + ints(NB) + e(S * H) + a(S) + e(S * H) + e(NB * H) + e(NB * H);
-  }
-  size_t forward_layer() const {
-    return a(NB) + e(NB * H) + e(NB * Q) + a(NB * NH) + e(NB * Q) + e(NB * KV) + a(NB * KVH) + e(NB * KV) +
-           e(NB * KV) + e(S * KV) + a(S * KVH) + e(S * KV) + e(S * KV) + e(NB * Q) + a(NB * NH) + e(NB * H) +
-           a(NB) + e(NB * H) + 3 * e(NB * I) + e(NB * H);
-  }
-  size_t forward_final() const { return a(NB) + e(NB * H); }
-  // backward: d_x, d_mid, d_ctx persist across layers; then the larger of one layer's scratch and d_fc_out.
-  size_t backward_fixed() const { return 2 * e(NB * H) + e(S * H); }
-  // d_h, d_gate, d_up; d_xn2; d_attn; d_q, d_kb, d_vb, d_kc, d_vc; d_qraw, d_kbraw, d_kcraw; d_xn
-  size_t backward_layer() const {
-    return 3 * e(NB * I) + e(NB * H) + e(NB * Q) + e(NB * Q) + 2 * e(NB * KV) + 2 * e(S * KV) + e(NB * Q) +
-           e(NB * KV) + e(S * KV) + e(NB * H);
+// Pointers from the arena, in call order.
+struct ArenaBinder {
+  Arena& arena;
+  template <typename U>
+  void operator()(U*& p, size_t count) { p = arena.alloc<U>(count); }
+};
+
+// The same, each array zeroed on the backend as it is bound: backward's gradients accumulate (+=) into them.
+template <typename T>
+struct ZeroedArenaBinder {
+  Arena& arena;
+  kernels::Backend<T>& be;
+  ExecContext& ec;
+  template <typename U>
+  void operator()(U*& p, size_t count) {
+    p = arena.alloc<U>(count);
+    be.zero(ec, p, count * sizeof(U));
   }
 };
+
+// The same calls counted: bytes as the arena takes them (alignment included) and the peak across rewinds.
+struct ArenaMeter {
+  size_t used = 0, peak = 0;
+  template <typename U>
+  void operator()(U*& p, size_t count) {
+    p = nullptr;
+    used += Arena::footprint(count * sizeof(U));
+    peak = std::max(peak, used);
+  }
+  size_t mark() const { return used; }  // as Arena::mark / rewind (ArenaScope in drafter_backward)
+  void rewind(size_t m) { used = m; }
+};
+
+// Forward: the bookkeeping, the context, the embedded block, each layer's saved activations, the final norm. All of
+// it stays until the next forward (backward reads it).
+template <typename T, class Bind>
+void bind_forward(Bind& b, DrafterActivations<T>& a, const DrafterDims& z, int layers) {
+  b(a.anchors_dev, z.N);
+  b(a.ctx_pos, z.S);
+  b(a.blk_pos, z.NB);
+  b(a.blk_tokens_dev, z.NB);
+  b(a.fc_out, z.S * z.H);
+  b(a.ctx_rstd, z.S);
+  b(a.ctx, z.S * z.H);
+  b(a.x_embed, z.NB * z.H);
+  b(a.proj_out, z.NB * z.H);
+  a.layer.assign(layers, DrafterLayerActs<T>{});
+  for (DrafterLayerActs<T>& s : a.layer) {
+    b(s.rstd_in, z.NB);
+    b(s.xn, z.NB * z.H);
+    b(s.q_raw, z.NB * z.Q);
+    b(s.q_rstd, z.NB * z.NH);
+    b(s.q, z.NB * z.Q);
+    b(s.kb_raw, z.NB * z.KV);
+    b(s.kb_rstd, z.NB * z.KVH);
+    b(s.kb, z.NB * z.KV);
+    b(s.vb, z.NB * z.KV);
+    b(s.kc_raw, z.S * z.KV);
+    b(s.kc_rstd, z.S * z.KVH);
+    b(s.kc, z.S * z.KV);
+    b(s.vc, z.S * z.KV);
+    b(s.attn, z.NB * z.Q);
+    b(s.lse, z.NB * z.NH);
+    b(s.x_mid, z.NB * z.H);
+    b(s.rstd_post, z.NB);
+    b(s.xn2, z.NB * z.H);
+    b(s.gate, z.NB * z.I);
+    b(s.up, z.NB * z.I);
+    b(s.h, z.NB * z.I);
+    b(s.x_out, z.NB * z.H);
+  }
+  b(a.rstd_final, z.NB);
+  b(a.out, z.NB * z.H);
+}
+
+// Backward, kept across the layers: d(residual stream) in two buffers that swap, and d(ctx) every layer adds into.
+template <typename T>
+struct DrafterBackwardStreams {
+  T* d_x = nullptr;    // [NB, H]
+  T* d_mid = nullptr;  // [NB, H]
+  T* d_ctx = nullptr;  // [S, H]
+};
+template <typename T, class Bind>
+void bind_backward_streams(Bind& b, DrafterBackwardStreams<T>& g, const DrafterDims& z) {
+  b(g.d_x, z.NB * z.H);
+  b(g.d_mid, z.NB * z.H);
+  b(g.d_ctx, z.S * z.H);
+}
+
+// Backward scratch of one layer (released before the next layer's).
+template <typename T>
+struct DrafterLayerGrads {
+  T *d_h, *d_gate, *d_up, *d_xn2;                  // [NB, I] x3, [NB, H]: the MLP
+  T* d_attn;                                       // [NB, NH*D]
+  T *d_q, *d_kb, *d_vb, *d_kc, *d_vc;              // attention inputs: [NB, NH*D], [NB, KVH*D] x2, [S, KVH*D] x2
+  T *d_qraw, *d_kbraw, *d_kcraw;                   // before q_norm / k_norm and RoPE
+  T* d_xn;                                         // [NB, H] input_layernorm output
+};
+template <typename T, class Bind>
+void bind_layer_grads(Bind& b, DrafterLayerGrads<T>& g, const DrafterDims& z) {
+  b(g.d_h, z.NB * z.I);
+  b(g.d_gate, z.NB * z.I);
+  b(g.d_up, z.NB * z.I);
+  b(g.d_xn2, z.NB * z.H);
+  b(g.d_attn, z.NB * z.Q);
+  b(g.d_q, z.NB * z.Q);
+  b(g.d_kb, z.NB * z.KV);
+  b(g.d_vb, z.NB * z.KV);
+  b(g.d_kc, z.S * z.KV);
+  b(g.d_vc, z.S * z.KV);
+  b(g.d_qraw, z.NB * z.Q);
+  b(g.d_kbraw, z.NB * z.KV);
+  b(g.d_kcraw, z.S * z.KV);
+  b(g.d_xn, z.NB * z.H);
+}
+
+// Backward scratch of the context (after the layers' is released): d(fc output).
+template <typename T, class Bind>
+void bind_context_grads(Bind& b, T*& d_fc_out, const DrafterDims& z) {
+  b(d_fc_out, z.S * z.H);
+}
+
+// The arena's peak over the stages in drafter_backward's order: forward, the streams, one layer's scratch (every
+// layer's is the same size and released before the next), then the context's.
+template <typename T>
+size_t arena_peak(const DrafterConfig& c, int seq_len, int n_anchors) {
+  const DrafterDims z(c, seq_len, n_anchors);
+  ArenaMeter m;
+  DrafterActivations<T> a;
+  bind_forward(m, a, z, c.layers);
+  DrafterBackwardStreams<T> streams;
+  bind_backward_streams(m, streams, z);
+  const size_t before_scratch = m.mark();
+  DrafterLayerGrads<T> layer;
+  bind_layer_grads(m, layer, z);
+  m.rewind(before_scratch);
+  T* d_fc_out = nullptr;
+  bind_context_grads(m, d_fc_out, z);
+  return m.peak;
+}
 
 }  // namespace
 
 size_t drafter_arena_bytes(const DrafterConfig& c, int seq_len, int n_anchors, size_t elem_bytes, size_t acc_bytes) {
-  const DrafterSizes z(c, seq_len, n_anchors, elem_bytes, acc_bytes);
-  const size_t fwd = z.forward_fixed(size_t(n_anchors)) + size_t(c.layers) * z.forward_layer() + z.forward_final();
-  return fwd + z.backward_fixed() + std::max(z.backward_layer(), z.e(z.S * z.H));
+  // the element types the backends instantiate: fp32 and double (CPU, CUDA fp32), bf16 with fp32 accumulators
+  if (elem_bytes == 4 && acc_bytes == 4) return arena_peak<float>(c, seq_len, n_anchors);
+  if (elem_bytes == 8 && acc_bytes == 8) return arena_peak<double>(c, seq_len, n_anchors);
+  DFLASH_CHECK(elem_bytes == 2 && acc_bytes == 4,
+               "drafter_arena_bytes: no drafter instantiation has {}-byte elements and {}-byte accumulators",
+               elem_bytes, acc_bytes);
+  return arena_peak<kernels::bf16>(c, seq_len, n_anchors);
 }
 
 template <typename T>
 void DrafterActivations<T>::reserve(MemoryKind kind, const DrafterConfig& cfg, int max_seq_len, int n_anchors) {
-  const size_t need = drafter_arena_bytes(cfg, max_seq_len, n_anchors, sizeof(T), sizeof(A));
+  const size_t need = arena_peak<T>(cfg, max_seq_len, n_anchors);
   if (arena.capacity() < need || arena.kind() != kind) arena = Arena(kind, need, "drafter activations");
 }
 
 template <typename T>
 void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const DrafterInputs<T>& in,
                      DrafterActivations<T>& a, const DrafterRuntime<T>& rt) {
-  using A = kernels::acc_t<T>;
   kernels::Backend<T>& be = rt.backend;
   ExecContext& ec = rt.exec;
   const int S = in.seq_len, N = in.n_anchors, B = c.block_size, H = c.hidden, D = c.head_dim;
@@ -99,51 +224,28 @@ void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const D
   a.reserve(be.memory(), c, S, N);  // a no-op when the arena already holds this size
   Arena& ar = a.arena;
   ar.reset();
-  auto t = [&](size_t n) { return ar.alloc<T>(n); };
-  auto acc = [&](size_t n) { return ar.alloc<A>(n); };
-  a.anchors_dev = ar.alloc<int32_t>(N);
-  a.ctx_pos = ar.alloc<int32_t>(S);
-  a.blk_pos = ar.alloc<int32_t>(NB);
-  a.blk_tokens_dev = ar.alloc<int32_t>(NB);
+  ArenaBinder bind{ar};
+  bind_forward(bind, a, DrafterDims(c, S, N), c.layers);  // every pointer below comes from this one list
   be.upload(ec, a.anchors_dev, a.anchors.data(), sizeof(int32_t) * N);
   be.upload(ec, a.ctx_pos, ctx_pos.data(), sizeof(int32_t) * S);
   be.upload(ec, a.blk_pos, blk_pos.data(), sizeof(int32_t) * NB);
   be.upload(ec, a.blk_tokens_dev, a.blk_tokens.data(), sizeof(int32_t) * NB);
 
   // context: ctx = hidden_norm(fc(taps))
-  a.fc_out = t(size_t(S) * H);
-  a.ctx_rstd = acc(S);
-  a.ctx = t(size_t(S) * H);
   be.linear_forward(ec, a.fc_out, in.taps, w.fc, S, c.n_taps * H, H);
   be.rmsnorm_forward(ec, a.ctx, a.ctx_rstd, a.fc_out, w.hidden_norm, S, H, eps);
 
-  a.x_embed = t(size_t(NB) * H);
   be.embedding_forward(ec, a.x_embed, in.embed, a.blk_tokens_dev, NB, H, c.vocab);
-  a.proj_out = t(size_t(NB) * H);  // o_proj / down_proj outputs before the residual add
 
-  a.layer.assign(c.layers, DrafterLayerActs<T>{});
   const T* x = a.x_embed;  // the residual stream entering layer l
   for (int l = 0; l < c.layers; ++l) {
     const DrafterLayerWeights<T>& lw = w.layers[l];
     DrafterLayerActs<T>& s = a.layer[l];
     s.x_in = x;
-    s.rstd_in = acc(NB);
-    s.xn = t(size_t(NB) * H);
     be.rmsnorm_forward(ec, s.xn, s.rstd_in, s.x_in, lw.input_norm, NB, H, eps);
 
     // projections: Q and block K/V from the block, context K/V from ctx with the same k/v weights;
     // q_norm / k_norm per head, then RoPE (block rows at anchor_b + j, context rows at their own positions)
-    s.q_raw = t(size_t(NB) * NH * D);
-    s.q_rstd = acc(size_t(NB) * NH);
-    s.q = t(size_t(NB) * NH * D);
-    s.kb_raw = t(size_t(NB) * KVH * D);
-    s.kb_rstd = acc(size_t(NB) * KVH);
-    s.kb = t(size_t(NB) * KVH * D);
-    s.vb = t(size_t(NB) * KVH * D);
-    s.kc_raw = t(size_t(S) * KVH * D);
-    s.kc_rstd = acc(size_t(S) * KVH);
-    s.kc = t(size_t(S) * KVH * D);
-    s.vc = t(size_t(S) * KVH * D);
     be.linear_forward(ec, s.q_raw, s.xn, lw.q_proj, NB, H, NH * D);
     be.linear_forward(ec, s.kb_raw, s.xn, lw.k_proj, NB, H, KVH * D);
     be.linear_forward(ec, s.vb, s.xn, lw.v_proj, NB, H, KVH * D);
@@ -154,32 +256,21 @@ void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const D
     be.head_norm_rope_forward(ec, s.kb, s.kb_rstd, s.kb_raw, lw.k_norm, a.blk_pos, NB, KVH, D, eps, c.rope_theta);
     be.head_norm_rope_forward(ec, s.kc, s.kc_rstd, s.kc_raw, lw.k_norm, a.ctx_pos, S, KVH, D, eps, c.rope_theta);
 
-    s.attn = t(size_t(NB) * NH * D);
-    s.lse = acc(size_t(NB) * NH);
     be.dflash_attention_forward(ec, s.attn, s.lse, s.q, s.kc, s.vc, s.kb, s.vb, a.anchors_dev,
                                 drafter_attention_shape(c, l, S, N));
 
-    s.x_mid = t(size_t(NB) * H);
     be.linear_forward(ec, a.proj_out, s.attn, lw.o_proj, NB, NH * D, H);
     be.residual_forward(ec, s.x_mid, s.x_in, a.proj_out, size_t(NB) * H);
 
-    s.rstd_post = acc(NB);
-    s.xn2 = t(size_t(NB) * H);
     be.rmsnorm_forward(ec, s.xn2, s.rstd_post, s.x_mid, lw.post_norm, NB, H, eps);
-    s.gate = t(size_t(NB) * I);
-    s.up = t(size_t(NB) * I);
-    s.h = t(size_t(NB) * I);
     be.linear_forward(ec, s.gate, s.xn2, lw.gate_proj, NB, H, I);
     be.linear_forward(ec, s.up, s.xn2, lw.up_proj, NB, H, I);
     be.swiglu_forward(ec, s.h, s.gate, s.up, size_t(NB) * I);
-    s.x_out = t(size_t(NB) * H);
     be.linear_forward(ec, a.proj_out, s.h, lw.down_proj, NB, I, H);
     be.residual_forward(ec, s.x_out, s.x_mid, a.proj_out, size_t(NB) * H);
     x = s.x_out;
   }
 
-  a.rstd_final = acc(NB);
-  a.out = t(size_t(NB) * H);
   be.rmsnorm_forward(ec, a.out, a.rstd_final, x, w.norm, NB, H, eps);
 }
 
@@ -193,17 +284,14 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
   const int NB = N * B, NH = c.heads, KVH = c.kv_heads, I = c.intermediate;
   Arena& ar = a.arena;
   ArenaScope backward_scratch(ar);  // everything below is freed when backward returns; the activations stay
-  auto zeros = [&](size_t n) {
-    T* p = ar.alloc<T>(n);
-    be.zero(ec, p, n * sizeof(T));
-    return p;
-  };
+  ZeroedArenaBinder<T> bind{ar, be, ec};
+  const DrafterDims z(c, S, N);
 
-  // final norm: d_x = d(x_L)
+  // final norm: d_x = d(x_L); every layer's context K/V add into d_ctx
   const T* x_last = c.layers > 0 ? a.layer.back().x_out : a.x_embed;
-  T* d_x = zeros(size_t(NB) * H);
-  T* d_mid = ar.alloc<T>(size_t(NB) * H);
-  T* d_ctx = zeros(size_t(S) * H);  // every layer's context K/V add into it
+  DrafterBackwardStreams<T> st;
+  bind_backward_streams(bind, st, z);
+  T *d_x = st.d_x, *d_mid = st.d_mid, *d_ctx = st.d_ctx;
   be.rmsnorm_backward(ec, d_x, g.norm, d_out, x_last, w.norm, a.rstd_final, NB, H);
 
   for (int l = c.layers - 1; l >= 0; --l) {
@@ -211,12 +299,13 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
     const DrafterLayerWeights<T>& lw = w.layers[l];
     DrafterLayerWeights<kernels::acc_t<T>>& lg = g.layers[l];
     const DrafterLayerActs<T>& s = a.layer[l];
+    DrafterLayerGrads<T> d;
+    bind_layer_grads(bind, d, z);
+    T *d_h = d.d_h, *d_gate = d.d_gate, *d_up = d.d_up, *d_xn2 = d.d_xn2, *d_attn = d.d_attn, *d_q = d.d_q;
+    T *d_kb = d.d_kb, *d_vb = d.d_vb, *d_kc = d.d_kc, *d_vc = d.d_vc, *d_qraw = d.d_qraw, *d_kbraw = d.d_kbraw;
+    T *d_kcraw = d.d_kcraw, *d_xn = d.d_xn;
 
     // MLP: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)); d_x is d(x_out)
-    T* d_h = zeros(size_t(NB) * I);
-    T* d_gate = zeros(size_t(NB) * I);
-    T* d_up = zeros(size_t(NB) * I);
-    T* d_xn2 = zeros(size_t(NB) * H);
     be.linear_backward(ec, d_h, lg.down_proj, d_x, s.h, lw.down_proj, NB, I, H);
     be.swiglu_backward(ec, d_gate, d_up, d_h, s.gate, s.up, size_t(NB) * I);
     be.linear_backward(ec, d_xn2, lg.gate_proj, d_gate, s.xn2, lw.gate_proj, NB, H, I);
@@ -225,20 +314,11 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
     be.rmsnorm_backward(ec, d_mid, lg.post_norm, d_xn2, s.x_mid, lw.post_norm, s.rstd_post, NB, H);
 
     // attention: x_mid = x_in + o_proj(attn)
-    T* d_attn = zeros(size_t(NB) * NH * D);
     be.linear_backward(ec, d_attn, lg.o_proj, d_mid, s.attn, lw.o_proj, NB, NH * D, H);
-    T* d_q = zeros(size_t(NB) * NH * D);
-    T* d_kb = zeros(size_t(NB) * KVH * D);
-    T* d_vb = zeros(size_t(NB) * KVH * D);
-    T* d_kc = zeros(size_t(S) * KVH * D);
-    T* d_vc = zeros(size_t(S) * KVH * D);
     be.dflash_attention_backward(ec, d_q, d_kc, d_vc, d_kb, d_vb, d_attn, s.attn, s.lse, s.q, s.kc, s.vc, s.kb,
                                  s.vb, a.anchors_dev, drafter_attention_shape(c, l, S, N));
 
     // RoPE, then q_norm / k_norm, back to the raw projections: one fused pass each (rmsnorm_backward of Rᵀ d)
-    T* d_qraw = zeros(size_t(NB) * NH * D);
-    T* d_kbraw = zeros(size_t(NB) * KVH * D);
-    T* d_kcraw = zeros(size_t(S) * KVH * D);
     be.head_norm_rope_backward(ec, d_qraw, lg.q_norm, d_q, s.q_raw, lw.q_norm, s.q_rstd, a.blk_pos, NB, NH, D,
                                c.rope_theta);
     be.head_norm_rope_backward(ec, d_kbraw, lg.k_norm, d_kb, s.kb_raw, lw.k_norm, s.kb_rstd, a.blk_pos, NB, KVH, D,
@@ -247,7 +327,6 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
                                c.rope_theta);
 
     // projections: block side into d_xn, context side into d_ctx (shared k/v weights get both)
-    T* d_xn = zeros(size_t(NB) * H);
     be.linear_backward(ec, d_xn, lg.q_proj, d_qraw, s.xn, lw.q_proj, NB, H, NH * D);
     be.linear_backward(ec, d_xn, lg.k_proj, d_kbraw, s.xn, lw.k_proj, NB, H, KVH * D);
     be.linear_backward(ec, d_xn, lg.v_proj, d_vb, s.xn, lw.v_proj, NB, H, KVH * D);
@@ -261,7 +340,8 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
   // d_x now holds d(embedding rows): the embedding is frozen, so it stops here.
 
   // context: ctx = hidden_norm(fc(taps)); the taps come from the frozen target, so no d(taps)
-  T* d_fc_out = zeros(size_t(S) * H);
+  T* d_fc_out = nullptr;
+  bind_context_grads(bind, d_fc_out, z);
   be.rmsnorm_backward(ec, d_fc_out, g.hidden_norm, d_ctx, a.fc_out, w.hidden_norm, a.ctx_rstd, S, H);
   be.linear_backward(ec, nullptr, g.fc, d_fc_out, in.taps, w.fc, S, c.n_taps * H, H);
 }

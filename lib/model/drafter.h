@@ -91,7 +91,9 @@ struct DrafterActivations {
   void reserve(MemoryKind kind, const DrafterConfig& cfg, int max_seq_len, int n_anchors);
 };
 
-// Bytes of arena one forward + backward on S positions and N anchors takes (alignment included): the peak.
+// Bytes of arena one forward + backward on S positions and N anchors takes (alignment included): the peak, metered
+// over the same array lists (drafter.cpp, bind_*) the forward and backward take their pointers from. elem_bytes /
+// acc_bytes pick the instantiation: 4/4 float, 8/8 double, 2/4 bf16; anything else is a dflash::Error.
 size_t drafter_arena_bytes(const DrafterConfig& cfg, int seq_len, int n_anchors, size_t elem_bytes,
                            size_t acc_bytes);
 

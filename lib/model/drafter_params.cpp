@@ -137,28 +137,34 @@ DrafterParams<T>& DrafterParams<T>::operator=(const DrafterParams& o) {
 
 template <typename T>
 DrafterWeights<T> DrafterWeights<T>::bind(const DrafterConfig& cfg, T* flat) {
-  // The layout's order is fixed (see drafter_param_layout): 11 tensors per layer, then fc, hidden_norm, norm.
+  // Each view by its export name in the layout (not by position), so reordering or adding tensors there cannot
+  // shift a view onto the wrong tensor.
   const std::vector<ParamInfo> layout = drafter_param_layout(cfg);
-  size_t i = 0;
-  auto next = [&] { return flat + layout[i++].offset; };
+  auto at = [&](const std::string& name) {
+    auto it = std::find_if(layout.begin(), layout.end(), [&](const ParamInfo& p) { return p.name == name; });
+    DFLASH_CHECK(it != layout.end(), "drafter parameter layout has no tensor '{}'", name);
+    return flat + it->offset;
+  };
   DrafterWeights<T> w;
   w.layers.resize(cfg.layers);
-  for (auto& l : w.layers) {
-    l.input_norm = next();
-    l.q_proj = next();
-    l.k_proj = next();
-    l.v_proj = next();
-    l.o_proj = next();
-    l.q_norm = next();
-    l.k_norm = next();
-    l.post_norm = next();
-    l.gate_proj = next();
-    l.up_proj = next();
-    l.down_proj = next();
+  for (int i = 0; i < cfg.layers; ++i) {
+    DrafterLayerWeights<T>& l = w.layers[i];
+    const std::string p = "layers." + std::to_string(i) + ".";
+    l.input_norm = at(p + "input_layernorm.weight");
+    l.q_proj = at(p + "self_attn.q_proj.weight");
+    l.k_proj = at(p + "self_attn.k_proj.weight");
+    l.v_proj = at(p + "self_attn.v_proj.weight");
+    l.o_proj = at(p + "self_attn.o_proj.weight");
+    l.q_norm = at(p + "self_attn.q_norm.weight");
+    l.k_norm = at(p + "self_attn.k_norm.weight");
+    l.post_norm = at(p + "post_attention_layernorm.weight");
+    l.gate_proj = at(p + "mlp.gate_proj.weight");
+    l.up_proj = at(p + "mlp.up_proj.weight");
+    l.down_proj = at(p + "mlp.down_proj.weight");
   }
-  w.fc = next();
-  w.hidden_norm = next();
-  w.norm = next();
+  w.fc = at("fc.weight");
+  w.hidden_norm = at("hidden_norm.weight");
+  w.norm = at("norm.weight");
   return w;
 }
 

@@ -21,26 +21,11 @@
 
 #include "kernels/backend.h"
 #include "lib/core/buffer.h"
+#include "lib/model/vocab_loss_settings.h"
 
 namespace dflash::model {
 
 using kernels::VocabLossRow;
-
-enum class VocabLossMode {
-  recompute,  // forward keeps per-row scalars; backward recomputes the chunk logits and writes dX (3F + 2F target)
-  fused,      // forward forms dX while the chunk is in memory; backward only scales (2F + 1F target)
-};
-
-struct VocabLossSettings {
-  int chunk_size = 2048;  // rows per chunk: scratch is chunk × V per logits buffer
-  VocabLossMode mode = VocabLossMode::recompute;
-  double ce_weight = 1.0;       // λ_ce
-  double kl_weight = 0.0;       // λ_kl (needs target_hidden)
-  double kl_temperature = 1.0;  // τ
-  double cap_weight = 0.0;      // λ_cap
-  int top_k = 5;                // a row is a top-k hit when its label ranks < top_k in the drafter logits
-  int block_size = 16;          // B: block positions k are 1..B-1
-};
 
 // One micro-batch of scored rows. Rows of one block are contiguous, with k increasing (the trainer's layout).
 // hidden and target_hidden live in the backend's memory; the per-row bookkeeping arrays are host arrays.

@@ -120,7 +120,6 @@ class EngineT final : public DrafterStep::Engine {
   ExecContext& exec_;
   model::DrafterParams<float> params_, grads_;  // host: master weights; gradients (the all-reduce runs on the host)
   model::AdamWState adam_;
-  model::AdamWSettings adam_settings_;
   std::vector<uint8_t> decay_mask_;  // [P] 1 on matrices, 0 on norm weights
   // the same in the backend's memory (fp32), the compute weights (T) and the frozen target tensors (T)
   BackendArray w_dev_, g_dev_, m_dev_, v_dev_, decay_dev_;
@@ -146,11 +145,6 @@ EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* em
   const model::DrafterConfig& c = plan.drafter;
   // same seed on every rank: identical initial weights without a broadcast
   params_.init_random(uint64_t(cfg.run.seed), cfg.drafter.init_std);
-  adam_settings_.lr = cfg.optim.lr;
-  adam_settings_.beta1 = cfg.optim.beta1;
-  adam_settings_.beta2 = cfg.optim.beta2;
-  adam_settings_.eps = cfg.optim.eps;
-  adam_settings_.weight_decay = cfg.optim.weight_decay;
   decay_mask_.assign(params_.flat.size(), 1);
   for (const model::ParamInfo& p : params_.layout)
     if (p.is_norm) std::fill(decay_mask_.begin() + p.offset, decay_mask_.begin() + p.offset + p.numel, 0);
@@ -385,7 +379,7 @@ StepResult EngineT<T>::run(int64_t step, const std::function<const FeaturePacket
   r.grad_norm = model::clip_global_norm(be, exec_, g_dev_.as<float>(), P, cfg_.optim.grad_clip);
   adam_.step += 1;
   model::adamw_update(be, exec_, w_dev_.as<float>(), g_dev_.as<float>(), m_dev_.as<float>(), v_dev_.as<float>(),
-               decay_dev_.as<uint8_t>(), P, adam_.step, adam_settings_, r.lr);
+               decay_dev_.as<uint8_t>(), P, adam_.step, cfg_.optim, r.lr);  // optim IS model::AdamWSettings
   refresh_compute_weights();
   be.synchronize(exec_);
   return r;

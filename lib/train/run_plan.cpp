@@ -65,13 +65,7 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
                t.layers, cfg.target.n_taps);
 
   const LossSection& l = cfg.loss;
-  p.loss.chunk_size = l.chunk_size;
-  p.loss.mode = l.mode == "fused" ? model::VocabLossMode::fused : model::VocabLossMode::recompute;
-  p.loss.ce_weight = l.ce_weight;
-  p.loss.kl_weight = l.kl_weight;
-  p.loss.kl_temperature = l.kl_temperature;
-  p.loss.cap_weight = l.cap_weight;
-  p.loss.top_k = l.top_k;
+  p.loss = l;  // the loss section is the model's settings (lib/model/vocab_loss_settings.h)
   p.loss.block_size = c.block_size;
   p.decay_gamma = l.decay_gamma > 0 ? l.decay_gamma : default_decay_gamma(c.block_size);
 

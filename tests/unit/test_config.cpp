@@ -56,7 +56,8 @@ TEST_CASE("config: defaults come from the struct and the required keys must be g
   CHECK(c.drafter.block_size == 16);
   CHECK(c.drafter.init_std == 0.02);
   CHECK(c.loss.chunk_size == 1024);
-  CHECK(c.loss.mode == "recompute");
+  CHECK(c.loss.mode == model::VocabLossMode::recompute);
+  CHECK(config_value(c, "loss.mode") == "recompute");  // the enum prints as the file spells it
   CHECK(c.loss.anchors_per_seq == 512);
   CHECK(c.optim.lr == 6e-4);
   CHECK(c.optim.beta2 == 0.95);
@@ -114,7 +115,8 @@ TEST_CASE("config: --set overrides apply after the file, with the same validatio
   CHECK(c.data.shuffle == false);
   CHECK(c.target.target_layer_ids == std::vector<int>{2, 9, 16, 23, 30});
   CHECK(c.run.out_dir == "/tmp/x: y");  // strings are taken verbatim
-  CHECK(c.loss.mode == "fused");
+  CHECK(c.loss.mode == model::VocabLossMode::fused);
+  CHECK(config_value(c, "loss.mode") == "fused");
   CHECK(c.source.at("optim.lr") == ConfigSource::kSet);
   // a --set can supply a required key
   TrainConfig d = load_config_text("target: {path: m}\ndata: {path: d.h5}\n", {"drafter.mask_token_id=7"}, "c.yaml");
@@ -257,4 +259,53 @@ TEST_CASE("config: docs/config.md documents every key") {
   std::stringstream ss;
   ss << f.rdbuf();
   for (const auto& k : config_schema()) CHECK_MESSAGE(ss.str().find("`" + k.path + "`") != std::string::npos, k.path);
+}
+
+TEST_CASE("config: the default column of docs/config.md is the struct's default, key by key") {
+  // The loss and optim sections inherit their defaults from the model's settings structs
+  // (lib/model/vocab_loss_settings.h, adamw_settings.h): the defaults users read must be the ones the code has.
+  namespace fs = std::filesystem;
+  fs::path doc = fs::path(__FILE__).parent_path().parent_path().parent_path() / "docs" / "config.md";
+  std::ifstream f(doc);
+  REQUIRE_MESSAGE(f.good(), "cannot read " << doc);
+  const TrainConfig defaults;
+  auto cells_of = [](const std::string& line) {  // split on '|' but not on the escaped "\|" inside a cell
+    std::vector<std::string> cells(1);
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '\\' && i + 1 < line.size() && line[i + 1] == '|') cells.back() += line[++i];
+      else if (line[i] == '|') cells.emplace_back();
+      else cells.back() += line[i];
+    }
+    return cells;
+  };
+  auto bare = [](std::string s) {  // " `\"x\"` " -> x
+    auto strip = [&](const char* chars) {
+      s.erase(0, s.find_first_not_of(chars));
+      s.erase(s.find_last_not_of(chars) + 1);
+    };
+    strip(" `");
+    strip("\"");
+    return s;
+  };
+  auto same = [](const std::string& doc_value, const std::string& value) {
+    char *e1 = nullptr, *e2 = nullptr;
+    double a = std::strtod(doc_value.c_str(), &e1), b = std::strtod(value.c_str(), &e2);
+    if (!doc_value.empty() && !value.empty() && *e1 == '\0' && *e2 == '\0') return a == b;  // 6e-4 == 0.0006
+    return doc_value == value;
+  };
+  int compared = 0;
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const auto cells = cells_of(line);
+    if (cells.size() < 4) continue;
+    const std::string key = bare(cells[1]);
+    if (!find_config_key(key)) continue;
+    const std::string doc_default = bare(cells[3]);
+    if (doc_default == "required") continue;
+    CHECK_MESSAGE(same(doc_default, config_value(defaults, key)), key << ": docs say " << doc_default
+                                                                      << ", the struct has "
+                                                                      << config_value(defaults, key));
+    ++compared;
+  }
+  CHECK(compared >= int(config_schema().size()) - 3);  // every key but the three required ones
 }

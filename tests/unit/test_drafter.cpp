@@ -179,6 +179,8 @@ TEST_CASE("drafter: the activation arena's size formula is its exact peak, and a
   std::vector<float> d_out(kAnchors.size() * c.block_size * c.hidden, 0.5f);
   model::DrafterParams<float> grads(c);
   model::drafter_backward(c, world.w, world.inputs(kAnchors), acts, d_out.data(), grads);
+  // drafter_arena_bytes meters the same bind_* lists forward and backward take their pointers from: an array
+  // allocated outside them (a stray arena.alloc in forward) makes this fail, or forward throw "exhausted"
   CHECK(acts.arena.peak() == need);  // forward + backward use every byte of the formula, and not one more
   CHECK(acts.arena.used() < need);   // backward's scratch is released; the activations stay
 
