@@ -198,7 +198,7 @@ void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const D
   ExecContext& ec = rt.exec;
   const int S = in.seq_len, N = in.n_anchors, B = c.block_size, H = c.hidden, D = c.head_dim;
   const int NB = N * B, NH = c.heads, KVH = c.kv_heads, I = c.intermediate;
-  const double eps = c.rms_eps;
+  const double eps = c.rms_norm_eps;
   DFLASH_CHECK(S > 0 && N > 0, "drafter forward: needs a sequence (S = {}) and anchors (N = {})", S, N);
 
   // host bookkeeping, validated here: kernels never check their input
@@ -242,7 +242,7 @@ void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const D
     const DrafterLayerWeights<T>& lw = w.layers[l];
     DrafterLayerActs<T>& s = a.layer[l];
     s.x_in = x;
-    be.rmsnorm_forward(ec, s.xn, s.rstd_in, s.x_in, lw.input_norm, NB, H, eps);
+    be.rmsnorm_forward(ec, s.xn, s.rstd_in, s.x_in, lw.input_layernorm, NB, H, eps);
 
     // projections: Q and block K/V from the block, context K/V from ctx with the same k/v weights;
     // q_norm / k_norm per head, then RoPE (block rows at anchor_b + j, context rows at their own positions)
@@ -262,7 +262,7 @@ void drafter_forward(const DrafterConfig& c, const DrafterWeights<T>& w, const D
     be.linear_forward(ec, a.proj_out, s.attn, lw.o_proj, NB, NH * D, H);
     be.residual_forward(ec, s.x_mid, s.x_in, a.proj_out, size_t(NB) * H);
 
-    be.rmsnorm_forward(ec, s.xn2, s.rstd_post, s.x_mid, lw.post_norm, NB, H, eps);
+    be.rmsnorm_forward(ec, s.xn2, s.rstd_post, s.x_mid, lw.post_attention_layernorm, NB, H, eps);
     be.linear_forward(ec, s.gate, s.xn2, lw.gate_proj, NB, H, I);
     be.linear_forward(ec, s.up, s.xn2, lw.up_proj, NB, H, I);
     be.swiglu_forward(ec, s.h, s.gate, s.up, size_t(NB) * I);
@@ -311,7 +311,7 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
     be.linear_backward(ec, d_xn2, lg.gate_proj, d_gate, s.xn2, lw.gate_proj, NB, H, I);
     be.linear_backward(ec, d_xn2, lg.up_proj, d_up, s.xn2, lw.up_proj, NB, H, I);
     be.copy(ec, d_mid, d_x, sizeof(T) * size_t(NB) * H);  // residual path
-    be.rmsnorm_backward(ec, d_mid, lg.post_norm, d_xn2, s.x_mid, lw.post_norm, s.rstd_post, NB, H);
+    be.rmsnorm_backward(ec, d_mid, lg.post_attention_layernorm, d_xn2, s.x_mid, lw.post_attention_layernorm, s.rstd_post, NB, H);
 
     // attention: x_mid = x_in + o_proj(attn)
     be.linear_backward(ec, d_attn, lg.o_proj, d_mid, s.attn, lw.o_proj, NB, NH * D, H);
@@ -334,7 +334,7 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
     be.linear_backward(ec, d_ctx, lg.v_proj, d_vc, a.ctx, lw.v_proj, S, H, KVH * D);
 
     // input_layernorm + residual: d(x_in) = d_mid + norm backward
-    be.rmsnorm_backward(ec, d_mid, lg.input_norm, d_xn, s.x_in, lw.input_norm, s.rstd_in, NB, H);
+    be.rmsnorm_backward(ec, d_mid, lg.input_layernorm, d_xn, s.x_in, lw.input_layernorm, s.rstd_in, NB, H);
     std::swap(d_x, d_mid);
   }
   // d_x now holds d(embedding rows): the embedding is frozen, so it stops here.

@@ -19,7 +19,7 @@ struct DrafterConfig {
   int vocab = 0;          // V: rows of the frozen target embedding / lm_head
   int mask_token_id = 0;  // reserved vocabulary row fed at block positions 1..B-1
   double rope_theta = 1e6;
-  double rms_eps = 1e-6;
+  double rms_norm_eps = 1e-6;  // as config.json spells it (the target's QwenConfig too)
   std::vector<int> window;  // [L]: 0 = full attention; w > 0 = sliding window of w positions (causal in block)
 
   // Throws dflash::Error naming the first inconsistent field.
@@ -41,7 +41,7 @@ void for_each_drafter_field(Config& c, F&& f) {
   f("vocab", c.vocab);
   f("mask_token_id", c.mask_token_id);
   f("rope_theta", c.rope_theta);
-  f("rms_eps", c.rms_eps);
+  f("rms_eps", c.rms_norm_eps);  // the checkpoint key keeps its name: existing state.json files load as before
   f("window", c.window);
 }
 

@@ -173,7 +173,7 @@ nlohmann::ordered_json drafter_config_json(const DrafterConfig& cfg, const Draft
   j["num_key_value_heads"] = cfg.kv_heads;
   j["head_dim"] = cfg.head_dim;
   j["num_hidden_layers"] = cfg.layers;
-  j["rms_norm_eps"] = cfg.rms_eps;
+  j["rms_norm_eps"] = cfg.rms_norm_eps;
   j["rope_theta"] = cfg.rope_theta;
   j["vocab_size"] = cfg.vocab;
   j["max_position_embeddings"] = info.max_position_embeddings;
@@ -254,7 +254,7 @@ ExportedDrafter load_exported_drafter(const std::string& dir) {
   c.kv_heads = json_field<int>(j, "num_key_value_heads", src);
   c.head_dim = json_field<int>(j, "head_dim", src);
   c.layers = json_field<int>(j, "num_hidden_layers", src);
-  c.rms_eps = json_field<double>(j, "rms_norm_eps", src);
+  c.rms_norm_eps = json_field<double>(j, "rms_norm_eps", src);
   c.rope_theta = json_field<double>(j, "rope_theta", src);
   c.vocab = json_field<int>(j, "vocab_size", src);
   c.block_size = json_field<int>(j, "block_size", src);

@@ -38,8 +38,8 @@ void DrafterConfig::validate() const {
                window.size(), layers);
   for (size_t l = 0; l < window.size(); ++l)
     DFLASH_USER_CHECK(window[l] >= 0, "drafter config: window of layer {} is {} (must be >= 0)", l, window[l]);
-  DFLASH_USER_CHECK(rope_theta > 0 && rms_eps > 0, "drafter config: rope_theta ({}) and rms_eps ({}) must be positive",
-               rope_theta, rms_eps);
+  DFLASH_USER_CHECK(rope_theta > 0 && rms_norm_eps > 0,
+                    "drafter config: rope_theta ({}) and rms_norm_eps ({}) must be positive", rope_theta, rms_norm_eps);
 }
 
 nlohmann::ordered_json drafter_config_to_json(const DrafterConfig& c) {
@@ -150,14 +150,14 @@ DrafterWeights<T> DrafterWeights<T>::bind(const DrafterConfig& cfg, T* flat) {
   for (int i = 0; i < cfg.layers; ++i) {
     DrafterLayerWeights<T>& l = w.layers[i];
     const std::string p = "layers." + std::to_string(i) + ".";
-    l.input_norm = at(p + "input_layernorm.weight");
+    l.input_layernorm = at(p + "input_layernorm.weight");
     l.q_proj = at(p + "self_attn.q_proj.weight");
     l.k_proj = at(p + "self_attn.k_proj.weight");
     l.v_proj = at(p + "self_attn.v_proj.weight");
     l.o_proj = at(p + "self_attn.o_proj.weight");
     l.q_norm = at(p + "self_attn.q_norm.weight");
     l.k_norm = at(p + "self_attn.k_norm.weight");
-    l.post_norm = at(p + "post_attention_layernorm.weight");
+    l.post_attention_layernorm = at(p + "post_attention_layernorm.weight");
     l.gate_proj = at(p + "mlp.gate_proj.weight");
     l.up_proj = at(p + "mlp.up_proj.weight");
     l.down_proj = at(p + "mlp.down_proj.weight");

@@ -27,18 +27,18 @@ inline size_t param_count(const std::vector<ParamInfo>& layout) {
 inline size_t drafter_param_count(const DrafterConfig& cfg) { return param_count(drafter_param_layout(cfg)); }
 
 template <typename T>
-struct DrafterLayerWeights {
-  T* input_norm;  // [H]         input_layernorm
-  T* q_proj;      // [NH*D, H]
-  T* k_proj;      // [KVH*D, H]  shared by context and block keys
-  T* v_proj;      // [KVH*D, H]
-  T* o_proj;      // [H, NH*D]
-  T* q_norm;      // [D]         per-head RMSNorm before RoPE
-  T* k_norm;      // [D]
-  T* post_norm;   // [H]         post_attention_layernorm
-  T* gate_proj;   // [I, H]
-  T* up_proj;     // [I, H]
-  T* down_proj;   // [H, I]
+struct DrafterLayerWeights {  // the Hugging Face names, as the target's TargetLayer
+  T* input_layernorm;           // [H]
+  T* q_proj;                    // [NH*D, H]
+  T* k_proj;                    // [KVH*D, H]  shared by context and block keys
+  T* v_proj;                    // [KVH*D, H]
+  T* o_proj;                    // [H, NH*D]
+  T* q_norm;                    // [D]         per-head RMSNorm before RoPE
+  T* k_norm;                    // [D]
+  T* post_attention_layernorm;  // [H]
+  T* gate_proj;                 // [I, H]
+  T* up_proj;                   // [I, H]
+  T* down_proj;                 // [H, I]
 };
 
 // Named views of every drafter tensor over one flat buffer in the layout of drafter_param_layout (host or device

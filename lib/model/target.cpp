@@ -259,13 +259,13 @@ void EngineT<T>::load_layer(int l) {
   const int64_t H = c.hidden;
   TargetLayer<T>& L = layers_[size_t(l)];
   const LayerReader r{ckpt_, c, l};
-  std::vector<float> input_norm, post_norm, wgate, wup, wdown;
-  r.rows("input_layernorm", {H}, 0, H, input_norm);
-  r.rows("post_attention_layernorm", {H}, 0, H, post_norm);
-  fold_norm_offset(c, input_norm);
-  fold_norm_offset(c, post_norm);
-  L.input_norm = upload(input_norm);
-  L.post_norm = upload(post_norm);
+  std::vector<float> input_layernorm, post_attention_layernorm, gate_proj, up_proj, down_proj;
+  r.rows("input_layernorm", {H}, 0, H, input_layernorm);
+  r.rows("post_attention_layernorm", {H}, 0, H, post_attention_layernorm);
+  fold_norm_offset(c, input_layernorm);
+  fold_norm_offset(c, post_attention_layernorm);
+  L.input_layernorm = upload(input_layernorm);
+  L.post_attention_layernorm = upload(post_attention_layernorm);
   L.linear = c.is_linear(l);
   if (L.linear) {
     load_linear_attention(l, L);
@@ -277,12 +277,12 @@ void EngineT<T>::load_layer(int l) {
     load_moe(l, L);
     return;
   }
-  r.rows("mlp.gate_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, wgate);
-  L.wgate = upload(wgate);
-  r.rows("mlp.up_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, wup);
-  L.wup = upload(wup);
-  r.cols("mlp.down_proj", {H, c.intermediate}, shard_.mlp_begin, shard_.mlp_end, wdown);
-  L.wdown = upload(wdown);
+  r.rows("mlp.gate_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, gate_proj);
+  L.gate_proj = upload(gate_proj);
+  r.rows("mlp.up_proj", {c.intermediate, H}, shard_.mlp_begin, shard_.mlp_end, up_proj);
+  L.up_proj = upload(up_proj);
+  r.cols("mlp.down_proj", {H, c.intermediate}, shard_.mlp_begin, shard_.mlp_end, down_proj);
+  L.down_proj = upload(down_proj);
 }
 
 template <typename T>
@@ -302,13 +302,13 @@ void EngineT<T>::load_attention(int l, TargetLayer<T>& L) {
   // hybrid q_proj: per head [query | output gate], 2·head_dim rows each
   const int64_t qf = c.hybrid ? 2 : 1;
   r.rows("self_attn.q_proj", {qf * c.heads * hd, H}, qf * q0, qf * (q0 + qd), w);
-  L.wq = upload(w);
+  L.q_proj = upload(w);
   r.rows("self_attn.k_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, w);
-  L.wk = upload(w);
+  L.k_proj = upload(w);
   r.rows("self_attn.v_proj", {c.kv_heads * hd, H}, kv0, kv0 + kvd, w);
-  L.wv = upload(w);
+  L.v_proj = upload(w);
   r.cols("self_attn.o_proj", {H, c.heads * hd}, q0, q0 + qd, w);
-  L.wo = upload(w);
+  L.o_proj = upload(w);
 }
 
 template <typename T>
@@ -370,9 +370,9 @@ void EngineT<T>::load_moe(int l, TargetLayer<T>& L) {
     r.rows("mlp.shared_expert.gate_proj", {Is, H}, shard_.mlp_begin, shard_.mlp_end, gate_s);
     r.rows("mlp.shared_expert.up_proj", {Is, H}, shard_.mlp_begin, shard_.mlp_end, up_s);
     r.cols("mlp.shared_expert.down_proj", {H, Is}, shard_.mlp_begin, shard_.mlp_end, down_s);
-    L.wgate = upload(gate_s);
-    L.wup = upload(up_s);
-    L.wdown = upload(down_s);
+    L.gate_proj = upload(gate_s);
+    L.up_proj = upload(up_s);
+    L.down_proj = upload(down_s);
   }
   L.router = upload(w);
   const std::string base = fmt::format("{}layers.{}.mlp.experts.", c.weight_prefix, l);
@@ -578,7 +578,7 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   for (int l = 0; l < c.layers; ++l) {
     const TargetLayer<T>& L = layers_[size_t(l)];
     // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
-    be.rmsnorm_forward(ctx, h, rstd, x, L.input_norm.data(), S, H, eps);
+    be.rmsnorm_forward(ctx, h, rstd, x, L.input_layernorm.data(), S, H, eps);
     const size_t li = size_t(l);
     Timer part_timer;  // on a device backend: launch time (plus any wait for the stream)
     if (L.linear) {
@@ -595,16 +595,16 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
 
     // MLP: column-parallel gate/up over this rank's channels, row-parallel down + all-reduce
     part_timer.reset();
-    be.rmsnorm_forward(ctx, h, rstd, x, L.post_norm.data(), S, H, eps);
+    be.rmsnorm_forward(ctx, h, rstd, x, L.post_attention_layernorm.data(), S, H, eps);
     if (L.moe) {  // routed experts: this rank's experts' share, joined by the same all-reduce
       moe_forward<T>(be, activations_, part, h, S, L, c, shard_, routing_);
       const int64_t e0 = shard_.expert_begin, e1 = e0 + shard_.expert_count;
       stats_.expert_rows += routing_.expert_start[size_t(e1)] - routing_.expert_start[size_t(e0)];
     } else {
-      shard_linear<T>(be, gate, h, L.wgate.data(), S, H, ic);
-      shard_linear<T>(be, up, h, L.wup.data(), S, H, ic);
+      shard_linear<T>(be, gate, h, L.gate_proj.data(), S, H, ic);
+      shard_linear<T>(be, up, h, L.up_proj.data(), S, H, ic);
       be.swiglu_forward(ctx, up, gate, up, s * size_t(ic));
-      shard_linear<T>(be, part, up, L.wdown.data(), S, ic, H);
+      shard_linear<T>(be, part, up, L.down_proj.data(), S, ic, H);
     }
     stats_.mlp_seconds += part_timer.seconds();
     timed_allreduce(part, sh, f32);

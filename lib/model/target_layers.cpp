@@ -13,8 +13,9 @@ namespace dflash::model {
 template <typename T>
 size_t TargetLayer<T>::elements() const {
   size_t n = 0;
-  for (const TargetWeight<T>* w : {&input_norm, &wq, &wk, &wv, &q_norm, &k_norm, &wo, &post_norm, &wgate, &wup, &wdown,
-                                   &w_qkv, &conv, &w_z, &w_b, &w_a, &a_log, &dt_bias, &gated_norm, &w_out, &router,
+  for (const TargetWeight<T>* w : {&input_layernorm, &q_proj, &k_proj, &v_proj, &q_norm, &k_norm, &o_proj,
+                                   &post_attention_layernorm, &gate_proj, &up_proj, &down_proj, &w_qkv, &conv, &w_z,
+                                   &w_b, &w_a, &a_log, &dt_bias, &gated_norm, &w_out, &router,
                                    &expert_gate, &expert_up, &expert_down})
     n += w->size();
   return n;
@@ -75,14 +76,14 @@ void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T
     // q_proj rows come per head as [query (hd) | gate (hd)]
     T* qg = scratch.alloc<T>(s * 2 * qd);
     gate = scratch.alloc<T>(s * qd);
-    shard_linear(be, qg, h, L.wq.data(), S, H, 2 * qd);
+    shard_linear(be, qg, h, L.q_proj.data(), S, H, 2 * qd);
     be.copy_strided(ctx, q, hd, qg, 2 * hd, S * qh, hd);
     be.copy_strided(ctx, gate, hd, qg + hd, 2 * hd, S * qh, hd);
   } else {
-    shard_linear(be, q, h, L.wq.data(), S, H, qd);
+    shard_linear(be, q, h, L.q_proj.data(), S, H, qd);
   }
-  shard_linear(be, k, h, L.wk.data(), S, H, kvd);
-  shard_linear(be, v, h, L.wv.data(), S, H, kvd);
+  shard_linear(be, k, h, L.k_proj.data(), S, H, kvd);
+  shard_linear(be, v, h, L.v_proj.data(), S, H, kvd);
   if (c.rotary_dim == hd) {  // per-head q/k norm and RoPE in one pass each
     be.head_norm_rope_forward(ctx, q, rstd, q, L.q_norm.data(), pos, S, qh, hd, c.rms_norm_eps, c.rope_theta);
     be.head_norm_rope_forward(ctx, k, rstd, k, L.k_norm.data(), pos, S, kvh, hd, c.rms_norm_eps, c.rope_theta);
@@ -108,7 +109,7 @@ void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T
     be.attention_cached_forward(ctx, attn, q, kk, vv, S, past, qh, kvh, hd);
   }
   if (c.hybrid) be.sigmoid_gate(ctx, attn, gate, s * size_t(qd));
-  shard_linear(be, part, attn, L.wo.data(), S, qd, H);
+  shard_linear(be, part, attn, L.o_proj.data(), S, qd, H);
 }
 
 template <typename T>
@@ -273,10 +274,10 @@ void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, i
     // the shared expert over this rank's channels (split like a dense MLP), each token's row scaled by its gate
     T* sg = scratch.alloc<T>(s * size_t(ic));
     T* su = scratch.alloc<T>(s * size_t(ic));
-    shard_linear(be, sg, h, L.wgate.data(), S, H, ic);
-    shard_linear(be, su, h, L.wup.data(), S, H, ic);
+    shard_linear(be, sg, h, L.gate_proj.data(), S, H, ic);
+    shard_linear(be, su, h, L.up_proj.data(), S, H, ic);
     be.swiglu_forward(ctx, su, sg, su, s * size_t(ic));
-    shard_linear(be, part, su, L.wdown.data(), S, ic, H);
+    shard_linear(be, part, su, L.down_proj.data(), S, ic, H);
     // each token's row scaled by its gate, in one launch
     using A = kernels::acc_t<T>;
     const std::vector<A> g(routing.shared_gate.begin(), routing.shared_gate.end());

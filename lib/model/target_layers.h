@@ -32,15 +32,16 @@ struct TargetWeight {
 template <typename T>
 struct TargetLayer {
   bool linear = false;         // Gated DeltaNet layer (else full attention)
-  TargetWeight<T> input_norm;  // [H]
-  TargetWeight<T> wq;          // [qd, H] rows of q_proj; hybrid: [q_count, 2, head_dim] rows = query, gate
-  TargetWeight<T> wk, wv;      // [kvd, H]  rows of k_proj, v_proj
-  TargetWeight<T> q_norm;      // [head_dim]
-  TargetWeight<T> k_norm;      // [head_dim]
-  TargetWeight<T> wo;          // [H, qd]   columns of o_proj
-  TargetWeight<T> post_norm;   // [H]
-  TargetWeight<T> wgate, wup;  // [ic, H]   rows of gate_proj, up_proj
-  TargetWeight<T> wdown;       // [H, ic]   columns of down_proj
+  // The Qwen3 attention and MLP under their Hugging Face names (the drafter's DrafterLayerWeights uses the same)
+  TargetWeight<T> input_layernorm;           // [H]
+  TargetWeight<T> q_proj;                    // [qd, H]   rows; hybrid: [q_count, 2, head_dim] rows = query, gate
+  TargetWeight<T> k_proj, v_proj;            // [kvd, H]  rows
+  TargetWeight<T> q_norm;                    // [head_dim]
+  TargetWeight<T> k_norm;                    // [head_dim]
+  TargetWeight<T> o_proj;                    // [H, qd]   columns
+  TargetWeight<T> post_attention_layernorm;  // [H]
+  TargetWeight<T> gate_proj, up_proj;        // [ic, H]   rows
+  TargetWeight<T> down_proj;                 // [H, ic]   columns
   // Gated DeltaNet (linear_attn.*)
   TargetWeight<T> w_qkv;           // [2·nk·dk + nv·dv, H] rows of in_proj_qkv: this rank's q | k | v channels
   TargetWeight<T> conv;            // [2·nk·dk + nv·dv, K] the same channels of conv1d.weight [C, 1, K]
@@ -49,12 +50,13 @@ struct TargetLayer {
   TargetWeight<T> a_log, dt_bias;  // [nv]
   TargetWeight<T> gated_norm;      // [dv] linear_attn.norm.weight (plain w)
   TargetWeight<T> w_out;           // [H, nv·dv] columns of out_proj
-  // Mixture of experts (Qwen3-MoE layers; then wgate/wup/wdown are empty): ne = shard.expert_count experts
+  // Mixture of experts (Qwen3-MoE layers; then gate_proj/up_proj/down_proj are empty): ne = shard.expert_count
+  // experts
   // [expert_begin, expert_begin + ne) whole, I = moe_intermediate
   bool moe = false;
   TargetWeight<T> router;  // [E, H] mlp.gate.weight, every rank (replicated); with a shared expert [E + 1, H]:
                            // its gate mlp.shared_expert_gate.weight [1, H] as the last row (one GEMM for both);
-                           // the shared expert's channels are in wgate/wup/wdown (split like a dense MLP)
+                           // the shared expert's channels are in gate_proj/up_proj/down_proj (split like a dense MLP)
   TargetWeight<T> expert_gate, expert_up;      // [ne, I, H] gate_proj, up_proj of the held experts
   TargetWeight<T> expert_down;                 // [ne, H, I] down_proj of the held experts
 

@@ -38,7 +38,7 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
                d.mask_token_id, t.vocab);
   c.mask_token_id = d.mask_token_id;
   c.rope_theta = or_target(d.rope_theta, t.rope_theta);
-  c.rms_eps = or_target(d.rms_eps, t.rms_norm_eps);
+  c.rms_norm_eps = or_target(d.rms_eps, t.rms_norm_eps);
   c.window.assign(c.layers, 0);
   for (size_t l = 0; l < d.layer_types.size(); ++l)
     if (d.layer_types[l] == "sliding") {

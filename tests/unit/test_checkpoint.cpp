@@ -114,7 +114,7 @@ TEST_CASE("checkpoint: save then load is bit-exact for weights, moments and stat
   CHECK(ck.drafter.hidden == 16);
   CHECK(ck.drafter.window == std::vector<int>{0, 5});
   CHECK(ck.drafter.rope_theta == 10000.0);
-  CHECK(ck.drafter.rms_eps == 1e-6);
+  CHECK(ck.drafter.rms_norm_eps == 1e-6);
 
   // the weights file is a plain fp32 safetensors in the export names
   SafetensorsFile model((fs::path(dir) / "model.safetensors").string());

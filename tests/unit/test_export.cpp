@@ -87,7 +87,7 @@ void check_same_config(const model::DrafterConfig& a, const model::DrafterConfig
   CHECK(a.vocab == b.vocab);
   CHECK(a.mask_token_id == b.mask_token_id);
   CHECK(a.rope_theta == b.rope_theta);
-  CHECK(a.rms_eps == b.rms_eps);
+  CHECK(a.rms_norm_eps == b.rms_norm_eps);
   CHECK(a.window == b.window);
 }
 

@@ -72,7 +72,7 @@ model::DrafterConfig golden_drafter_config(const Golden& g) {
   c.vocab = g.integer("vocab");
   c.mask_token_id = g.integer("mask_token_id");
   c.rope_theta = g.num("rope_theta");
-  c.rms_eps = g.num("rms_eps");
+  c.rms_norm_eps = g.num("rms_eps");
   c.window = nlohmann::json::parse(g.meta("window")).get<std::vector<int>>();
   return c;
 }

@@ -101,7 +101,7 @@ inline model::DrafterConfig small_drafter_config() {
   c.vocab = 40;
   c.mask_token_id = 39;
   c.rope_theta = 10000.0;
-  c.rms_eps = 1e-6;
+  c.rms_norm_eps = 1e-6;
   c.window = {0, 5};
   return c;
 }

@@ -49,7 +49,7 @@ model::DrafterConfig test_drafter() {
   c.vocab = 101;
   c.mask_token_id = 100;
   c.rope_theta = 1e4;
-  c.rms_eps = 1e-6;
+  c.rms_norm_eps = 1e-6;
   c.window = {0, 6, 0};
   return c;
 }
