@@ -114,11 +114,13 @@ struct DrafterBackwardStreams {
   T* d_mid = nullptr;  // [NB, H]
   T* d_ctx = nullptr;  // [S, H]
 };
-template <typename T, class Bind>
-void bind_backward_streams(Bind& b, DrafterBackwardStreams<T>& g, const DrafterDims& z) {
-  b(g.d_x, z.NB * z.H);
-  b(g.d_mid, z.NB * z.H);
-  b(g.d_ctx, z.S * z.H);
+// `zeroed` binds what backward accumulates into (d_x, d_ctx); `plain` binds d_mid, which every layer writes whole (a
+// copy of d_x) before reading it.
+template <typename T, class Zeroed, class Plain>
+void bind_backward_streams(Zeroed& zeroed, Plain& plain, DrafterBackwardStreams<T>& g, const DrafterDims& z) {
+  zeroed(g.d_x, z.NB * z.H);
+  plain(g.d_mid, z.NB * z.H);
+  zeroed(g.d_ctx, z.S * z.H);
 }
 
 // Backward scratch of one layer (released before the next layer's).
@@ -163,7 +165,7 @@ size_t arena_peak(const DrafterConfig& c, int seq_len, int n_anchors) {
   DrafterActivations<T> a;
   bind_forward(m, a, z, c.layers);
   DrafterBackwardStreams<T> streams;
-  bind_backward_streams(m, streams, z);
+  bind_backward_streams(m, m, streams, z);
   const size_t before_scratch = m.mark();
   DrafterLayerGrads<T> layer;
   bind_layer_grads(m, layer, z);
@@ -285,12 +287,13 @@ void drafter_backward(const DrafterConfig& c, const DrafterWeights<T>& w, const 
   Arena& ar = a.arena;
   ArenaScope backward_scratch(ar);  // everything below is freed when backward returns; the activations stay
   ZeroedArenaBinder<T> bind{ar, be, ec};
+  ArenaBinder plain{ar};
   const DrafterDims z(c, S, N);
 
   // final norm: d_x = d(x_L); every layer's context K/V add into d_ctx
   const T* x_last = c.layers > 0 ? a.layer.back().x_out : a.x_embed;
   DrafterBackwardStreams<T> st;
-  bind_backward_streams(bind, st, z);
+  bind_backward_streams(bind, plain, st, z);
   T *d_x = st.d_x, *d_mid = st.d_mid, *d_ctx = st.d_ctx;
   be.rmsnorm_backward(ec, d_x, g.norm, d_out, x_last, w.norm, a.rstd_final, NB, H);
 
