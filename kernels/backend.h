@@ -252,6 +252,13 @@ std::unique_ptr<Backend<T>> make_cuda_backend();
 // The one factory the models and tools use: the backend of `device` computing in T, or a user error naming what
 // does not exist (bf16 on the CPU, double on CUDA, CUDA in a build without it or on a machine without a GPU).
 enum class Device { cpu, cuda };
+
+// The CUDA backend's RoPE cos/sin table, one per (rot_dim, θ) a model uses, kept in device memory for the backend's
+// life: fp32 cos and sin of the first kRopeTablePositions positions (later ones are evaluated). Memory plans count it.
+constexpr int kRopeTablePositions = 16384;
+constexpr size_t rope_table_bytes(int rot_dim) {
+  return sizeof(float) * 2 * size_t(kRopeTablePositions) * size_t(rot_dim / 2);
+}
 template <typename T>
 std::unique_ptr<Backend<T>> make_backend(Device device, const CpuBackendOptions& cpu_options = {});
 // True when this build has the CUDA backend and a CUDA device is visible.

@@ -370,8 +370,7 @@ class CudaBackend final : public Backend<T> {
     for (const RopeTableEntry& e : rope_tables_)
       if (e.rot_dim == rot_dim && e.theta == theta) return {static_cast<const float*>(e.cs.data()), e.positions};
     const int positions = cuda::kRopeTablePositions;
-    RopeTableEntry e{rot_dim, theta, positions,
-                     Buffer(MemoryKind::device, sizeof(float) * 2 * size_t(positions) * size_t(rot_dim / 2))};
+    RopeTableEntry e{rot_dim, theta, positions, Buffer(MemoryKind::device, kernels::rope_table_bytes(rot_dim))};
     on_device(cuda::launch_rope_table, stream_of(ctx), static_cast<float*>(e.cs.data()), positions, rot_dim, theta);
     DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
     rope_tables_.push_back(std::move(e));

@@ -77,7 +77,7 @@ struct RopeTable {
   const float* cs = nullptr;
   int positions = 0;
 };
-constexpr int kRopeTablePositions = 16384;  // 8 MiB at rot_dim 128 (fp32 cos, sin)
+using kernels::kRopeTablePositions;  // kernels/backend.h: 8 MiB at rot_dim 128 (fp32 cos, sin)
 // cs[positions · rot_dim/2 · 2] (=) the table of (rot_dim, theta)
 void launch_rope_table(cudaStream_t st, float* cs, int positions, int rot_dim, double theta);
 // backward: dx (+=) Rᵀ dy; forward: y (=) R x. table: of (head_dim, theta), or empty.

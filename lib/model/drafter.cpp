@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "lib/core/arena_plan.h"
 #include "lib/core/error.h"
 
 namespace dflash::model {
@@ -32,14 +33,8 @@ struct DrafterDims {
         NH(size_t(c.heads)), KVH(size_t(c.kv_heads)) {}
 };
 
-// Pointers from the arena, in call order.
-struct ArenaBinder {
-  Arena& arena;
-  template <typename U>
-  void operator()(U*& p, size_t count) { p = arena.alloc<U>(count); }
-};
-
-// The same, each array zeroed on the backend as it is bound: backward's gradients accumulate (+=) into them.
+// As ArenaBinder (lib/core/arena_plan.h), each array zeroed on the backend as it is bound: backward's gradients
+// accumulate (+=) into them.
 template <typename T>
 struct ZeroedArenaBinder {
   Arena& arena;
@@ -50,19 +45,6 @@ struct ZeroedArenaBinder {
     p = arena.alloc<U>(count);
     be.zero(ec, p, count * sizeof(U));
   }
-};
-
-// The same calls counted: bytes as the arena takes them (alignment included) and the peak across rewinds.
-struct ArenaMeter {
-  size_t used = 0, peak = 0;
-  template <typename U>
-  void operator()(U*& p, size_t count) {
-    p = nullptr;
-    used += Arena::footprint(count * sizeof(U));
-    peak = std::max(peak, used);
-  }
-  size_t mark() const { return used; }  // as Arena::mark / rewind (ArenaScope in drafter_backward)
-  void rewind(size_t m) { used = m; }
 };
 
 // Forward: the bookkeeping, the context, the embedded block, each layer's saved activations, the final norm. All of

@@ -1,10 +1,11 @@
 #include "lib/model/target.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <type_traits>
 
-#include <fmt/format.h>
-
+#include "lib/core/arena_plan.h"
 #include "lib/core/error.h"
 #include "lib/core/timer.h"
 #include "lib/model/target_layers.h"
@@ -101,6 +102,56 @@ class TargetModel::Engine {
 };
 
 namespace {
+
+// One forward's arrays outside the token mixers, declared once (lib/core/arena_plan.h): bound, the pointers
+// EngineT::run uses; metered, their share of the activation arena. ic = this rank's MLP channels.
+template <typename T>
+struct ForwardArrays {
+  T* x = nullptr;                     // [S, H] residual stream (in T, as HF keeps it), identical on every TP rank
+  T* h = nullptr;                     // [S, H] normed input of the current sub-block
+  T* part = nullptr;                  // [S, H] this rank's row-parallel partial sum, then the full sum
+  T *gate = nullptr, *up = nullptr;   // [S, ic] the MLP's gate and up (up then holds silu(gate)·up)
+  kernels::acc_t<T>* rstd = nullptr;  // [S] the RMSNorm statistics
+  int32_t* pos = nullptr;             // [S] positions
+  float* f32 = nullptr;               // [S, H] fp32 scratch (device backends with T ≠ float): uploads, all-reduce
+  int32_t* ids = nullptr;             // [S] token ids (a device backend gathers the embedding rows itself)
+};
+template <typename T, class Bind>
+void bind_forward_arrays(Bind& b, ForwardArrays<T>& a, int S, int H, int ic, bool f32_scratch, bool device_embed) {
+  const size_t s = size_t(S), sh = s * size_t(H);
+  b(a.x, sh);
+  b(a.h, sh);
+  b(a.part, sh);
+  b(a.gate, s * size_t(ic));
+  b(a.up, s * size_t(ic));
+  b(a.rstd, s);
+  b(a.pos, s);
+  if (f32_scratch) b(a.f32, sh);
+  if (device_embed) b(a.ids, s);
+}
+
+// What a forward of S positions binds on a backend (device: not host memory): ForwardArrays' flags, and the arena
+// bytes of those arrays plus the largest token mixer's scratch (rewound after each layer, so only one counts).
+struct ForwardPlan {
+  bool f32_scratch;   // T ≠ float on a device backend: an fp32 [S, H] array (uploads, the all-reduce, the outputs)
+  bool device_embed;  // a device backend gathers the embedding rows from its table (token ids in the arena)
+};
+template <typename T>
+ForwardPlan forward_plan(bool device) {
+  return {!std::is_same_v<T, float> && device, device};
+}
+template <typename T>
+size_t forward_arena_bytes(const QwenConfig& c, const TargetShard& shard, int S, bool device) {
+  const ForwardPlan f = forward_plan<T>(device);
+  const int ic = int(shard.mlp_end - shard.mlp_begin);
+  ForwardArrays<T> arrays;
+  const size_t own = arena_bytes(
+      [&](ArenaMeter& m) { bind_forward_arrays(m, arrays, S, c.hidden, ic, f.f32_scratch, f.device_embed); });
+  const size_t mixer = std::max({attention_scratch_bytes<T>(c, shard, S),
+                                 c.hybrid ? gated_deltanet_scratch_bytes<T>(c, shard, S) : size_t(0),
+                                 c.experts > 0 ? moe_scratch_bytes<T>(c, shard, S) : size_t(0)});
+  return own + mixer;
+}
 
 // The target in compute type T on a Backend<T>: weights, activations, keys/values and conv tails in T; RMSNorm
 // statistics, the DeltaNet gates and recurrent state in A.
@@ -523,29 +574,26 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   const size_t s = size_t(S), sh = s * size_t(H);
   // outputs written in place by the backend (host memory of a CPU backend, or the device outputs of a device one)
   const bool direct = outputs == be.memory();
-  // an fp32 [S, H] array in backend memory: the embedding rows' upload, the bf16 all-reduce, the host outputs
-  const bool f32_scratch = !std::is_same_v<T, float> && be.memory() != MemoryKind::host;
-  // a device backend gathers the embedding rows from its own copy of the table (token ids uploaded into the arena)
-  const bool device_embed = embed_table_.data() != nullptr;
+  const bool device = be.memory() != MemoryKind::host;
+  const ForwardPlan plan = forward_plan<T>(device);
+  DFLASH_CHECK(plan.device_embed == (embed_table_.data() != nullptr),
+               "target forward: the embedding table is {} "
+               "but the backend's memory is {}",
+               embed_table_.data() ? "uploaded" : "not uploaded", memory_kind_name(be.memory()));
 
-  // one arena for the forward: the arrays below, then the token mixer's scratch (rewound after each layer)
-  const size_t mixer = std::max(attention_scratch_bytes<T>(c, shard_, S),
-                                std::max(c.hybrid ? gated_deltanet_scratch_bytes<T>(c, shard_, S) : size_t(0),
-                                         c.experts > 0 ? moe_scratch_bytes<T>(c, shard_, S) : size_t(0)));
-  reserve_activations(3 * Arena::footprint(sh * sizeof(T)) + 2 * Arena::footprint(s * size_t(ic) * sizeof(T)) +
-                      Arena::footprint(s * sizeof(A)) + Arena::footprint(s * sizeof(int32_t)) +
-                      (f32_scratch ? Arena::footprint(sh * sizeof(float)) : 0) +
-                      (device_embed ? Arena::footprint(s * sizeof(int32_t)) : 0) + mixer);
+  // one arena for the forward: the arrays below, then the token mixer's scratch (rewound after each layer), both
+  // sized by the lists the forwards bind (lib/core/arena_plan.h)
+  stats_.activation_bytes = forward_arena_bytes<T>(c, shard_, S, device);
+  reserve_activations(stats_.activation_bytes);
   activations_.reset();
-  T* x = activations_.alloc<T>(sh);     // [S, H] residual stream (in T, as HF keeps it), identical on every TP rank
-  T* h = activations_.alloc<T>(sh);     // [S, H] normed input of the current sub-block
-  T* part = activations_.alloc<T>(sh);  // [S, H] this rank's row-parallel partial sum, then the full sum
-  T* gate = activations_.alloc<T>(s * size_t(ic));
-  T* up = activations_.alloc<T>(s * size_t(ic));  // up then holds silu(gate)·up
-  A* rstd = activations_.alloc<A>(s);
-  int32_t* pos = activations_.alloc<int32_t>(s);
-  float* f32 = f32_scratch ? activations_.alloc<float>(sh) : nullptr;
-  int32_t* ids = device_embed ? activations_.alloc<int32_t>(s) : nullptr;  // [S] token ids in backend memory
+  ForwardArrays<T> arrays;
+  ArenaBinder binder{activations_};
+  bind_forward_arrays(binder, arrays, S, H, ic, plan.f32_scratch, plan.device_embed);
+  const bool device_embed = plan.device_embed;
+  T *x = arrays.x, *h = arrays.h, *part = arrays.part, *gate = arrays.gate, *up = arrays.up;
+  A* rstd = arrays.rstd;
+  int32_t *pos = arrays.pos, *ids = arrays.ids;
+  float* f32 = arrays.f32;
 
   std::vector<int32_t> host_pos(s);
   for (int i = 0; i < S; ++i) host_pos[size_t(i)] = past + i;
@@ -620,6 +668,7 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
     write_output(final_hidden, H, h, S, direct, f32);
   }
   be.synchronize(ctx);
+  stats_.activation_peak_bytes = activations_.peak();
   ++stats_.forwards;
   stats_.tokens += S;
   stats_.forward_seconds += timer.seconds();
@@ -842,6 +891,14 @@ TargetModel::TargetModel(const std::string& model_dir, comm::Transport& tp, Targ
 TargetModel::~TargetModel() = default;
 TargetModel::TargetModel(TargetModel&&) noexcept = default;
 TargetModel& TargetModel::operator=(TargetModel&&) noexcept = default;
+
+size_t target_activation_bytes(const QwenConfig& c, const TargetShard& shard, int S, const std::string& precision,
+                               bool device) {
+  if (precision == "fp32") return forward_arena_bytes<float>(c, shard, S, device);
+  if (precision == "bf16") return forward_arena_bytes<kernels::bf16>(c, shard, S, device);
+  DFLASH_CHECK(precision == "fp64", "target_activation_bytes: precision '{}': use fp32, bf16 or fp64", precision);
+  return forward_arena_bytes<double>(c, shard, S, device);
+}
 
 const QwenConfig& TargetModel::config() const { return engine_->config(); }
 const TargetShard& TargetModel::shard() const { return engine_->shard(); }

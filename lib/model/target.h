@@ -64,6 +64,9 @@ struct TargetStats {
   // attention layers, and the MLP (its norm included)
   double linear_attention_seconds = 0, full_attention_seconds = 0, mlp_seconds = 0;
   int64_t expert_rows = 0;  // MoE: (token, expert) rows this rank's experts computed, all layers (load balance)
+  // the activation arena: the bytes the last forward's arrays and largest token-mixer scratch take (what it is sized
+  // to), and the most it has held since it was last made (remade larger when a forward needs more)
+  size_t activation_bytes = 0, activation_peak_bytes = 0;
 };
 
 // What an incremental forward carries between calls for one sequence on one rank, in the memory of the backend of
@@ -94,6 +97,11 @@ struct TargetRecurrentState {
 
 // Which array of one layer of a TargetCache read_cache returns.
 enum class TargetCachePart { keys, values, conv_tail, delta_state };
+// Bytes of the activation arena one forward of S positions takes on `shard` in `precision` ("fp32", "bf16" or
+// "fp64") on a device backend (device) or the CPU: the forward's arrays and its largest token mixer's scratch,
+// metered over the same lists the forward binds its pointers from (TargetStats::activation_bytes after a forward).
+size_t target_activation_bytes(const QwenConfig& c, const TargetShard& shard, int S, const std::string& precision,
+                               bool device);
 
 class TargetModel {
  public:

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <type_traits>
 
+#include "lib/core/arena_plan.h"
 #include "lib/core/error.h"
 
 namespace dflash::model {
@@ -33,24 +34,102 @@ void shard_linear(kernels::Backend<T>& be, T* y, const T* x, const T* W, int N, 
 
 namespace {
 
-// arena bytes of arrays of U of these sizes (Arena::footprint per array)
-template <typename U>
-size_t footprint_of(std::initializer_list<size_t> counts) {
-  size_t n = 0;
-  for (size_t c : counts) n += Arena::footprint(c * sizeof(U));
-  return n;
+// Each token mixer's scratch, declared once (lib/core/arena_plan.h): bound with ArenaBinder these are the pointers
+// its forward uses, under ArenaMeter the same list is its *_scratch_bytes. So the target's arena is sized by the
+// lists the forwards allocate from, never by a formula that mirrors them.
+
+// attention_forward: qd = q_count·head_dim, kvd = kv_count·head_dim
+template <typename T>
+struct AttentionScratch {
+  T *q = nullptr, *k = nullptr, *v = nullptr;  // [S, qd], [S, kvd] x2 after the norms and RoPE
+  T* attn = nullptr;                           // [S, qd]
+  kernels::acc_t<T>* rstd = nullptr;           // [S, max(q_count, kv_count, 1)] q_norm / k_norm statistics
+  T* qg = nullptr;                             // hybrid: [S, 2·qd] q_proj output, per head query | gate
+  T* gate = nullptr;                           // hybrid: [S, qd] the output gate
+};
+template <typename T, class Bind>
+void bind_attention_scratch(Bind& b, AttentionScratch<T>& a, const QwenConfig& c, const TargetShard& shard, int S) {
+  const size_t s = size_t(S), qd = size_t(shard.q_count) * c.head_dim, kvd = size_t(shard.kv_count) * c.head_dim;
+  b(a.q, s * qd);
+  b(a.k, s * kvd);
+  b(a.v, s * kvd);
+  b(a.attn, s * qd);
+  b(a.rstd, s * size_t(std::max({shard.q_count, shard.kv_count, 1})));
+  if (c.hybrid) {
+    b(a.qg, s * 2 * qd);
+    b(a.gate, s * qd);
+  }
+}
+
+// gated_deltanet_forward: nk key heads of dk, nv value heads of dv on this rank; C = 2·nk·dk + nv·dv conv channels
+template <typename T>
+struct DeltaNetScratch {
+  T *mixed = nullptr, *conv = nullptr;                 // [S, C] in_proj_qkv output, after the conv and SiLU
+  T *q = nullptr, *k = nullptr;                        // [S, nk·dk] split from conv, then l2-normed
+  T* v = nullptr;                                      // [S, nv·dv]
+  T* z = nullptr;                                      // [S, nv·dv] output gate
+  T *b_proj = nullptr, *a_proj = nullptr;              // [S, nv]
+  kernels::acc_t<T>*beta = nullptr, *decay = nullptr;  // [S, nv] β and g, in A: they compound over the sequence
+  T* o = nullptr;                                      // [S, nv·dv] the delta rule's output, then gated-normed
+};
+template <typename T, class Bind>
+void bind_deltanet_scratch(Bind& b, DeltaNetScratch<T>& a, const QwenConfig& c, const TargetShard& shard, int S) {
+  const size_t s = size_t(S), nv = size_t(shard.linear.member_count);
+  const size_t qkd = size_t(shard.linear.group_count) * c.linear_k_dim, vd = nv * c.linear_v_dim;
+  const size_t C = 2 * qkd + vd;
+  b(a.mixed, s * C);
+  b(a.conv, s * C);
+  b(a.q, s * qkd);
+  b(a.k, s * qkd);
+  b(a.v, s * vd);
+  b(a.z, s * vd);
+  b(a.b_proj, s * nv);
+  b(a.a_proj, s * nv);
+  b(a.beta, s * nv);
+  b(a.decay, s * nv);
+  b(a.o, s * vd);
+}
+
+// moe_forward: E1 router rows (E experts, + 1 with a shared expert's gate), k experts per token, I per expert, ic
+// this rank's shared-expert channels. An expert meets a token once, so one expert's rows are at most S.
+template <typename T>
+struct MoeScratch {
+  T* logits = nullptr;                             // [S, E1] router logits (and the shared expert's gate)
+  float* logits_f32 = nullptr;                     // [S, E1] widened for the host routing (bf16)
+  T *shared_gate = nullptr, *shared_up = nullptr;  // [S, ic] the shared expert's gate, up then silu(gate)·up
+  kernels::acc_t<T>* shared_weight = nullptr;      // [S] sigmoid(shared_expert_gate(h))
+  int32_t* rows = nullptr;                         // [S·k] this rank's experts' token lists
+  kernels::acc_t<T>* weights = nullptr;            // [S·k] their routing weights
+  T* xe = nullptr;                                 // [S, H] one expert's tokens' normed rows
+  T *gate = nullptr, *up = nullptr;                // [S, I] its gate, up then silu(gate)·up
+  T* ye = nullptr;                                 // [S, H] its outputs
+};
+template <typename T, class Bind>
+void bind_moe_scratch(Bind& b, MoeScratch<T>& a, const QwenConfig& c, const TargetShard& shard, int S) {
+  const size_t s = size_t(S), H = size_t(c.hidden), I = size_t(c.moe_intermediate);
+  const size_t E1 = size_t(c.experts) + (c.shared_expert_intermediate > 0), k = size_t(c.experts_per_token);
+  const size_t ic = c.shared_expert_intermediate > 0 ? size_t(shard.mlp_end - shard.mlp_begin) : 0;
+  b(a.logits, s * E1);
+  b(a.logits_f32, s * E1);
+  b(a.shared_gate, s * ic);
+  b(a.shared_up, s * ic);
+  b(a.shared_weight, s);
+  b(a.rows, s * k);
+  b(a.weights, s * k);
+  b(a.xe, s * H);
+  b(a.gate, s * I);
+  b(a.up, s * I);
+  b(a.ye, s * H);
 }
 
 }  // namespace
 
 template <typename T>
 size_t attention_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
-  using A = kernels::acc_t<T>;
-  const size_t s = size_t(S), hd = size_t(c.head_dim), qh = size_t(shard.q_count), kvh = size_t(shard.kv_count);
-  const size_t qd = qh * hd, kvd = kvh * hd;
-  size_t n = footprint_of<T>({s * qd, s * kvd, s * kvd, s * qd}) + footprint_of<A>({s * std::max<size_t>({qh, kvh, 1})});
-  if (c.hybrid) n += footprint_of<T>({s * 2 * qd, s * qd});
-  return n;
+  return arena_bytes([&](ArenaMeter& m) {
+    AttentionScratch<T> a;
+    bind_attention_scratch(m, a, c, shard, S);
+  });
 }
 
 template <typename T>
@@ -66,16 +145,13 @@ void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T
   const int H = c.hidden, hd = c.head_dim, qh = shard.q_count, kvh = shard.kv_count;
   const int qd = qh * hd, kvd = kvh * hd;
   const size_t s = size_t(S);
-  T* q = scratch.alloc<T>(s * qd);
-  T* k = scratch.alloc<T>(s * kvd);
-  T* v = scratch.alloc<T>(s * kvd);
-  T* attn = scratch.alloc<T>(s * qd);
-  A* rstd = scratch.alloc<A>(s * size_t(std::max({qh, kvh, 1})));
-  T* gate = nullptr;  // [S, qd] hybrid output gate
+  AttentionScratch<T> a;
+  ArenaBinder bind{scratch};
+  bind_attention_scratch(bind, a, c, shard, S);
+  T *q = a.q, *k = a.k, *v = a.v, *attn = a.attn, *gate = a.gate, *qg = a.qg;
+  A* rstd = a.rstd;
   if (c.hybrid) {
     // q_proj rows come per head as [query (hd) | gate (hd)]
-    T* qg = scratch.alloc<T>(s * 2 * qd);
-    gate = scratch.alloc<T>(s * qd);
     shard_linear(be, qg, h, L.q_proj.data(), S, H, 2 * qd);
     be.copy_strided(ctx, q, hd, qg, 2 * hd, S * qh, hd);
     be.copy_strided(ctx, gate, hd, qg + hd, 2 * hd, S * qh, hd);
@@ -114,12 +190,10 @@ void attention_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T
 
 template <typename T>
 size_t gated_deltanet_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
-  using A = kernels::acc_t<T>;
-  const size_t s = size_t(S), dk = size_t(c.linear_k_dim), dv = size_t(c.linear_v_dim);
-  const size_t nk = size_t(shard.linear.group_count), nv = size_t(shard.linear.member_count);
-  const size_t qkd = nk * dk, vd = nv * dv, C = 2 * qkd + vd;
-  return footprint_of<T>({s * C, s * C, s * qkd, s * qkd, s * vd, s * vd, s * nv, s * nv, s * vd}) +
-         footprint_of<A>({s * nv, s * nv});
+  return arena_bytes([&](ArenaMeter& m) {
+    DeltaNetScratch<T> a;
+    bind_deltanet_scratch(m, a, c, shard, S);
+  });
 }
 
 template <typename T>
@@ -132,17 +206,17 @@ void gated_deltanet_forward(kernels::Backend<T>& be, Arena& scratch, T* part, co
   const int H = c.hidden, dk = c.linear_k_dim, dv = c.linear_v_dim, K = c.conv_kernel;
   const int nk = shard.linear.group_count, nv = shard.linear.member_count;
   const int qkd = nk * dk, vd = nv * dv, C = 2 * qkd + vd;
-  const size_t s = size_t(S);
-  T* mixed = scratch.alloc<T>(s * C);
-  T* conv = scratch.alloc<T>(s * C);
+  DeltaNetScratch<T> a;
+  ArenaBinder bind{scratch};
+  bind_deltanet_scratch(bind, a, c, shard, S);
+  T *mixed = a.mixed, *conv = a.conv, *q = a.q, *k = a.k, *v = a.v, *z = a.z, *b_proj = a.b_proj, *a_proj = a.a_proj;
+  T* o = a.o;
+  A *beta = a.beta, *decay = a.decay;
   shard_linear(be, mixed, h, L.w_qkv.data(), S, H, C);
   // with a cache the conv continues from the last K−1 inputs (conv_tail, zeros before position 0) and keeps them,
   // and the delta rule continues from the cache's state; both are updated in place
   be.causal_conv1d_silu_forward(ctx, conv, mixed, L.conv.data(), conv_tail, S, C, K);
   // split the conv output's channels q | k | v into per-head rows
-  T* q = scratch.alloc<T>(s * qkd);
-  T* k = scratch.alloc<T>(s * qkd);
-  T* v = scratch.alloc<T>(s * vd);
   be.copy_strided(ctx, q, qkd, conv, C, S, qkd);
   be.copy_strided(ctx, k, qkd, conv + qkd, C, S, qkd);
   be.copy_strided(ctx, v, vd, conv + 2 * qkd, C, S, vd);
@@ -150,18 +224,12 @@ void gated_deltanet_forward(kernels::Backend<T>& be, Arena& scratch, T* part, co
   be.l2norm_forward(ctx, q, S * nk, dk, double(1e-6f), double(1.f / std::sqrt(float(dk))));
   be.l2norm_forward(ctx, k, S * nk, dk, double(1e-6f), 1.0);
 
-  T* z = scratch.alloc<T>(s * vd);
-  T* b_proj = scratch.alloc<T>(s * nv);
-  T* a_proj = scratch.alloc<T>(s * nv);
   shard_linear(be, z, h, L.w_z.data(), S, H, vd);
   shard_linear(be, b_proj, h, L.w_b.data(), S, H, nv);
   shard_linear(be, a_proj, h, L.w_a.data(), S, H, nv);
   // β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), in A: they compound over the sequence
-  A* beta = scratch.alloc<A>(s * nv);
-  A* decay = scratch.alloc<A>(s * nv);
   be.deltanet_gates_forward(ctx, decay, beta, a_proj, b_proj, L.a_log.data(), L.dt_bias.data(), S, nv);
   // local value head j reads local key head j / (nv / nk): whole groups (nv = nk·r) or one replicated key head
-  T* o = scratch.alloc<T>(s * vd);
   if (nv > 0) be.gated_delta_rule_forward(ctx, o, q, k, v, decay, beta, state, S, nk, nv, dk, dv);
   be.gated_rmsnorm_forward(ctx, o, o, z, L.gated_norm.data(), S * nv, dv, c.rms_norm_eps);
   shard_linear(be, part, o, L.w_out.data(), S, vd, H);
@@ -226,14 +294,10 @@ template MoeRouting route_tokens<double>(const double*, int, int, int, bool, int
 
 template <typename T>
 size_t moe_scratch_bytes(const QwenConfig& c, const TargetShard& shard, int S) {
-  const size_t s = size_t(S), H = size_t(c.hidden), I = size_t(c.moe_intermediate);
-  const size_t E = size_t(c.experts) + (c.shared_expert_intermediate > 0), k = size_t(c.experts_per_token);
-  const size_t ic = c.shared_expert_intermediate > 0 ? size_t(shard.mlp_end - shard.mlp_begin) : 0;
-  // logits (and the shared expert's gate); one expert's gathered rows, gate, up, output (at most S rows: a token
-  // meets an expert once); the shared expert's gate and up
-  // + the routing weights of this rank's tokens and the shared gates, in the accumulation type
-  return footprint_of<T>({s * E, s * H, s * I, s * I, s * H, s * ic, s * ic}) + footprint_of<float>({s * E}) +
-         footprint_of<int32_t>({s * k}) + footprint_of<kernels::acc_t<T>>({s * k, s});
+  return arena_bytes([&](ArenaMeter& m) {
+    MoeScratch<T> a;
+    bind_moe_scratch(m, a, c, shard, S);
+  });
 }
 
 template <typename T>
@@ -244,10 +308,13 @@ void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, i
   const int H = c.hidden, E = c.experts, I = c.moe_intermediate, k = c.experts_per_token;
   const bool shared = c.shared_expert_intermediate > 0;
   const int E1 = E + (shared ? 1 : 0);  // router rows, then the shared expert's gate
+  using A = kernels::acc_t<T>;
   const size_t s = size_t(S);
+  MoeScratch<T> a;
+  ArenaBinder bind{scratch};
+  bind_moe_scratch(bind, a, c, shard, S);
   // router logits [S, E1] on the backend, the choice on the host (small: S·E1 values)
-  T* logits = scratch.alloc<T>(s * size_t(E1));
-  float* logits_f32 = scratch.alloc<float>(s * size_t(E1));
+  T* logits = a.logits;
   shard_linear(be, logits, h, L.router.data(), S, H, E1);
   auto route = [&](const auto* host) {
     routing = route_tokens(host, S, E, k, c.norm_topk_prob, E1);
@@ -264,26 +331,23 @@ void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, i
     route(host.data());
   } else {  // bf16: widened to fp32 (exact) on the device first
     std::vector<float> host(s * size_t(E1));
-    be.convert_to_float(ctx, logits_f32, logits, host.size());
-    be.download(ctx, host.data(), logits_f32, host.size() * sizeof(float));
+    be.convert_to_float(ctx, a.logits_f32, logits, host.size());
+    be.download(ctx, host.data(), a.logits_f32, host.size() * sizeof(float));
     be.synchronize(ctx);
     route(host.data());
   }
   const int ic = shared ? int(shard.mlp_end - shard.mlp_begin) : 0;
   if (ic > 0) {
     // the shared expert over this rank's channels (split like a dense MLP), each token's row scaled by its gate
-    T* sg = scratch.alloc<T>(s * size_t(ic));
-    T* su = scratch.alloc<T>(s * size_t(ic));
+    T *sg = a.shared_gate, *su = a.shared_up;
     shard_linear(be, sg, h, L.gate_proj.data(), S, H, ic);
     shard_linear(be, su, h, L.up_proj.data(), S, H, ic);
     be.swiglu_forward(ctx, su, sg, su, s * size_t(ic));
     shard_linear(be, part, su, L.down_proj.data(), S, ic, H);
     // each token's row scaled by its gate, in one launch
-    using A = kernels::acc_t<T>;
     const std::vector<A> g(routing.shared_gate.begin(), routing.shared_gate.end());
-    A* gates = scratch.alloc<A>(s);
-    be.upload(ctx, gates, g.data(), s * sizeof(A));
-    be.scale_rows(ctx, part, gates, S, H);
+    be.upload(ctx, a.shared_weight, g.data(), s * sizeof(A));
+    be.scale_rows(ctx, part, a.shared_weight, S, H);
   } else {
     be.zero(ctx, part, sizeof(T) * s * size_t(H));
   }
@@ -292,16 +356,12 @@ void moe_forward(kernels::Backend<T>& be, Arena& scratch, T* part, const T* h, i
   // this rank's experts' token lists, one upload
   const int64_t first = routing.expert_start[size_t(e0)], last = routing.expert_start[size_t(e0 + ne)];
   if (last == first) return;
-  int32_t* rows = scratch.alloc<int32_t>(s * size_t(k));
+  int32_t* rows = a.rows;
   be.upload(ctx, rows, routing.tokens.data() + first, size_t(last - first) * sizeof(int32_t));
-  using A = kernels::acc_t<T>;
   const std::vector<A> w(routing.token_weight.begin() + first, routing.token_weight.begin() + last);
-  A* weights = scratch.alloc<A>(s * size_t(k));
+  A* weights = a.weights;
   be.upload(ctx, weights, w.data(), w.size() * sizeof(A));
-  T* xe = scratch.alloc<T>(s * size_t(H));    // [n, H] the expert's tokens' normed rows
-  T* gate = scratch.alloc<T>(s * size_t(I));  // [n, I]
-  T* up = scratch.alloc<T>(s * size_t(I));    // [n, I], then silu(gate) ⊙ up
-  T* ye = scratch.alloc<T>(s * size_t(H));    // [n, H] the expert's outputs, then weighted
+  T *xe = a.xe, *gate = a.gate, *up = a.up, *ye = a.ye;  // [n, H], [n, I] x2, [n, H] for an expert's n tokens
   const size_t ih = size_t(I) * size_t(H);
   for (int j = 0; j < ne; ++j) {
     const int e = e0 + j, n = routing.count(e);

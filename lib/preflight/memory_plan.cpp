@@ -1,19 +1,19 @@
 #include "lib/preflight/memory_plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
-#include <fmt/format.h>
-
-#include "lib/config/config.h"
-#include "lib/train/run_plan.h"
-
+#include "kernels/backend.h"
 #include "lib/comm/shard.h"
+#include "lib/config/config.h"
 #include "lib/model/drafter.h"
 #include "lib/model/drafter_params.h"
 #include "lib/model/target.h"
 #include "lib/model/target_shard.h"
+#include "lib/train/run_plan.h"
 
 namespace dflash::preflight {
 
@@ -34,6 +34,15 @@ int64_t target_rank_params(const model::QwenConfig& c, int tp) {
     best = std::max(best, cost.weight_params + cost.expert_params * unused_share);
   }
   return int64_t(best);
+}
+
+size_t target_rank_activation_bytes(const model::QwenConfig& c, int tp, int S, bool bf16, bool cuda) {
+  size_t most = 0;
+  for (int r = 0; r < tp; ++r)
+    most = std::max(
+        most, model::target_activation_bytes(c, model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain), S,
+                                             bf16 ? "bf16" : "fp32", cuda));
+  return most;
 }
 
 MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const train::RunPlan& plan, int64_t longest) {
@@ -59,28 +68,28 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
   GpuMemoryPlan p;
 
   // target rank, as lib/model/target.cpp allocates it: the weights in the compute precision (run.precision: bf16
-  // on cuda by default, 2 bytes; fp32 4), one arena in that precision with the residual stream, normed input and
-  // partial sum [S, H], the MLP's gate and up [S, ic] and the token mixer's scratch (flash attention: nothing
-  // S × S); bf16 adds one fp32 [S, H] array (the all-reduce's fp32 sum, the outputs' conversion). Packets (taps +
-  // final hidden, fp32) stay on the GPU with the NCCL data plane (the multi-GPU default): packets_in_flight of them
-  // in flight plus the one being filled (lib/train/packet.h). On a GPU the whole embedding table sits in device
-  // memory in the compute precision (uploaded once at load, rows gathered there); the CPU reads it from the mmap.
+  // on cuda by default, 2 bytes; fp32 4); one activation arena, sized by the target's own bind lists
+  // (model::target_activation_bytes: residual stream, normed input, partial sum, MLP gate/up, the largest token
+  // mixer's scratch — flash attention: nothing S × S — and with bf16 an fp32 [S, H] array). Packets (taps + final
+  // hidden, fp32) stay on the GPU with the NCCL data plane (the multi-GPU default): packets_in_flight of them in
+  // flight plus the one being filled (lib/train/packet.h). On a GPU the whole embedding table sits in device memory
+  // in the compute precision (uploaded once at load, rows gathered there); the CPU reads it from the mmap. The CUDA
+  // backend keeps a RoPE cos/sin table per (rotary dim, θ).
   const model::QwenConfig& t = in.target;
-  const double th = t.hidden, q_local = double(t.heads) / in.target_tp + 1, kv_local = double(t.kv_heads);
-  const double mlp_local = double(t.intermediate) / in.target_tp + 128;
+  const double th = t.hidden;
   const char* tp_name = in.bf16 ? "bf16" : "fp32";
+  const int target_rot = t.rotary_dim > 0 ? t.rotary_dim : t.head_dim;
   p.target.role = "target TP rank (largest shard)";
   p.target.items = {
       {fmt::format("weights ({})", tp_name), double(in.target_rank_params) * act},
       {fmt::format("embedding table ({}, gathered on the GPU)", tp_name), in.cuda ? double(t.vocab) * th * act : 0.0},
-      {fmt::format("residual stream, normed input, partial sum ({})", tp_name), S * th * act * 3},
-      {fmt::format("q, k, v, attention output ({})", tp_name), S * t.head_dim * (2 * q_local + 2 * kv_local) * act},
-      {fmt::format("MLP gate, up ({})", tp_name), S * mlp_local * 2 * act},
+      {fmt::format("activations (arena: forward + token-mixer scratch, {})", tp_name),
+       double(target_rank_activation_bytes(t, in.target_tp, in.max_seq_len, in.bf16, in.cuda))},
       {fmt::format("packets: taps + final hidden (fp32) x {}", in.packets_in_flight + 1),
        S * th * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
+      {"RoPE cos/sin table (fp32)", in.cuda ? double(kernels::rope_table_bytes(target_rot)) : 0.0},
       {"cuBLASLt workspace", in.cuda ? 32.0 * (1 << 20) : 0.0},
   };
-  if (in.bf16) p.target.items.push_back({"fp32 scratch: all-reduce sum, outputs", S * th * 4});
 
   // drafter rank
   const double P = double(model::drafter_param_count(d));
@@ -102,6 +111,7 @@ GpuMemoryPlan gpu_memory_plan(const MemoryPlanInputs& in) {
       {fmt::format("packets: taps + final hidden (fp32) x {}", in.packets_in_flight + 1),
        S * H * (d.n_taps + 1) * 4 * (in.packets_in_flight + 1)},
       {"packet in the compute type (bf16 only)", in.bf16 ? S * H * (d.n_taps + 1) * 2 : 0.0},
+      {"RoPE cos/sin table (fp32)", in.cuda ? double(kernels::rope_table_bytes(d.head_dim)) : 0.0},
       {"cuBLASLt workspace", in.cuda ? 32.0 * (1 << 20) : 0.0},
   };
   return p;

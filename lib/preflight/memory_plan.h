@@ -27,6 +27,10 @@ struct RankMemory {
 };
 
 // The inputs of the plan: the shapes and the few config values memory depends on.
+// The activation arena bytes of the target TP rank that needs the most (model::target_activation_bytes over the
+// ranks' shards) for one forward of S positions in bf16 or fp32, on the CUDA backend or the CPU.
+size_t target_rank_activation_bytes(const model::QwenConfig& c, int tp, int S, bool bf16, bool cuda);
+
 struct MemoryPlanInputs {
   model::QwenConfig target;
   int64_t target_rank_params = 0;  // parameters of the largest target TP shard (weights held on that GPU)

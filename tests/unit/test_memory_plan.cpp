@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include "lib/model/drafter.h"
+#include "lib/model/target.h"
+#include "lib/model/target_shard.h"
 #include "lib/preflight/memory_plan.h"
 
 using namespace dflash;
@@ -80,13 +82,22 @@ TEST_CASE("memory plan: the target's weights and activations are counted in the 
     CAPTURE(bf16);
     const MemoryPlanInputs in = seed_inputs(bf16);
     const GpuMemoryPlan plan = gpu_memory_plan(in);
-    double weights = -1, residual = -1;
+    double weights = -1, activations = -1;
     for (const MemoryItem& i : plan.target.items) {
       if (i.what.rfind("weights", 0) == 0) weights = i.bytes;
-      if (i.what.rfind("residual stream", 0) == 0) residual = i.bytes;
+      if (i.what.rfind("activations", 0) == 0) activations = i.bytes;
     }
     CHECK(weights == double(in.target_rank_params) * (bf16 ? 2 : 4));
-    CHECK(residual == 8192.0 * 5120 * 3 * (bf16 ? 2 : 4));
+    // the arena of the target's own bind lists (model::target_activation_bytes), for the rank that needs the most
+    CHECK(activations == double(target_rank_activation_bytes(in.target, 5, 8192, bf16, true)));
+    // the arena holds at least rank 0's residual stream, normed input, partial sum [S, H], MLP gate/up [S, ic] and
+    // its attention's q, k, v, output [S, heads·D]; with its alignment and the norm statistics, not much more
+    const model::TargetShard r0 = model::plan_target_shard(in.target, 5, 0, model::TargetOptions{}.mlp_grain);
+    const double act = bf16 ? 2 : 4, S = 8192, H = 5120, D = 128, ic = double(r0.mlp_end - r0.mlp_begin);
+    const double floor = S * act * (3 * H + 2 * ic + D * (2 * r0.q_count + 2 * r0.kv_count));
+    MESSAGE("target arena " << activations / 1e9 << " GB, arrays " << floor / 1e9 << " GB");
+    CHECK(activations >= floor);
+    CHECK(activations <= floor * 1.1 + S * H * 4);  // + the fp32 [S, H] scratch of bf16
   }
   // bf16 halves the target rank's weights: the seed's largest shard (about a fifth of 32 B parameters) in ~13 GB
   const GpuMemoryPlan b = gpu_memory_plan(seed_inputs(true)), f = gpu_memory_plan(seed_inputs(false));

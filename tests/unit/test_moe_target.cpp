@@ -331,6 +331,50 @@ TEST_CASE("moe target: make-target qwen3_5_moe loads and matches the fp64 target
   }
 }
 
+// The target's activation arena is sized by the same bind lists its forward allocates from (lib/core/arena_plan.h):
+// on a fresh model the first forward's peak is exactly the size it planned, for every token mixer (attention, Gated
+// DeltaNet, routed experts with and without a shared expert) on every rank of TP 1 and 3 (uneven shards, a rank
+// with no shared-expert channels). An allocation outside the lists overruns the arena (an error) or shows here.
+TEST_CASE("target arena: the first forward uses exactly the bytes its bind lists plan (dense, hybrid, MoE; TP 1, 3)") {
+  struct Kind {
+    const char* name;
+    bool hybrid;
+    int experts;
+  };
+  for (const Kind& kind :
+       {Kind{"dense", false, 0}, Kind{"hybrid", true, 0}, Kind{"moe", false, 5}, Kind{"moe_hybrid", true, 5}}) {
+    CAPTURE(kind.name);
+    RandomTargetSpec spec = test::small_random_target(kind.hybrid, 3, 5);
+    spec.full_attention_interval = 2;
+    spec.experts = kind.experts;
+    spec.moe_intermediate = 12;
+    spec.shared_expert_intermediate = 20;
+    const std::string dir = test::scratch_dir(std::string("arena_") + kind.name).string();
+    write_random_target(dir, spec);
+    std::vector<int32_t> tokens(37);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 17 + 5) % size_t(spec.vocab));
+    for (const int tp : {1, 3}) {
+      CAPTURE(tp);
+      std::vector<model::TargetStats> first(static_cast<size_t>(tp)), second(static_cast<size_t>(tp));
+      run_tp(tp, [&](comm::Transport& t, int r) {
+        TargetModel target(dir, t, TargetOptions{});
+        std::vector<float> final_hidden(tokens.size() * size_t(spec.hidden));
+        target.forward(tokens.data(), int(tokens.size()), {}, nullptr, final_hidden.data());
+        first[size_t(r)] = target.stats();
+        target.forward(tokens.data(), 11, {}, nullptr, final_hidden.data());  // shorter: fits the arena made
+        second[size_t(r)] = target.stats();
+      });
+      for (int r = 0; r < tp; ++r) {
+        CAPTURE(r);
+        CHECK(first[size_t(r)].activation_bytes > 0);
+        CHECK(first[size_t(r)].activation_peak_bytes == first[size_t(r)].activation_bytes);
+        CHECK(second[size_t(r)].activation_bytes < first[size_t(r)].activation_bytes);
+        CHECK(second[size_t(r)].activation_peak_bytes == first[size_t(r)].activation_peak_bytes);
+      }
+    }
+  }
+}
+
 TEST_CASE("moe shard: every expert on exactly one rank, contiguous, counts within one") {
   auto j = qwen3_30b_a3b();
   for (int E : {1, 2, 4, 5, 6, 7, 12, 128}) {
