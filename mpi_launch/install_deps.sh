@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev              # safetensors headers, config.json
   libcli11-dev                    # command-line parsing and --help of every program
   libboost-context-dev            # the emulated GPU's fibers (-DDFLASH_CUDA=EMULATE: every CUDA test on the CPU)
+  ccache                          # mpi_launch/test.sh: the emulated-GPU build reuses the first build's compiles
 )
 
 missing=()

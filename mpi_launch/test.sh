@@ -13,6 +13,10 @@ bash "$root/mpi_launch/install_deps.sh"
 bash "$root/mpi_launch/install_prep.sh" --serve --report ||
   echo "test.sh: warning: install_prep.sh --serve --report failed (see above); data_prep and report tests that need" \
        "it will be skipped"
+# Both builds compile the same C++ sources with different -D/-I (the CUDA backend real or emulated): ccache, in its
+# preprocessor mode, matches every file whose preprocessed text is the same, so the second build mostly hits the
+# first's cache (the environment variables set the launcher of every configure here, the tests' own included).
+if command -v ccache >/dev/null; then export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache; fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure --timeout 600 "$@"

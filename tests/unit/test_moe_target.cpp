@@ -335,7 +335,7 @@ TEST_CASE("moe target: make-target qwen3_5_moe loads and matches the fp64 target
 // on a fresh model the first forward's peak is exactly the size it planned, for every token mixer (attention, Gated
 // DeltaNet, routed experts with and without a shared expert) on every rank of TP 1 and 3 (uneven shards, a rank
 // with no shared-expert channels). An allocation outside the lists overruns the arena (an error) or shows here.
-TEST_CASE("target arena: the first forward uses exactly the bytes its bind lists plan (dense, hybrid, MoE; TP 1, 3)") {
+TEST_CASE("target arena: the first forward uses exactly the bytes its bind lists plan (dense, hybrid, MoE, at TP 1 and 3)") {
   struct Kind {
     const char* name;
     bool hybrid;
