@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "kernels/math/argmax.h"
 #include "kernels/math/gates.h"
 #include "kernels/math/norm.h"
 #include "lib/core/error.h"
@@ -61,11 +62,10 @@ void argmax_rows(int32_t* index, T* value, const T* x, int rows, int cols) {
 #pragma omp parallel for schedule(static)
   for (int r = 0; r < rows; ++r) {
     const T* row = x + size_t(r) * cols;
-    int best = -1;
-    for (int i = 0; i < cols; ++i)
-      if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) best = i;  // strict: the first of equals stays
-    index[r] = best;
-    value[r] = best >= 0 ? row[best] : -INFINITY;
+    kernels::math::ArgMax<T> best;  // the first of equal values, NaNs never (kernels/math/argmax.h)
+    for (int i = 0; i < cols; ++i) best.add(row[i], i);
+    index[r] = best.index;
+    value[r] = best.value;
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "kernels/attention_shape.h"  // DFLASH_HD
 #include "kernels/cuda/norm_math.h"    // sigmoidf
+#include "kernels/math/argmax.h"
 #include "kernels/math/gates.h"
 
 namespace dflash::kernels::cuda_math {
@@ -104,24 +105,7 @@ DFLASH_HD inline int delta_slice_rows(int dk) {
   return need <= 8 ? 8 : need <= 16 ? 16 : need <= 32 ? 32 : 64;
 }
 
-// Running argmax of (part of) a row: the largest non-NaN value and its first index; index −1 while none. add()
-// takes elements in increasing index order; merge() combines partials over any split (ties: the lower index).
-struct ArgMax {
-  float value = -INFINITY;
-  int index = -1;
-  DFLASH_HD void add(float x, int i) {
-    if (x == x && (index < 0 || x > value)) {  // x == x: not NaN
-      value = x;
-      index = i;
-    }
-  }
-  DFLASH_HD void merge(const ArgMax& o) {
-    if (o.index < 0) return;
-    if (index < 0 || o.value > value || (o.value == value && o.index < index)) {
-      value = o.value;
-      index = o.index;
-    }
-  }
-};
+// Running argmax of (part of) a row in fp32: kernels/math/argmax.h, the rule the CPU uses too.
+using ArgMax = math::ArgMax<float>;
 
 }  // namespace dflash::kernels::cuda_math

@@ -1,5 +1,10 @@
 // Every CUDA kernel against the CPU backend on the same random inputs (run only where a GPU is; main.cpp skips
-// otherwise). Test-case names start with "cuda twin <family>:" (tests/cuda/CMakeLists.txt filters on them).
+// otherwise). Test-case names start with "cuda twin <family>:" (tests/cuda/CMakeLists.txt filters on them). The
+// ops that are a plain function of their inputs are cases of the op table instead (tests/unit/backend_ops.h, family
+// `ops`: the elementwise ops, norms, RoPE, GEMMs, the vocab-loss rows, AdamW, the target's cached attention, conv1d,
+// gates, delta rule and argmax, each against a double reference); what stays here needs more than one call or a
+// comparison the table does not make: the DFlash attention forward/backward and its tensor-core paths, the
+// prefill attention, split-K policies, 16-byte packs and misalignment, bf16 conversions, aliasing.
 //
 // Tolerances (u = 2^-24, fp32 unit roundoff; every comparison is |gpu − cpu| ≤ bound):
 //   * A sum of n products computed in any order has error ≤ n·u·Σ|terms| on each side (Higham, recursive
@@ -1260,39 +1265,6 @@ TEST_CASE("cuda twin attention_tc: split-K through the bf16 backend against the 
   }
 }
 
-TEST_CASE("cuda twin target: causal attention over a KV cache (prefill, decode, GQA) and the sigmoid gate") {
-  for (auto [n, past, NH, KVH, D] : {std::tuple{100, 0, 8, 2, 128}, std::tuple{1, 300, 6, 1, 256},
-                                     std::tuple{17, 70, 3, 3, 33}, std::tuple{1, 0, 2, 1, 4}}) {
-    const int keys = past + n;
-    const auto q = randn(size_t(n) * NH * D, 110), k = randn(size_t(keys) * KVH * D, 111),
-               v = randn(size_t(keys) * KVH * D, 112);
-    std::vector<float> out(q.size());
-    cpu().attention_cached_forward(hx(), out.data(), q.data(), k.data(), v.data(), n, past, NH, KVH, D);
-    Dev<float> gq(q), gk(k), gv(v), gout(std::vector<float>(q.size()));
-    gpu().f32->attention_cached_forward(gpu().ex(), gout.p(), gq.p(), gk.p(), gv.p(), n, past, NH, KVH, D);
-    // as the prefill kernel: a D-term score, a softmax over ≤ keys terms, a convex combination of |v| ≲ 5
-    const double t_out = 8.0 * (keys + D) * kU * (std::sqrt(double(D)) * 4 + 5);
-    INFO("n " << n << " past " << past << " NH " << NH << " KVH " << KVH << " D " << D);
-    require_within(gout.get(), out, {t_out}, "cached attention out");
-    // bf16: the same on the rounded inputs, plus one rounding of the output
-    const auto qb = bf16_round(q), kb = bf16_round(k), vb = bf16_round(v);
-    std::vector<float> outb(q.size());
-    cpu().attention_cached_forward(hx(), outb.data(), qb.data(), kb.data(), vb.data(), n, past, NH, KVH, D);
-    Dev<bf16> bq(to_bf16(qb)), bk(to_bf16(kb)), bv(to_bf16(vb)), bout(std::vector<bf16>(q.size()));
-    gpu().b16->attention_cached_forward(gpu().ex(), bout.p(), bq.p(), bk.p(), bv.p(), n, past, NH, KVH, D);
-    std::vector<double> tol(outb.size());
-    for (size_t i = 0; i < outb.size(); ++i) tol[i] = t_out + kB * std::fabs(outb[i]);
-    require_within(to_f32(bout.get()), outb, tol, "cached attention out bf16");
-  }
-  const auto x = randn(5000, 113), gate = randn(5000, 114, 4.0);
-  std::vector<float> want = x;
-  cpu().sigmoid_gate(hx(), want.data(), gate.data(), x.size());
-  Dev<float> gx(x), gg(gate);
-  gpu().f32->sigmoid_gate(gpu().ex(), gx.p(), gg.p(), x.size());
-  // expf within 2 ulp, then a division and a product: a few ulp
-  require_rel(gx.get(), want, 8 * kU, 1e-30, "sigmoid gate");
-}
-
 TEST_CASE("cuda twin target: copy_strided splits fused projections (exact copies)") {
   // Qwen3.5's q_proj rows [query (hd) | gate (hd)] per head, and a q | k | v channel split of one conv output row
   const int rows = 37, hd = 256;
@@ -1345,128 +1317,6 @@ TEST_CASE("cuda twin target: partial RoPE, l2norm and gated RMSNorm") {
     gpu().f32->gated_rmsnorm_forward(gpu().ex(), ga.p(), ga.p(), gz.p(), gw.p(), r, dim, 1e-6);
     require_within(ga.get(), ggn.get(), {0.0}, "gated rmsnorm, y aliasing x");
   }
-}
-
-TEST_CASE("cuda twin target: DeltaNet conv1d with a carried tail, gates and the gated delta rule") {
-  // conv: C channels, K taps, a sequence cut into calls of 5, 1 (fewer rows than the tail), 0 and 60 rows
-  const int C = 300, K = 4, S = 66;
-  const auto x = randn(size_t(S) * C, 130), w = randn(size_t(C) * K, 131, 0.5);
-  std::vector<float> want(x.size()), tail(size_t(K - 1) * C, 0.f);
-  Dev<float> gx(x), gw(w), gy(std::vector<float>(x.size())), gtail(tail);
-  int t0 = 0;
-  for (int n : {5, 1, 0, 60}) {
-    cpu().causal_conv1d_silu_forward(hx(), want.data() + size_t(t0) * C, x.data() + size_t(t0) * C, w.data(),
-                                     tail.data(), n, C, K);
-    gpu().f32->causal_conv1d_silu_forward(gpu().ex(), gy.p() + size_t(t0) * C, gx.p() + size_t(t0) * C, gw.p(),
-                                          gtail.p(), n, C, K);
-    t0 += n;
-    require_within(gtail.get(), tail, {0.0}, "conv tail (copied inputs: exact)");
-  }
-  // a K-term sum (2·K·u·Σ|w x| between two orders), then SiLU (|silu'| ≤ 1.1, a few ulp)
-  std::vector<double> tconv(want.size());
-  for (int t = 0; t < S; ++t)
-    for (int c = 0; c < C; ++c) {
-      double mag = 0;
-      for (int j = 0; j < K; ++j)
-        if (t - (K - 1) + j >= 0) mag += std::fabs(double(w[size_t(c) * K + j]) * x[size_t(t - (K - 1) + j) * C + c]);
-      tconv[size_t(t) * C + c] = 2.2 * (K + 2) * kU * mag + 8 * kU * std::fabs(want[size_t(t) * C + c]) + 1e-30;
-    }
-  require_within(gy.get(), want, tconv, "conv1d + silu, chunked with the tail");
-
-  // gates
-  const int rows = 50, heads = 12;
-  auto a = randn(size_t(rows) * heads, 132, 8.0);
-  const auto b = randn(a.size(), 133, 4.0), a_log = randn(heads, 134, 0.5), dt_bias = randn(heads, 135);
-  a[0] = 30.f, a[1] = -40.f;
-  std::vector<float> g(a.size()), beta(a.size());
-  cpu().deltanet_gates_forward(hx(), g.data(), beta.data(), a.data(), b.data(), a_log.data(), dt_bias.data(), rows,
-                               heads);
-  Dev<float> ga(a), gb(b), galog(a_log), gdt(dt_bias), gg(zeros<float>(a.size())), gbeta(zeros<float>(a.size()));
-  gpu().f32->deltanet_gates_forward(gpu().ex(), gg.p(), gbeta.p(), ga.p(), gb.p(), galog.p(), gdt.p(), rows, heads);
-  // exp, log1p, exp and two products: each within 2 ulp on both sides
-  require_rel(gg.get(), g, 16 * kU, 1e-30, "decay g");
-  require_rel(gbeta.get(), beta, 8 * kU, 1e-30, "beta");
-
-  // the delta rule: value heads over key heads, dv not a multiple of 32 (inactive lanes), state carried
-  struct Case {
-    int S, KH, VH, dk, dv;
-  };
-  for (Case c : {Case{70, 2, 6, 128, 80}, Case{3, 1, 3, 256, 32}, Case{1, 4, 4, 16, 7}}) {
-    const size_t qn = size_t(c.S) * c.KH * c.dk, vn = size_t(c.S) * c.VH * c.dv, gn = size_t(c.S) * c.VH;
-    auto q = randn(qn, 140), k = randn(qn, 141);
-    const auto v = randn(vn, 142);
-    cpu().l2norm_forward(hx(), q.data(), c.S * c.KH, c.dk, 1e-6, 1.0 / std::sqrt(double(c.dk)));
-    cpu().l2norm_forward(hx(), k.data(), c.S * c.KH, c.dk, 1e-6, 1.0);
-    std::vector<float> gd(gn), bd(gn);
-    Rng rng(143);
-    for (auto& e : gd) e = float(-2.0 * rng.uniform());
-    for (auto& e : bd) e = float(1.0 / (1.0 + std::exp(-rng.normal())));
-    const auto state0 = randn(size_t(c.VH) * c.dk * c.dv, 144, 0.3);
-    std::vector<float> out(vn), state = state0;
-    const int first = c.S / 2;
-    cpu().gated_delta_rule_forward(hx(), out.data(), q.data(), k.data(), v.data(), gd.data(), bd.data(), state.data(),
-                                   c.S, c.KH, c.VH, c.dk, c.dv);
-    Dev<float> dq(q), dk(k), dv(v), dg(gd), db(bd), dout(zeros<float>(vn)), dstate(state0);
-    auto& be = *gpu().f32;  // two calls, the state carried on the device
-    be.gated_delta_rule_forward(gpu().ex(), dout.p(), dq.p(), dk.p(), dv.p(), dg.p(), db.p(), dstate.p(), first,
-                                c.KH, c.VH, c.dk, c.dv);
-    const size_t qo = size_t(first) * c.KH * c.dk, vo = size_t(first) * c.VH * c.dv, go = size_t(first) * c.VH;
-    be.gated_delta_rule_forward(gpu().ex(), dout.p() + vo, dq.p() + qo, dk.p() + qo, dv.p() + vo, dg.p() + go,
-                                db.p() + go, dstate.p(), c.S - first, c.KH, c.VH, c.dk, c.dv);
-    // each token: two dk-term sums on a state the update keeps bounded (decay ≤ 1, β ≤ 1, unit k: the step
-    // M(I − β k kᵀ) does not expand), so the rounding errors add up at most linearly over S:
-    // 2·S·(dk + 4)·u of the largest value, plus the 1e-5 by which the CPU's chunked float kernel may differ from
-    // the recurrence (tests/unit/test_gated_deltanet.cpp).
-    double omax = 0, smax = 0;
-    for (float e : out) omax = std::max(omax, double(std::fabs(e)));
-    for (float e : state) smax = std::max(smax, double(std::fabs(e)));
-    const double rel = 2.0 * c.S * (c.dk + 4) * kU + 1e-5;
-    INFO("S " << c.S << " KH " << c.KH << " VH " << c.VH << " dk " << c.dk << " dv " << c.dv);
-    require_within(dout.get(), out, {rel * omax}, "delta rule out");
-    require_within(dstate.get(), state, {rel * smax}, "delta rule state");
-    // bf16 q, k, v and out; g, β and the state in fp32: plus one rounding of each output
-    const auto qb = bf16_round(q), kb = bf16_round(k), vb = bf16_round(v);
-    std::vector<float> outb(vn), stateb = state0;
-    cpu().gated_delta_rule_forward(hx(), outb.data(), qb.data(), kb.data(), vb.data(), gd.data(), bd.data(),
-                                   stateb.data(), c.S, c.KH, c.VH, c.dk, c.dv);
-    Dev<bf16> bq(to_bf16(qb)), bk(to_bf16(kb)), bv(to_bf16(vb)), bout(zeros<bf16>(vn));
-    Dev<float> bstate(state0);
-    gpu().b16->gated_delta_rule_forward(gpu().ex(), bout.p(), bq.p(), bk.p(), bv.p(), dg.p(), db.p(), bstate.p(), c.S,
-                                        c.KH, c.VH, c.dk, c.dv);
-    std::vector<double> tb(vn);
-    for (size_t i = 0; i < vn; ++i) tb[i] = rel * omax * 1.1 + kB * std::fabs(outb[i]);
-    require_within(to_f32(bout.get()), outb, tb, "delta rule out bf16");
-    require_within(bstate.get(), stateb, {rel * smax * 1.1}, "delta rule state (fp32) on bf16 inputs");
-  }
-}
-
-TEST_CASE("cuda twin target: row argmax (first maximum, NaNs skipped) in fp32 and bf16") {
-  const int rows = 6, cols = 248320 / 5;  // one rank's vocabulary shard
-  auto x = randn(size_t(rows) * cols, 150, 3.0);
-  x[size_t(1) * cols + 40000] = x[size_t(1) * cols + 7] = x[size_t(1) * cols + 30000] = 50.f;  // ties: 7 wins
-  x[size_t(2) * cols + 0] = std::nanf("");
-  for (int i = 0; i < cols; ++i) x[size_t(3) * cols + i] = std::nanf("");  // none: −1, −inf
-  for (int i = 0; i < cols; ++i) x[size_t(4) * cols + i] = -INFINITY;      // all −inf: column 0
-  x[size_t(5) * cols + cols - 1] = INFINITY;
-  std::vector<int32_t> index(rows);
-  std::vector<float> value(rows);
-  cpu().argmax_rows(hx(), index.data(), value.data(), x.data(), rows, cols);
-  REQUIRE(index[1] == 7);
-  REQUIRE(index[3] == -1);
-  REQUIRE(index[4] == 0);
-  REQUIRE(index[5] == cols - 1);
-  Dev<float> gx(x), gval(zeros<float>(rows));
-  Dev<int32_t> gidx(std::vector<int32_t>(rows, -5));
-  gpu().f32->argmax_rows(gpu().ex(), gidx.p(), gval.p(), gx.p(), rows, cols);
-  CHECK(gidx.get() == index);  // comparisons only: exact
-  require_within(gval.get(), value, {0.0}, "argmax value");
-  // bf16: the CPU on the rounded values (rounding makes more ties: the first still wins)
-  const auto xb = bf16_round(x);
-  cpu().argmax_rows(hx(), index.data(), value.data(), xb.data(), rows, cols);
-  Dev<bf16> bx(to_bf16(xb));
-  gpu().b16->argmax_rows(gpu().ex(), gidx.p(), gval.p(), bx.p(), rows, cols);
-  CHECK(gidx.get() == index);
-  require_within(gval.get(), value, {0.0}, "argmax value bf16");
 }
 
 #endif  // DFLASH_WITH_CUDA

@@ -147,6 +147,10 @@ enum class Op {
   deltanet_gates,
   rope_partial,
   linear,
+  cached_attention,
+  causal_conv1d,
+  delta_rule,
+  argmax,
 };
 inline const char* op_name(Op op) {
   switch (op) {
@@ -165,13 +169,23 @@ inline const char* op_name(Op op) {
     case Op::deltanet_gates: return "deltanet_gates_forward";
     case Op::rope_partial: return "rope_partial_forward";
     case Op::linear: return "linear forward and backward";
+    case Op::cached_attention:
+      return "attention_cached_forward";
+    case Op::causal_conv1d:
+      return "causal_conv1d_silu_forward";
+    case Op::delta_rule:
+      return "gated_delta_rule_forward";
+    case Op::argmax:
+      return "argmax_rows";
   }
   return "?";
 }
 
 // Shape fields by op: residual/swiglu/accumulate_scale/sigmoid_gate/adamw: n; rmsnorm/l2norm/gated_rmsnorm: rows,
 // dim; deltanet_gates: rows, heads; rope/head_norm_rope: rows, heads, head_dim; rope_partial: rows, head_dim,
-// rot_dim; vocab_loss_rows: rows, V (+ tau, with_u); gemm: M, N, K (+ trans_a, trans_b, beta); linear: N, in, out.
+// rot_dim; vocab_loss_rows: rows, V (+ tau, with_u); gemm: M, N, K (+ trans_a, trans_b, beta); linear: N, in, out;
+// cached_attention: n, past, q_heads (+ d = kv_heads, e = head_dim); causal_conv1d: S, C, K; delta_rule: S,
+// k_heads, v_heads (+ d = dk, e = dv); argmax: rows, cols.
 struct OpCase {
   Op op;
   int a = 0, b = 0, c = 0;
@@ -179,9 +193,10 @@ struct OpCase {
   double tau = 1.0;
   bool with_u = true, trans_a = false, trans_b = false;
   double beta = 0.0;
+  int d = 0, e = 0;
   std::string describe() const {
     std::string s = std::string(op_name(op)) + " [" + std::to_string(a) + ", " + std::to_string(b) + ", " +
-                    std::to_string(c) + "]";
+                    std::to_string(c) + (d || e ? ", " + std::to_string(d) + ", " + std::to_string(e) : "") + "]";
     if (op == Op::vocab_loss_rows) s += " tau " + std::to_string(tau) + (with_u ? " with u" : " no u");
     if (op == Op::gemm) s += std::string(trans_a ? " Aᵀ" : "") + (trans_b ? " Bᵀ" : "") + " beta " + std::to_string(beta);
     return s;
@@ -231,6 +246,26 @@ inline std::vector<OpCase> op_cases() {
     c.push_back({Op::rope_partial, rows, hd, rot});
   for (auto [N, in, out] : {std::array{1, 1, 1}, std::array{7, 33, 5}, std::array{65, 48, 17}})
     c.push_back({Op::linear, N, in, out});
+  // the target's attention: prefill (past 0), a cached chunk, decode steps (n 1: the split-K path on CUDA), GQA
+  // groups 1 to 6, head dims the tensor-core kernels take (64/128/256) and ones they do not (4, 33)
+  for (auto [n, past, qh, kvh, D] :
+       {std::array{100, 0, 8, 2, 128}, std::array{1, 300, 6, 1, 256}, std::array{17, 70, 3, 3, 33},
+        std::array{1, 0, 2, 1, 4}, std::array{5, 37, 4, 2, 64}}) {
+    OpCase k{Op::cached_attention, n, past, qh};
+    k.d = kvh, k.e = D;
+    c.push_back(k);
+  }
+  for (auto [S, C, K] : {std::array{1, 1, 1}, std::array{9, 33, 4}, std::array{66, 300, 4}, std::array{5, 7, 2}})
+    c.push_back({Op::causal_conv1d, S, C, K});
+  // the delta rule: value heads over key heads (groups 1 to 3), dv not a multiple of 32, S across chunk sizes
+  for (auto [S, kh, vh, dk, dv] : {std::array{70, 2, 6, 128, 80}, std::array{3, 1, 3, 256, 32},
+                                   std::array{1, 4, 4, 16, 7}, std::array{65, 1, 1, 33, 5}}) {
+    OpCase k{Op::delta_rule, S, kh, vh};
+    k.d = dk, k.e = dv;
+    c.push_back(k);
+  }
+  for (auto [rows, cols] : {std::pair{1, 1}, std::pair{7, 257}, std::pair{6, 49664}})
+    c.push_back({Op::argmax, rows, cols});
   return c;
 }
 
@@ -762,6 +797,169 @@ struct Runner {
     check("dW", dW.get(be), rdW, bounds(rdW, mdW, N + 2, uc, uc));
   }
 
+  // out (=) softmax(q kᵀ / sqrt(D)) v per query row i (at position past + i, keys 0 .. past + i), Q head h on KV
+  // head h / (qh / kvh). A score s_j = scale·Σ_d q_d k_jd is off by δ_j ≤ (D + 2)·u·c_j, c_j = scale·Σ_d |q_d k_jd|;
+  // subtracting the row maximum adds u·|s|max to each; exp (2) moves each weight p_j relatively by the difference of
+  // two such errors plus 2u, and the normalisation and the keys-term sum of p_j v_j add (keys + 4)·u, all relative
+  // to P = Σ_j p_j |v_jd|: n·u_c·M with n = 2·(D + 2)·c_max + 2·|s|max + keys + 6 on M = P. The tensor-core
+  // kernels (bf16) round the weights p_j to the storage type for the P·V product: u_s·P more.
+  void cached_attention(const OpCase& k) {
+    const int n = k.a, past = k.b, qh = k.c, kvh = k.d, D = k.e, keys = past + n, g = qh / kvh;
+    DevArray<T> q(be, randn(size_t(n) * qh * D, 60)), kk(be, randn(size_t(keys) * kvh * D, 61)),
+        v(be, randn(size_t(keys) * kvh * D, 62)), out(be, Vec(size_t(n) * qh * D));
+    be.attention_cached_forward(be.context(), out.p(), q.p(), kk.p(), v.p(), n, past, qh, kvh, D);
+    const double scale = 1 / std::sqrt(double(D));
+    Vec r(out.host.size()), b(out.host.size());
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < qh; ++h) {
+        const double* qi = &q.host[(size_t(i) * qh + h) * D];
+        const int kh = h / g, seen = past + i + 1;
+        Vec sc(static_cast<size_t>(seen));
+        double smax = -std::numeric_limits<double>::infinity(), cmax = 0, sabs = 0;
+        for (int j = 0; j < seen; ++j) {
+          const double* kj = &kk.host[(size_t(j) * kvh + kh) * D];
+          double dot = 0, mag = 0;
+          for (int d = 0; d < D; ++d) dot += qi[d] * kj[d], mag += std::fabs(qi[d] * kj[d]);
+          sc[size_t(j)] = dot * scale;
+          smax = std::max(smax, sc[size_t(j)]), cmax = std::max(cmax, mag * scale);
+          sabs = std::max(sabs, std::fabs(sc[size_t(j)]));
+        }
+        double z = 0;
+        for (double& e : sc) z += (e = std::exp(e - smax));
+        const double nops = 2 * (D + 2) * cmax + 2 * sabs + keys + 6;
+        for (int d = 0; d < D; ++d) {
+          double acc = 0, P = 0;
+          for (int j = 0; j < seen; ++j) {
+            const double vj = v.host[(size_t(j) * kvh + kh) * D + d];
+            acc += sc[size_t(j)] / z * vj, P += sc[size_t(j)] / z * std::fabs(vj);
+          }
+          const size_t o = (size_t(i) * qh + h) * D + d;
+          r[o] = acc, b[o] = 2 * (nops * uc * P + us * P + us * std::fabs(acc));
+        }
+      }
+    check("out", out.get(be), r, b);
+  }
+
+  // y (=) silu(Σ_{j<K} w[c, j] · in[t + j, c]), in = [tail ; x], the sequence given in three calls (the middle one
+  // shorter than the tail) with the tail carried: a K-term sum (K + 1 on Σ|w x|, times |silu'| ≤ 1.1), then silu's
+  // exp, sum and division (5 on |y|). The tail is copied inputs: exact.
+  void causal_conv1d(const OpCase& k) {
+    const int S = k.a, C = k.b, K = k.c;
+    DevArray<T> x(be, randn(size_t(S) * C, 63)), w(be, randn(size_t(C) * K, 64, 0.5)), y(be, Vec(size_t(S) * C));
+    DevArray<T> tail(be, Vec(size_t(std::max(K - 1, 0)) * C, 0.0));
+    const int cut1 = S / 3, cut2 = std::min(S, cut1 + std::max(K - 2, 0));
+    for (auto [t0, t1] : {std::pair{0, cut1}, std::pair{cut1, cut2}, std::pair{cut2, S}})
+      be.causal_conv1d_silu_forward(be.context(), y.p() + size_t(t0) * C, x.p() + size_t(t0) * C, w.p(), tail.p(),
+                                    t1 - t0, C, K);
+    Vec r(size_t(S) * C), b(r.size()), rt(tail.host.size());
+    for (int t = 0; t < S; ++t)
+      for (int c = 0; c < C; ++c) {
+        double acc = 0, mag = 0;
+        for (int j = 0; j < K; ++j) {
+          const int src = t - (K - 1) + j;
+          if (src < 0) continue;
+          const double e = w.host[size_t(c) * K + j] * x.host[size_t(src) * C + c];
+          acc += e, mag += std::fabs(e);
+        }
+        const double yv = acc / (1 + std::exp(-acc));
+        r[size_t(t) * C + c] = yv;
+        b[size_t(t) * C + c] = 2 * ((K + 1) * uc * 1.1 * mag + 5 * uc * std::fabs(yv) + us * std::fabs(yv));
+      }
+    for (int j = 0; j < K - 1; ++j)
+      for (int c = 0; c < C; ++c) {
+        const int src = S - (K - 1) + j;
+        rt[size_t(j) * C + c] = src >= 0 ? x.host[size_t(src) * C + c] : 0.0;
+      }
+    check("y", y.get(be), r, b);
+    check("tail", tail.get(be), rt, Vec(rt.size(), 0.0));
+  }
+
+  // The recurrence per value head (kernels/cpu/gated_deltanet.h), a state carried in, the sequence in two calls.
+  // Each step's update M ← e^g M + k uᵀ, u = β(v − Mᵀk) with unit k, e^g ≤ 1, β ≤ 1 does not expand M, so the
+  // per-step roundings (two dk-term sums and the update: dk + 4) add up at most linearly over the S steps: n =
+  // S·(dk + 4) on M = the largest |o| (resp. |state|) of the sequence. The chunked kernels (64-position chunks)
+  // reorder the same sums through a triangular solve whose terms are bounded the same way (its matrix is unit
+  // lower triangular with |β e^{γ_i−γ_j} k_i·k_j| ≤ 1); their extra sums over a chunk add 64·(dk + 4).
+  void delta_rule(const OpCase& k) {
+    const int S = k.a, kh = k.b, vh = k.c, dk = k.d, dv = k.e, grp = vh / kh;
+    const size_t qn = size_t(S) * kh * dk, vn = size_t(S) * vh * dv, gn = size_t(S) * vh;
+    auto unit_rows = [&](Vec x, double scale) {
+      for (size_t r = 0; r < x.size() / size_t(dk); ++r) {
+        double ss = 0;
+        for (int i = 0; i < dk; ++i) ss += x[r * dk + i] * x[r * dk + i];
+        for (int i = 0; i < dk; ++i) x[r * dk + i] *= scale / std::sqrt(ss);
+      }
+      return x;
+    };
+    Vec g0(gn), b0(gn);
+    Rng rng(65);
+    for (auto& e : g0) e = -2.0 * rng.uniform();
+    for (auto& e : b0) e = 1.0 / (1.0 + std::exp(-rng.normal()));
+    DevArray<T> q(be, unit_rows(randn(qn, 66), 1 / std::sqrt(double(dk)))), kk(be, unit_rows(randn(qn, 67), 1.0)),
+        v(be, randn(vn, 68)), out(be, Vec(vn));
+    DevArray<A> g(be, g0), beta(be, b0), state(be, randn(size_t(vh) * dk * dv, 69, 0.3));
+    const int first = S / 2;
+    const size_t qo = size_t(first) * kh * dk, vo = size_t(first) * vh * dv, go = size_t(first) * vh;
+    be.gated_delta_rule_forward(be.context(), out.p(), q.p(), kk.p(), v.p(), g.p(), beta.p(), state.p(), first, kh, vh,
+                                dk, dv);
+    be.gated_delta_rule_forward(be.context(), out.p() + vo, q.p() + qo, kk.p() + qo, v.p() + vo, g.p() + go,
+                                beta.p() + go, state.p(), S - first, kh, vh, dk, dv);
+    Vec M = state.host, r(vn);
+    double omax = 0, smax = 0;
+    for (double e : M) smax = std::max(smax, std::fabs(e));
+    for (int t = 0; t < S; ++t)
+      for (int h = 0; h < vh; ++h) {
+        double* Mh = &M[size_t(h) * dk * dv];
+        const double* kt = &kk.host[(size_t(t) * kh + h / grp) * dk];
+        const double* qt = &q.host[(size_t(t) * kh + h / grp) * dk];
+        const double decay = std::exp(g.host[size_t(t) * vh + h]), bt = beta.host[size_t(t) * vh + h];
+        for (size_t i = 0; i < size_t(dk) * dv; ++i) Mh[i] *= decay;
+        for (int j = 0; j < dv; ++j) {
+          double pred = 0;
+          for (int i = 0; i < dk; ++i) pred += Mh[size_t(i) * dv + j] * kt[i];
+          const double u = bt * (v.host[(size_t(t) * vh + h) * dv + j] - pred);
+          for (int i = 0; i < dk; ++i) Mh[size_t(i) * dv + j] += kt[i] * u;
+        }
+        for (int j = 0; j < dv; ++j) {
+          double o = 0;
+          for (int i = 0; i < dk; ++i) o += Mh[size_t(i) * dv + j] * qt[i];
+          r[(size_t(t) * vh + h) * dv + j] = o, omax = std::max(omax, std::fabs(o));
+        }
+        for (size_t i = 0; i < size_t(dk) * dv; ++i) smax = std::max(smax, std::fabs(Mh[i]));
+      }
+    const double nops = double(S + 64) * (dk + 4);
+    check("out", out.get(be), r, bounds(r, Vec(vn, omax), nops, uc, us));
+    check("state", state.get(be), M, bounds(M, Vec(M.size(), smax), nops, uc, uc));
+  }
+
+  // index (=) the first column of the row's largest value, NaNs never winning (−1 when all are NaN), value (=) it:
+  // comparisons only, so both exact (the bound is 0). Ties, a NaN first, an all-NaN row, an all −inf row, +inf last.
+  void argmax(const OpCase& k) {
+    const int rows = k.a, cols = k.b;
+    Vec x0 = randn(size_t(rows) * cols, 70, 3.0);
+    const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+    if (rows > 1) x0[size_t(cols) - 1] = x0[size_t(cols) / 2] = x0[0] = 50;  // ties in row 0: column 0 wins
+    if (rows > 2) x0[size_t(cols)] = nan;
+    if (rows > 3) std::fill_n(x0.begin() + 2 * size_t(cols), cols, nan);
+    if (rows > 4) std::fill_n(x0.begin() + 3 * size_t(cols), cols, -inf);
+    if (rows > 5) x0[5 * size_t(cols) - 1] = inf;
+    DevArray<T> x(be, x0);
+    DevArray<int32_t> index(be, Vec(size_t(rows), -5));
+    DevArray<A> value(be, Vec(size_t(rows), 0));
+    be.argmax_rows(be.context(), index.p(), value.p(), x.p(), rows, cols);
+    Vec ri(size_t(rows), -1), rv(size_t(rows), -inf);
+    for (int q = 0; q < rows; ++q)
+      for (int c = 0; c < cols; ++c) {
+        const double e = x.host[size_t(q) * cols + c];
+        if (e == e && (ri[size_t(q)] < 0 || e > rv[size_t(q)])) ri[size_t(q)] = c, rv[size_t(q)] = e;
+      }
+    Vec gv = value.get(be);
+    for (size_t i = 0; i < gv.size(); ++i)
+      if (gv[i] == rv[i]) gv[i] = rv[i] = 0;  // equal infinities compare as equal
+    check("index", index.get(be), ri, Vec(ri.size(), 0.0));
+    check("value", gv, rv, Vec(rv.size(), 0.0));
+  }
+
   void run(const OpCase& k) {
     switch (k.op) {
       case Op::residual: return residual(k);
@@ -779,6 +977,14 @@ struct Runner {
       case Op::deltanet_gates: return deltanet_gates(k);
       case Op::rope_partial: return rope_partial(k);
       case Op::linear: return linear(k);
+      case Op::cached_attention:
+        return cached_attention(k);
+      case Op::causal_conv1d:
+        return causal_conv1d(k);
+      case Op::delta_rule:
+        return delta_rule(k);
+      case Op::argmax:
+        return argmax(k);
     }
   }
 };
