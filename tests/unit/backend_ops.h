@@ -148,6 +148,7 @@ enum class Op {
   rope_partial,
   linear,
   cached_attention,
+  causal_attention,
   causal_conv1d,
   delta_rule,
   argmax,
@@ -169,14 +170,11 @@ inline const char* op_name(Op op) {
     case Op::deltanet_gates: return "deltanet_gates_forward";
     case Op::rope_partial: return "rope_partial_forward";
     case Op::linear: return "linear forward and backward";
-    case Op::cached_attention:
-      return "attention_cached_forward";
-    case Op::causal_conv1d:
-      return "causal_conv1d_silu_forward";
-    case Op::delta_rule:
-      return "gated_delta_rule_forward";
-    case Op::argmax:
-      return "argmax_rows";
+    case Op::cached_attention: return "attention_cached_forward";
+    case Op::causal_attention: return "attention_causal_forward";
+    case Op::causal_conv1d: return "causal_conv1d_silu_forward";
+    case Op::delta_rule: return "gated_delta_rule_forward";
+    case Op::argmax: return "argmax_rows";
   }
   return "?";
 }
@@ -184,7 +182,7 @@ inline const char* op_name(Op op) {
 // Shape fields by op: residual/swiglu/accumulate_scale/sigmoid_gate/adamw: n; rmsnorm/l2norm/gated_rmsnorm: rows,
 // dim; deltanet_gates: rows, heads; rope/head_norm_rope: rows, heads, head_dim; rope_partial: rows, head_dim,
 // rot_dim; vocab_loss_rows: rows, V (+ tau, with_u); gemm: M, N, K (+ trans_a, trans_b, beta); linear: N, in, out;
-// cached_attention: n, past, q_heads (+ d = kv_heads, e = head_dim); causal_conv1d: S, C, K; delta_rule: S,
+// cached_attention: n, past, q_heads (+ d = kv_heads, e = head_dim); causal_attention: S, 0, q_heads (+ d, e); causal_conv1d: S, C, K; delta_rule: S,
 // k_heads, v_heads (+ d = dk, e = dv); argmax: rows, cols.
 struct OpCase {
   Op op;
@@ -252,6 +250,12 @@ inline std::vector<OpCase> op_cases() {
        {std::array{100, 0, 8, 2, 128}, std::array{1, 300, 6, 1, 256}, std::array{17, 70, 3, 3, 33},
         std::array{1, 0, 2, 1, 4}, std::array{5, 37, 4, 2, 64}}) {
     OpCase k{Op::cached_attention, n, past, qh};
+    k.d = kvh, k.e = D;
+    c.push_back(k);
+  }
+  // the prefill entry point of the same attention (keys = the S rows themselves)
+  for (auto [S, qh, kvh, D] : {std::array{1, 2, 1, 4}, std::array{100, 8, 2, 128}, std::array{65, 3, 3, 33}}) {
+    OpCase k{Op::causal_attention, S, 0, qh};
     k.d = kvh, k.e = D;
     c.push_back(k);
   }
@@ -807,7 +811,10 @@ struct Runner {
     const int n = k.a, past = k.b, qh = k.c, kvh = k.d, D = k.e, keys = past + n, g = qh / kvh;
     DevArray<T> q(be, randn(size_t(n) * qh * D, 60)), kk(be, randn(size_t(keys) * kvh * D, 61)),
         v(be, randn(size_t(keys) * kvh * D, 62)), out(be, Vec(size_t(n) * qh * D));
-    be.attention_cached_forward(be.context(), out.p(), q.p(), kk.p(), v.p(), n, past, qh, kvh, D);
+    if (k.op == Op::causal_attention)  // the prefill entry point: past = 0
+      be.attention_causal_forward(be.context(), out.p(), q.p(), kk.p(), v.p(), n, qh, kvh, D);
+    else
+      be.attention_cached_forward(be.context(), out.p(), q.p(), kk.p(), v.p(), n, past, qh, kvh, D);
     const double scale = 1 / std::sqrt(double(D));
     Vec r(out.host.size()), b(out.host.size());
     for (int i = 0; i < n; ++i)
@@ -978,13 +985,10 @@ struct Runner {
       case Op::rope_partial: return rope_partial(k);
       case Op::linear: return linear(k);
       case Op::cached_attention:
-        return cached_attention(k);
-      case Op::causal_conv1d:
-        return causal_conv1d(k);
-      case Op::delta_rule:
-        return delta_rule(k);
-      case Op::argmax:
-        return argmax(k);
+      case Op::causal_attention: return cached_attention(k);
+      case Op::causal_conv1d: return causal_conv1d(k);
+      case Op::delta_rule: return delta_rule(k);
+      case Op::argmax: return argmax(k);
     }
   }
 };
