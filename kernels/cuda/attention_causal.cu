@@ -13,6 +13,7 @@
 // the same bits in any thread or block order). One split is the unsplit kernel, writing T directly.
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/split_merge.cuh"
 #include "kernels/cuda/target_math.h"
 
 #include <algorithm>
@@ -142,35 +143,15 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp)
   }
 }
 
-// Split-K merge, one warp per row r of the n · NH (query row, head) rows: out[r] (=) Σ_z w_z o_z / Σ_z w_z l_z with
-// w_z = e^(m_z − max_z m_z), the splits taken in order z = 0, 1, …: the same bits whatever the thread order. Split 0
-// holds key 0, which every row sees, so the max is finite; a split past a row's keys (m = −∞, l = 0, o = 0) weighs 0.
+// Split-K merge, one warp per row r of the n · NH (query row, head) rows (split_merge.cuh; maxima in natural-log
+// units here).
 template <typename T>
 __global__ void attention_cores_split_merge_kernel(T* out, const float* part_o, const float* part_ml, int rows,
                                                    int D, int splits) {
-  const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (r >= rows) return;
-  float m_max = -INFINITY;
-  for (int z = 0; z < splits; ++z) m_max = fmaxf(m_max, part_ml[2 * (size_t(z) * rows + r)]);
-  float acc[kDimPerLane], l = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kDimPerLane; ++c) acc[c] = 0.0f;
-  for (int z = 0; z < splits; ++z) {
-    const size_t zr = size_t(z) * rows + r;
-    const float w = expf(part_ml[2 * zr] - m_max);
-    l += w * part_ml[2 * zr + 1];
-#pragma unroll
-    for (int c = 0; c < kDimPerLane; ++c) {
-      const int d = lane + kWarp * c;
-      if (d < D) acc[c] += w * part_o[zr * D + d];
-    }
-  }
-  const float inv_l = 1.0f / l;
-#pragma unroll
-  for (int c = 0; c < kDimPerLane; ++c) {
-    const int d = lane + kWarp * c;
-    if (d < D) out[size_t(r) * D + d] = from_f<T>(acc[c] * inv_l);
-  }
+  merge_split_row<ExpBase::e, kDimPerLane>(part_o, part_ml, rows, r, D, splits,
+                                           [&](int d, float v) { out[size_t(r) * D + d] = from_f<T>(v); });
 }
 
 }  // namespace

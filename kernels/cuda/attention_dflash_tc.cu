@@ -40,6 +40,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/split_merge.cuh"
 
 namespace dflash::kernels::cuda {
 
@@ -407,30 +408,15 @@ __global__ void flash_forward_tc_kernel(bf16* out, float* lse, const bf16* q, Pa
   }
 }
 
-// Split-K merge, one warp per (query row, head) r of `rows`: out[r] (=) Σ_z w_z o_z / Σ_z w_z l_z with
-// w_z = 2^(m_z − max_z m_z), the splits taken in order z = 0, 1, …: the same bits whatever the thread order. Split 0
-// holds key 0, which every row sees, so the max is finite; an empty split (m = −∞, l = 0, o = 0) weighs 0.
+// Split-K merge, one warp per (query row, head) r of `rows` (split_merge.cuh; maxima in base 2 here).
 template <int D>
 __global__ void attention_split_merge_kernel(bf16* out, const float* part_o, const float* part_ml, int rows,
                                              int splits) {
-  const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (r >= rows) return;
-  float m_max = -INFINITY;
-  for (int z = 0; z < splits; ++z) m_max = fmaxf(m_max, part_ml[2 * (size_t(z) * rows + r)]);
-  constexpr int kPerLane = D / kWarp;  // dimensions lane + 32·c
-  float acc[kPerLane], l = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kPerLane; ++c) acc[c] = 0.0f;
-  for (int z = 0; z < splits; ++z) {
-    const size_t zr = size_t(z) * rows + r;
-    const float w = exp2f(part_ml[2 * zr] - m_max);
-    l += w * part_ml[2 * zr + 1];
-#pragma unroll
-    for (int c = 0; c < kPerLane; ++c) acc[c] += w * part_o[zr * D + lane + kWarp * c];
-  }
-  const float inv_l = 1.0f / l;
-#pragma unroll
-  for (int c = 0; c < kPerLane; ++c) out[size_t(r) * D + lane + kWarp * c] = __float2bfloat16_rn(acc[c] * inv_l);
+  merge_split_row<ExpBase::two, D / kWarp>(part_o, part_ml, rows, r, D, splits, [&](int d, float v) {
+    out[size_t(r) * D + d] = __float2bfloat16_rn(v);
+  });
 }
 
 // delta = rowsum(dO ⊙ O), one warp per (query row, head).
