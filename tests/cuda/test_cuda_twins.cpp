@@ -1,10 +1,11 @@
 // Every CUDA kernel against the CPU backend on the same random inputs (run only where a GPU is; main.cpp skips
 // otherwise). Test-case names start with "cuda twin <family>:" (tests/cuda/CMakeLists.txt filters on them). The
 // ops that are a plain function of their inputs are cases of the op table instead (tests/unit/backend_ops.h, family
-// `ops`: the elementwise ops, norms, RoPE, GEMMs, the vocab-loss rows, AdamW, the target's cached attention, conv1d,
-// gates, delta rule and argmax, each against a double reference); what stays here needs more than one call or a
-// comparison the table does not make: the DFlash attention forward/backward and its tensor-core paths,
-// split-K policies, 16-byte packs and misalignment, bf16 conversions, aliasing.
+// `ops`: the elementwise ops, norms, RoPE, GEMMs, the vocab-loss rows, AdamW, the DFlash attention forward and
+// backward, the target's causal and cached attention, conv1d, gates, delta rule and argmax, each against a double
+// reference); what stays here is what the table does not express: the bf16 tensor-core and CUDA-core attention
+// kernels run directly and against each other, split-K and path-selection policies, 16-byte packs and
+// misalignment, bf16 conversions, aliasing.
 //
 // Tolerances (u = 2^-24, fp32 unit roundoff; every comparison is |gpu − cpu| ≤ bound):
 //   * A sum of n products computed in any order has error ≤ n·u·Σ|terms| on each side (Higham, recursive
@@ -522,70 +523,6 @@ TEST_CASE("cuda twin norm_rope: fused head RMSNorm + RoPE (fp32, bf16) against t
   }
 }
 
-// ============================== attention ==============================
-
-namespace {
-
-struct AttnCase {
-  DFlashAttentionShape s;
-  std::vector<int32_t> anchors;
-};
-
-void dflash_twin(const AttnCase& c) {
-  const auto& s = c.s;
-  const size_t NB = size_t(s.n_blocks) * s.block, NH = s.heads, KVH = s.kv_heads, D = s.head_dim;
-  const auto q = randn(NB * NH * D, 40), kc = randn(size_t(s.ctx_len) * KVH * D, 41),
-             vc = randn(size_t(s.ctx_len) * KVH * D, 42), kb = randn(NB * KVH * D, 43), vb = randn(NB * KVH * D, 44),
-             dout = randn(NB * NH * D, 45);
-  std::vector<float> out(NB * NH * D), lse(NB * NH);
-  cpu().dflash_attention_forward(hx(), out.data(), lse.data(), q.data(), kc.data(), vc.data(), kb.data(), vb.data(),
-                                 c.anchors.data(), s);
-  const auto dq0 = randn(q.size(), 46), dkc0 = randn(kc.size(), 47), dvc0 = randn(vc.size(), 48),
-             dkb0 = randn(kb.size(), 49), dvb0 = randn(vb.size(), 50);
-  std::vector<float> dq = dq0, dkc = dkc0, dvc = dvc0, dkb = dkb0, dvb = dvb0;
-  cpu().dflash_attention_backward(hx(), dq.data(), dkc.data(), dvc.data(), dkb.data(), dvb.data(), dout.data(),
-                                  out.data(), lse.data(), q.data(), kc.data(), vc.data(), kb.data(), vb.data(),
-                                  c.anchors.data(), s);
-  Dev<float> gq(q), gkc(kc), gvc(vc), gkb(kb), gvb(vb), gdout(dout), gout(std::vector<float>(out.size())),
-      glse(std::vector<float>(lse.size())), gdq(dq0), gdkc(dkc0), gdvc(dvc0), gdkb(dkb0), gdvb(dvb0);
-  Dev<int32_t> ganch(c.anchors);
-  auto& be = *gpu().f32;
-  be.dflash_attention_forward(gpu().ex(), gout.p(), glse.p(), gq.p(), gkc.p(), gvc.p(), gkb.p(), gvb.p(), ganch.p(), s);
-  // the backward gets the CPU's out/lse so that its check is independent of the forward's
-  Dev<float> cout(out), clse(lse);
-  be.dflash_attention_backward(gpu().ex(), gdq.p(), gdkc.p(), gdvc.p(), gdkb.p(), gdvb.p(), gdout.p(), cout.p(),
-                               clse.p(), gq.p(), gkc.p(), gvc.p(), gkb.p(), gvb.p(), ganch.p(), s);
-  // keys ≤ S + block; a score is a D-term dot (|q·k| ≲ 4√D for unit normals), exp amplifies its absolute error
-  // by |p|; the output is a convex combination of |v| ≲ 5: 2·(keys + D)·u·(scale·Σ|qk| + 5), loosened ×4.
-  const double keys = double(s.ctx_len + s.block);
-  const double t_out = 8.0 * (keys + D) * kU * (std::sqrt(double(D)) * 4 + 5);
-  INFO("NB " << NB << " S " << s.ctx_len << " NH " << NH << " KVH " << KVH << " D " << D << " window " << s.window);
-  require_within(gout.get(), out, {t_out}, "out");
-  require_within(glse.get(), lse, {t_out}, "lse");
-  // gradients: sums over ≤ keys (dq) or ≤ NB·G queries (dk, dv) of terms ≲ 25·|q|: the same bound over the
-  // longer reduction, relative to the +=-operand's magnitude as well
-  const double n_red = std::max(keys, double(NB) * (NH / KVH));
-  const double t_grad = 8.0 * (n_red + D) * kU * (std::sqrt(double(D)) * 4 + 5) * 25;
-  require_within(gdq.get(), dq, {t_grad}, "dq");
-  require_within(gdkc.get(), dkc, {t_grad}, "dk_ctx");
-  require_within(gdvc.get(), dvc, {t_grad}, "dv_ctx");
-  require_within(gdkb.get(), dkb, {t_grad}, "dk_blk");
-  require_within(gdvb.get(), dvb, {t_grad}, "dv_blk");
-}
-
-}  // namespace
-
-TEST_CASE("cuda twin attention: DFlash forward/backward (full, sliding, GQA, anchors at 0 and near S)") {
-  // {n_blocks, block, ctx_len, heads, kv_heads, head_dim, window}
-  dflash_twin({{4, 3, 9, 4, 2, 4, 0}, {0, 4, 5, 9}});
-  dflash_twin({{4, 3, 9, 4, 2, 4, 4}, {0, 4, 5, 9}});
-  dflash_twin({{3, 4, 8, 2, 1, 5, 1}, {2, 7, 1}});
-  dflash_twin({{5, 16, 300, 8, 2, 128, 0}, {0, 1, 150, 299, 300}});    // tiles of 32 keys, D = 128
-  dflash_twin({{5, 16, 300, 8, 2, 128, 64}, {0, 1, 150, 299, 300}});   // sliding window across tiles
-  dflash_twin({{3, 7, 77, 6, 3, 33, 0}, {76, 13, 40}});               // ragged D and block
-  dflash_twin({{2, 32, 200, 4, 4, 256, 0}, {100, 200}});               // the largest head_dim supported
-}
-
 // ============================== vocab loss ==============================
 
 namespace {
@@ -1019,6 +956,13 @@ TcRun run_bf16_attention(const DFlashAttentionShape& s, const std::vector<int32_
   return {to_f32(gout.get()), glse.get(),        to_f32(d[6].get()), to_f32(d[7].get()),
           to_f32(d[8].get()), to_f32(d[9].get()), to_f32(d[10].get())};
 }
+
+// The DFlash attention through the backend (CUDA cores in fp32, tensor cores in bf16) is a case of the op table
+// (tests/unit/backend_ops.h); here the two bf16 kernels are run directly and against each other.
+struct AttnCase {
+  DFlashAttentionShape s;
+  std::vector<int32_t> anchors;
+};
 
 void dflash_tc_twin(const AttnCase& c) {
   const auto& s = c.s;

@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/attention_shape.h"
 #include "kernels/backend.h"
 #include "lib/core/buffer.h"
 #include "lib/core/rng.h"
@@ -152,6 +153,7 @@ enum class Op {
   causal_conv1d,
   delta_rule,
   argmax,
+  dflash_attention,
 };
 inline const char* op_name(Op op) {
   switch (op) {
@@ -175,6 +177,7 @@ inline const char* op_name(Op op) {
     case Op::causal_conv1d: return "causal_conv1d_silu_forward";
     case Op::delta_rule: return "gated_delta_rule_forward";
     case Op::argmax: return "argmax_rows";
+    case Op::dflash_attention: return "dflash_attention forward and backward";
   }
   return "?";
 }
@@ -183,7 +186,8 @@ inline const char* op_name(Op op) {
 // dim; deltanet_gates: rows, heads; rope/head_norm_rope: rows, heads, head_dim; rope_partial: rows, head_dim,
 // rot_dim; vocab_loss_rows: rows, V (+ tau, with_u); gemm: M, N, K (+ trans_a, trans_b, beta); linear: N, in, out;
 // cached_attention: n, past, q_heads (+ d = kv_heads, e = head_dim); causal_attention: S, 0, q_heads (+ d, e); causal_conv1d: S, C, K; delta_rule: S,
-// k_heads, v_heads (+ d = dk, e = dv); argmax: rows, cols.
+// k_heads, v_heads (+ d = dk, e = dv); argmax: rows, cols; dflash_attention: n_blocks, block, ctx_len (+ d = heads,
+// e = kv_heads, f = head_dim, g = window, anchors).
 struct OpCase {
   Op op;
   int a = 0, b = 0, c = 0;
@@ -191,10 +195,12 @@ struct OpCase {
   double tau = 1.0;
   bool with_u = true, trans_a = false, trans_b = false;
   double beta = 0.0;
-  int d = 0, e = 0;
+  int d = 0, e = 0, f = 0, g = 0;
+  std::vector<int32_t> anchors = {};
   std::string describe() const {
     std::string s = std::string(op_name(op)) + " [" + std::to_string(a) + ", " + std::to_string(b) + ", " +
-                    std::to_string(c) + (d || e ? ", " + std::to_string(d) + ", " + std::to_string(e) : "") + "]";
+                    std::to_string(c) + (d || e ? ", " + std::to_string(d) + ", " + std::to_string(e) : "") +
+                    (f || g ? ", " + std::to_string(f) + ", " + std::to_string(g) : "") + "]";
     if (op == Op::vocab_loss_rows) s += " tau " + std::to_string(tau) + (with_u ? " with u" : " no u");
     if (op == Op::gemm) s += std::string(trans_a ? " Aᵀ" : "") + (trans_b ? " Bᵀ" : "") + " beta " + std::to_string(beta);
     return s;
@@ -270,6 +276,25 @@ inline std::vector<OpCase> op_cases() {
   }
   for (auto [rows, cols] : {std::pair{1, 1}, std::pair{7, 257}, std::pair{6, 49664}})
     c.push_back({Op::argmax, rows, cols});
+  // the drafter's attention {n_blocks, block, ctx_len, heads, kv_heads, head_dim, window} + anchors: full
+  // (bidirectional block) and sliding (causal block) layers, GQA 1 to 6, anchors at 0 and at S and unsorted,
+  // ragged head dims (CUDA cores) and 64/128/256 (bf16: the tensor-core kernels), partial key tiles and warps
+  struct Dflash {
+    std::array<int, 7> s;
+    std::vector<int32_t> anchors;
+  };
+  for (const Dflash& x : {Dflash{{4, 3, 9, 4, 2, 4, 0}, {0, 4, 5, 9}}, Dflash{{4, 3, 9, 4, 2, 4, 4}, {0, 4, 5, 9}},
+                          Dflash{{3, 4, 8, 2, 1, 5, 1}, {2, 7, 1}},
+                          Dflash{{3, 16, 130, 8, 2, 128, 0}, {0, 129, 130}},
+                          Dflash{{3, 16, 130, 8, 2, 128, 40}, {1, 70, 130}},
+                          Dflash{{3, 7, 77, 6, 3, 33, 0}, {76, 13, 40}}, Dflash{{3, 16, 130, 2, 2, 64, 0}, {130, 64, 65}},
+                          Dflash{{3, 8, 100, 12, 2, 64, 20}, {0, 50, 100}}, Dflash{{3, 7, 77, 8, 2, 64, 16}, {76, 13, 40}},
+                          Dflash{{2, 32, 100, 4, 1, 256, 0}, {40, 100}}}) {
+    OpCase k{Op::dflash_attention, x.s[0], x.s[1], x.s[2]};
+    k.d = x.s[3], k.e = x.s[4], k.f = x.s[5], k.g = x.s[6];
+    k.anchors = x.anchors;
+    c.push_back(k);
+  }
   return c;
 }
 
@@ -967,6 +992,138 @@ struct Runner {
     check("value", gv, rv, Vec(rv.size(), 0.0));
   }
 
+  // DFlash attention (kernels/attention_shape.h) forward, then backward from the backend's own out and lse (as the
+  // drafter runs it) into randomly initialised gradients (+=). Per (row, head): the visible keys K_r (context
+  // [lo, hi), block [0, nb)), s_j = scale·q·k_j, p = softmax(s), out = Σ p_j v_j, lse = log Σ e^{s_j}.
+  // Forward bounds as the cached attention's (n = 2·(D + 2)·c_max + 2·|s|max + keys + 6 on P = Σ p_j |v_j|, + u_s·P
+  // for the tensor-core P·V); lse: the score errors (D + 2)·u·c_max, the sum and log (keys + 4), plus u·|lse|.
+  // Backward: the kernel's weights p_j = e^{s_j − lse} are off relatively by e_p = 2·(its score and lse errors),
+  // dP_j = dO·v_j by (D + 1)·u·Σ|dO v_j|, delta = dO·O by (D + 1)·u·Σ|dO O| + Σ_d |dO_d|·ε(O_d) (ε: the forward's
+  // bound of the output it reads); so dS_j = p_j (dP_j − delta) is off by E_j = p_j·(e_p·(|dP_j| + |delta|) +
+  // ΔdP_j + Δdelta) + u_s·|dS_j| (the tensor-core kernels round dS and P to the storage type for their products).
+  // Each gradient element is a sum of such terms (dq: over the row's keys; dk, dv: over every (row, head) that sees
+  // the key, at most Q of them) plus its initial value: Σ (E·|x|) + (terms + 2)·u·(Σ|term| + |initial|) +
+  // u_s·|result|, ×2.
+  void dflash_attention(const OpCase& k) {
+    kernels::DFlashAttentionShape sh;
+    sh.n_blocks = k.a, sh.block = k.b, sh.ctx_len = k.c, sh.heads = k.d, sh.kv_heads = k.e, sh.head_dim = k.f;
+    sh.window = k.g;
+    const int NB = sh.n_blocks * sh.block, NH = sh.heads, KVH = sh.kv_heads, D = sh.head_dim, S = sh.ctx_len;
+    const int G = NH / KVH;
+    const size_t qn = size_t(NB) * NH * D, cn = size_t(S) * KVH * D, bn = size_t(NB) * KVH * D;
+    DevArray<T> q(be, randn(qn, 80)), kc(be, randn(cn, 81)), vc(be, randn(cn, 82)), kb(be, randn(bn, 83)),
+        vb(be, randn(bn, 84)), dout(be, randn(qn, 85)), out(be, Vec(qn));
+    DevArray<A> lse(be, Vec(size_t(NB) * NH));
+    DevArray<int32_t> anchors(be, Vec(k.anchors.begin(), k.anchors.end()));
+    DevArray<T> dq(be, randn(qn, 86)), dkc(be, randn(cn, 87)), dvc(be, randn(cn, 88)), dkb(be, randn(bn, 89)),
+        dvb(be, randn(bn, 90));
+    be.dflash_attention_forward(be.context(), out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(), vb.p(), anchors.p(), sh);
+    be.dflash_attention_backward(be.context(), dq.p(), dkc.p(), dvc.p(), dkb.p(), dvb.p(), dout.p(), out.p(), lse.p(),
+                                 q.p(), kc.p(), vc.p(), kb.p(), vb.p(), anchors.p(), sh);
+    const double scale = 1 / std::sqrt(double(D));
+    // r*: the exact results; m*: the Σ E·|x| parts of the bounds; a*: the Σ |term| parts
+    Vec ro(qn), bo(qn), rl(size_t(NB) * NH), bl(rl.size());
+    Vec rdq = dq.host, rdkc = dkc.host, rdvc = dvc.host, rdkb = dkb.host, rdvb = dvb.host;
+    Vec mdq(qn), adq(qn), mdkc(cn), adkc(cn), mdvc(cn), advc(cn), mdkb(bn), adkb(bn), mdvb(bn), advb(bn);
+    std::vector<int> seen_ctx(size_t(S) * KVH), seen_blk(size_t(NB) * KVH);  // (row, head) pairs per key
+    struct Key {
+      const double *k, *v;
+      double *dk, *dv, *mk, *ak, *mv, *av;
+      int* seen;
+    };
+    for (int b = 0; b < sh.n_blocks; ++b)
+      for (int j = 0; j < sh.block; ++j)
+        for (int h = 0; h < NH; ++h) {
+          const int row = b * sh.block + j, g = h / G;
+          int lo, hi;
+          kernels::dflash_ctx_range(sh, k.anchors[size_t(b)], j, lo, hi);
+          std::vector<Key> keys;
+          for (int t = lo; t < hi; ++t) {
+            const size_t o = (size_t(t) * KVH + g) * D;
+            keys.push_back({&kc.host[o], &vc.host[o], &rdkc[o], &rdvc[o], &mdkc[o], &adkc[o], &mdvc[o], &advc[o],
+                            &seen_ctx[size_t(t) * KVH + g]});
+          }
+          for (int t = 0; t < kernels::dflash_blk_count(sh, j); ++t) {
+            const size_t o = ((size_t(b) * sh.block + t) * KVH + g) * D;
+            keys.push_back({&kb.host[o], &vb.host[o], &rdkb[o], &rdvb[o], &mdkb[o], &adkb[o], &mdvb[o], &advb[o],
+                            &seen_blk[(size_t(b) * sh.block + t) * KVH + g]});
+          }
+          const size_t qo = (size_t(row) * NH + h) * D;
+          const double* qi = &q.host[qo];
+          const double* doi = &dout.host[qo];
+          const int nk = int(keys.size());
+          Vec sc(static_cast<size_t>(nk)), p(sc.size());
+          double smax = -std::numeric_limits<double>::infinity(), cmax = 0, sabs = 0;
+          for (int t = 0; t < nk; ++t) {
+            double dot = 0, mag = 0;
+            for (int d = 0; d < D; ++d) {
+              dot += qi[d] * keys[size_t(t)].k[d];
+              mag += std::fabs(qi[d] * keys[size_t(t)].k[d]);
+            }
+            sc[size_t(t)] = dot * scale, cmax = std::max(cmax, mag * scale);
+            smax = std::max(smax, sc[size_t(t)]), sabs = std::max(sabs, std::fabs(sc[size_t(t)]));
+          }
+          double z = 0;
+          for (int t = 0; t < nk; ++t) z += std::exp(sc[size_t(t)] - smax);
+          const double L = smax + std::log(z);
+          for (int t = 0; t < nk; ++t) p[size_t(t)] = std::exp(sc[size_t(t)] - L);
+          const double e_s = (D + 2) * uc * cmax + (nk + 4) * uc + uc * std::fabs(L);  // a score's or lse's error
+          rl[size_t(row) * NH + h] = L;
+          bl[size_t(row) * NH + h] = 2 * e_s;
+          const double nops = 2 * (D + 2) * cmax + 2 * sabs + nk + 6;
+          double delta = 0, ddelta = 0;
+          for (int d = 0; d < D; ++d) {
+            double acc = 0, P = 0;
+            for (int t = 0; t < nk; ++t) {
+              acc += p[size_t(t)] * keys[size_t(t)].v[d];
+              P += p[size_t(t)] * std::fabs(keys[size_t(t)].v[d]);
+            }
+            ro[qo + d] = acc;
+            bo[qo + d] = 2 * (nops * uc * P + us * P + us * std::fabs(acc));
+            delta += doi[d] * acc;
+            ddelta += (D + 1) * uc * std::fabs(doi[d] * acc) + std::fabs(doi[d]) * bo[qo + d];
+          }
+          const double e_p = 2 * e_s;
+          for (int t = 0; t < nk; ++t) {
+            const Key& key = keys[size_t(t)];
+            double dP = 0, dPmag = 0;
+            for (int d = 0; d < D; ++d) dP += doi[d] * key.v[d], dPmag += std::fabs(doi[d] * key.v[d]);
+            const double pj = p[size_t(t)], dS = pj * (dP - delta);
+            const double E = pj * (e_p * (std::fabs(dP) + std::fabs(delta)) + (D + 1) * uc * dPmag + ddelta) +
+                             us * std::fabs(dS);
+            ++*key.seen;
+            for (int d = 0; d < D; ++d) {
+              rdq[qo + d] += scale * dS * key.k[d];
+              mdq[qo + d] += scale * E * std::fabs(key.k[d]);
+              adq[qo + d] += scale * std::fabs(dS * key.k[d]);
+              key.dk[d] += scale * dS * qi[d];
+              key.mk[d] += scale * E * std::fabs(qi[d]);
+              key.ak[d] += scale * std::fabs(dS * qi[d]);
+              key.dv[d] += pj * doi[d];
+              key.mv[d] += (e_p + us) * pj * std::fabs(doi[d]);
+              key.av[d] += pj * std::fabs(doi[d]);
+            }
+          }
+        }
+    int qmax = 0;
+    for (int n : seen_ctx) qmax = std::max(qmax, n);
+    for (int n : seen_blk) qmax = std::max(qmax, n);
+    const int keys_max = S + sh.block;
+    auto grad_bound = [&](const Vec& r, const Vec& m, const Vec& a, const Vec& init, int terms) {
+      Vec b(r.size());
+      for (size_t i = 0; i < r.size(); ++i)
+        b[i] = 2 * (m[i] + (terms + 2) * uc * (a[i] + std::fabs(init[i])) + us * std::fabs(r[i]));
+      return b;
+    };
+    check("out", out.get(be), ro, bo);
+    check("lse", lse.get(be), rl, bl);
+    check("dq", dq.get(be), rdq, grad_bound(rdq, mdq, adq, dq.host, keys_max));
+    check("dk_ctx", dkc.get(be), rdkc, grad_bound(rdkc, mdkc, adkc, dkc.host, qmax));
+    check("dv_ctx", dvc.get(be), rdvc, grad_bound(rdvc, mdvc, advc, dvc.host, qmax));
+    check("dk_blk", dkb.get(be), rdkb, grad_bound(rdkb, mdkb, adkb, dkb.host, qmax));
+    check("dv_blk", dvb.get(be), rdvb, grad_bound(rdvb, mdvb, advb, dvb.host, qmax));
+  }
+
   void run(const OpCase& k) {
     switch (k.op) {
       case Op::residual: return residual(k);
@@ -989,6 +1146,7 @@ struct Runner {
       case Op::causal_conv1d: return causal_conv1d(k);
       case Op::delta_rule: return delta_rule(k);
       case Op::argmax: return argmax(k);
+      case Op::dflash_attention: return dflash_attention(k);
     }
   }
 };
