@@ -1,9 +1,9 @@
 #include "lib/model/target.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <type_traits>
+
+#include <fmt/format.h>
 
 #include "lib/core/arena_plan.h"
 #include "lib/core/error.h"
@@ -577,8 +577,7 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   const bool device = be.memory() != MemoryKind::host;
   const ForwardPlan plan = forward_plan<T>(device);
   DFLASH_CHECK(plan.device_embed == (embed_table_.data() != nullptr),
-               "target forward: the embedding table is {} "
-               "but the backend's memory is {}",
+               "target forward: the embedding table is {} but the backend's memory is {}",
                embed_table_.data() ? "uploaded" : "not uploaded", memory_kind_name(be.memory()));
 
   // one arena for the forward: the arrays below, then the token mixer's scratch (rewound after each layer), both
@@ -589,7 +588,6 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   ForwardArrays<T> arrays;
   ArenaBinder binder{activations_};
   bind_forward_arrays(binder, arrays, S, H, ic, plan.f32_scratch, plan.device_embed);
-  const bool device_embed = plan.device_embed;
   T *x = arrays.x, *h = arrays.h, *part = arrays.part, *gate = arrays.gate, *up = arrays.up;
   A* rstd = arrays.rstd;
   int32_t *pos = arrays.pos, *ids = arrays.ids;
@@ -606,7 +604,7 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   // embedding rows: a device backend gathers them from its table (S ids uploaded, no [S, H] upload); a host one
   // reads them from the mmapped checkpoint (no second copy of the table in host memory)
   const std::string embed = c.weight_prefix + "embed_tokens.weight";
-  if (device_embed) {
+  if (plan.device_embed) {
     be.upload(ctx, ids, tokens, s * sizeof(int32_t));
     be.embedding_forward(ctx, x, embed_table_.as<T>(), ids, S, H, c.vocab);
   } else {
