@@ -30,7 +30,8 @@ elseif(NOT DFLASH_CUDA STREQUAL "OFF")
   check_language(CUDA)
   find_package(CUDAToolkit QUIET)
   # NCCL: with the toolkit, or where DFLASH_NCCL_ROOT (variable or environment) says: e.g. the nvidia-nccl wheel's
-  # folder (site-packages/nvidia/nccl: include/nccl.h, lib/libnccl.so.2 without the unversioned link)
+  # folder (site-packages/nvidia/nccl: nccl.h in its include folder, libnccl.so.2 without the unversioned link in its
+  # lib folder)
   set(_nccl_roots ${DFLASH_NCCL_ROOT} $ENV{DFLASH_NCCL_ROOT})
   find_library(DFLASH_NCCL_LIBRARY NAMES nccl libnccl.so.2
                HINTS ${_nccl_roots} ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 PATH_SUFFIXES lib lib64)

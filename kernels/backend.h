@@ -18,6 +18,7 @@
 
 #include "kernels/attention_shape.h"
 #include "kernels/bf16.h"
+#include "kernels/math/adamw.h"  // AdamWCoeffs
 #include "kernels/vocab_loss_rows.h"
 #include "lib/core/exec_context.h"
 
@@ -34,15 +35,6 @@ struct Acc<double> {
 template <typename T>
 using acc_t = typename Acc<T>::type;
 
-// AdamW's constants for one update (bias corrections folded in by the caller).
-struct AdamWCoeffs {
-  float beta1 = 0.9f, beta2 = 0.95f;
-  float step_size = 0;     // lr / (1 − β1^t)
-  float inv_sqrt_bc2 = 1;  // 1 / sqrt(1 − β2^t)
-  float eps = 1e-8f;
-  float decay = 0;         // lr · weight_decay (decoupled), applied where decay_mask is 1
-};
-
 // The ops not every backend has (ask supports() first).
 enum class Feature {
   tree_attention,  // attention_tree_forward: the CPU only (speculative tree verification, a host-side evaluation)
@@ -57,8 +49,8 @@ class Backend {
   virtual const char* name() const = 0;  // "cpu" or "cuda"
   virtual bool supports(Feature) const { return true; }
   virtual MemoryKind memory() const = 0;
-  // The backend's own execution context (CUDA: its stream, cuBLASLt handle and workspace); the CPU's has no state.
-  virtual ExecContext& context();
+  // The backend's own execution context (CUDA: its stream, cuBLASLt handle and workspace; the CPU: host_exec_context()).
+  virtual ExecContext& context() = 0;
 
   // ---- data movement ----
   virtual void upload(ExecContext& ctx, void* dst, const void* host_src, size_t bytes) = 0;
@@ -226,12 +218,6 @@ class Backend {
 };
 
 // The CPU backend (kernels/cpu); always available.
-ExecContext& host_exec_context();
-template <typename T>
-ExecContext& Backend<T>::context() {
-  return host_exec_context();
-}
-
 // Tuning of the CPU backend (the results of one setting are reproducible; different settings may differ in the last
 // bits): query rows per block of the blocked causal attention (attention_causal_forward and the prefill of
 // attention_cached_forward), whose scores hold block × S values.
@@ -240,9 +226,11 @@ struct CpuBackendOptions {
 };
 template <typename T>
 std::unique_ptr<Backend<T>> make_cpu_backend(const CpuBackendOptions& options = {});
-// One shared CPU backend per type and a host execution context (no state): for tests, tools and benchmarks.
+// One shared CPU backend per type and the host execution context (no state; the CPU backend's context()): for tests,
+// tools and benchmarks.
 template <typename T>
 Backend<T>& cpu_backend();
+ExecContext& host_exec_context();
 
 // The CUDA backend (kernels/cuda), T = float or bf16; throws dflash::Error in a build without CUDA or on a machine
 // without a GPU. Uses the calling thread's current device.

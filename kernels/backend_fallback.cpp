@@ -1,5 +1,5 @@
 // make_cuda_backend / cuda_available in a build without the CUDA backend (DFLASH_CUDA=OFF or no toolkit):
-// asking for CUDA is a clear error that says how to get it. With CUDA, kernels/cuda/backend_cuda.cu defines them.
+// asking for CUDA is a clear error that says how to get it. With CUDA, kernels/cuda/backend_cuda.cpp defines them.
 #if !DFLASH_CUDA_BACKEND
 #include "kernels/backend.h"
 #include "lib/core/error.h"

@@ -27,7 +27,7 @@
 #include "lib/eval/spec_decode.h"
 #include "lib/eval/spec_tree.h"
 #include "lib/model/target.h"
-#include "lib/eval/drafter_source.h"
+#include "lib/state/drafter_source.h"
 
 namespace dflash::bench {
 
@@ -189,7 +189,7 @@ int run_eval(int argc, char** argv) {
     std::filesystem::remove_all(dir);
   }
   if (pair) {
-    const eval::DrafterSource src = eval::load_drafter_source(drafter_dir);
+    const state::DrafterSource src = state::load_drafter_source(drafter_dir);
     const model::QwenConfig c = model::load_qwen_config(target_dir);
     DFLASH_USER_CHECK(src.drafter.config.vocab == c.vocab && src.drafter.config.hidden == c.hidden,
                       "--drafter {} does not fit the target {} (vocab / hidden)", src.dir, target_dir);

@@ -29,7 +29,7 @@
 #include "lib/eval/spec_decode.h"
 #include "lib/eval/spec_tree.h"
 #include "lib/model/target.h"
-#include "lib/eval/drafter_source.h"
+#include "lib/state/drafter_source.h"
 #include "lib/preflight/target_identity.h"
 
 using namespace dflash;
@@ -87,7 +87,7 @@ std::optional<int> parse_options(int argc, char** argv, EvalOptions& o) {
 }
 
 // The teacher-forced τ of the run's last metrics record, when the drafter came from a training run.
-nlohmann::json training_tau(const eval::DrafterSource& src) {
+nlohmann::json training_tau(const state::DrafterSource& src) {
   if (src.kind != "checkpoint") return nullptr;
   const std::filesystem::path metrics = std::filesystem::path(src.dir).parent_path().parent_path() / "metrics.jsonl";
   std::ifstream f(metrics);
@@ -105,7 +105,7 @@ int evaluate(const EvalOptions& a, comm::Transport& tp) {
   const std::string& target_dir = a.target;
   DFLASH_USER_CHECK(std::filesystem::is_directory(target_dir), "--target {}: not a directory (a model directory "
                     "with config.json and *.safetensors)", target_dir);
-  const eval::DrafterSource src = eval::load_drafter_source(a.drafter);
+  const state::DrafterSource src = state::load_drafter_source(a.drafter);
   const model::DrafterConfig& dc = src.drafter.config;
   // the target's forward on the GPU (the drafter and the greedy head stay on the CPU: a block of drafts and one
   // argmax row per verify cost far less than the target's forward)

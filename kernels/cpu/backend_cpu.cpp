@@ -42,6 +42,7 @@ class CpuBackend final : public Backend<T> {
 
   const char* name() const override { return "cpu"; }
   MemoryKind memory() const override { return MemoryKind::host; }
+  ExecContext& context() override { return host_exec_context(); }  // no state: every CPU backend shares it
 
   void upload(ExecContext&, void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
   void download(ExecContext&, void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }

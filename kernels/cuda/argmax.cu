@@ -1,9 +1,9 @@
 // The row argmax of greedy decoding: one block per row, a running (value, first index) per thread over the columns
-// tid, tid + 256, ..., then a fixed-tree merge (cuda_math::ArgMax, target_math.h). Unverified on GPU.
+// tid, tid + 256, ..., then a fixed-tree merge (math::ArgMax, kernels/math/argmax.h). Unverified on GPU.
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/target_math.h"
+#include "kernels/math/argmax.h"
 
 namespace dflash::kernels::cuda {
 
@@ -12,9 +12,9 @@ namespace {
 template <typename T>
 __global__ void argmax_rows_kernel(int32_t* index, float* value, const T* x, int cols) {
   const T* row = x + size_t(blockIdx.x) * cols;
-  cuda_math::ArgMax best;
+  math::ArgMax<float> best;
   for (int i = threadIdx.x; i < cols; i += kThreads) best.add(to_f(row[i]), i);
-  const cuda_math::ArgMax all = block_merge(best);
+  const math::ArgMax<float> all = block_merge(best);
   if (threadIdx.x == 0) {
     index[blockIdx.x] = all.index;
     value[blockIdx.x] = all.value;

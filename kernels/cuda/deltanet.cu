@@ -1,4 +1,5 @@
-// Gated DeltaNet's kernels (forward only, the frozen target); math in cuda_math (target_math.h). Unverified on GPU; simple over fast:
+// Gated DeltaNet's kernels (forward only, the frozen target); the element formulas in kernels/math (gates.h, norm.h),
+// the conv's tap rows and the delta rule's register slices in target_math.h. Unverified on GPU; simple over fast:
 //   conv1d + SiLU   one thread per output element (t, c), its K taps in order; then one thread per channel moves
 //                   the carried tail (rows in increasing order: each reads a row ahead of the ones it writes).
 //   l2norm, gated RMSNorm   one block per row, a fixed-tree Σx² (deterministic), as rmsnorm_forward.
@@ -17,6 +18,8 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/target_math.h"
+#include "kernels/math/gates.h"
+#include "kernels/math/norm.h"
 
 namespace dflash::kernels::cuda {
 
@@ -34,9 +37,9 @@ __global__ void conv1d_silu_kernel(T* y, const T* x, const T* w, const T* tail, 
       int row;
       const bool in_tail = cm::conv_tap_row(t, j, K, row);
       const float xv = in_tail ? (tail ? to_f(tail[size_t(row) * C + c]) : 0.0f) : to_f(x[size_t(row) * C + c]);
-      acc = cm::conv_tap(acc, to_f(w[size_t(c) * K + j]), xv);
+      acc = math::conv_tap(acc, to_f(w[size_t(c) * K + j]), xv);
     }
-    y[idx] = from_f<T>(cm::siluf(acc));
+    y[idx] = from_f<T>(math::silu(acc));
   }
 }
 
@@ -60,7 +63,7 @@ __global__ void l2norm_kernel(T* x, int dim, float eps, float scale) {
     const float xi = to_f(x[base + i]);
     ss.v += xi * xi;
   }
-  const float f = cm::l2norm_factor(block_merge(ss).v, eps, scale);
+  const float f = math::l2norm_factor(block_merge(ss).v, eps, scale);
   for (int i = threadIdx.x; i < dim; i += kThreads) x[base + i] = from_f<T>(to_f(x[base + i]) * f);
 }
 
@@ -72,10 +75,10 @@ __global__ void gated_rmsnorm_kernel(T* y, const T* x, const T* z, const T* w, i
     const float xi = to_f(x[base + i]);
     ss.v += xi * xi;
   }
-  const float rstd = cm::rmsnorm_rstd(block_merge(ss).v, dim, eps);
+  const float rstd = math::rmsnorm_rstd(block_merge(ss).v, dim, eps);
   // y may alias x: every x is read above (before the merge's barriers), then read and written by one thread
   for (int i = threadIdx.x; i < dim; i += kThreads)
-    y[base + i] = from_f<T>(cm::gated_rmsnorm_y(to_f(x[base + i]), rstd, to_f(w[i]), to_f(z[base + i])));
+    y[base + i] = from_f<T>(math::gated_rmsnorm_y(to_f(x[base + i]), rstd, to_f(w[i]), to_f(z[base + i])));
 }
 
 template <typename T>
@@ -84,8 +87,8 @@ __global__ void deltanet_gates_kernel(float* g, float* beta, const T* a, const T
   const size_t n = size_t(rows) * heads;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const int j = int(i % heads);
-    beta[i] = cm::deltanet_beta(to_f(b[i]));
-    g[i] = cm::deltanet_g(to_f(a[i]), to_f(dt_bias[j]), to_f(a_log[j]));
+    beta[i] = math::deltanet_beta(to_f(b[i]));
+    g[i] = math::deltanet_g(to_f(a[i]), to_f(dt_bias[j]), to_f(a_log[j]));
   }
 }
 

@@ -6,9 +6,9 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/norm_math.h"
 #include "kernels/cuda/pack16.cuh"
-#include "kernels/cuda/target_math.h"
+#include "kernels/math/gates.h"
+#include "kernels/math/norm.h"
 
 namespace dflash::kernels::cuda {
 
@@ -49,7 +49,7 @@ __device__ __forceinline__ size_t grid_stride() { return size_t(gridDim.x) * blo
 template <typename T>
 __global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, size_t n) {
   constexpr int W = kPack<T>;
-  auto op = [](T g, T u) { return from_f<T>(cuda_math::swiglu(to_f(g), to_f(u))); };
+  auto op = [](T g, T u) { return from_f<T>(math::swiglu(to_f(g), to_f(u))); };
   const size_t packs = pack_aligned<T, W>(h) && pack_aligned<T, W>(gate) && pack_aligned<T, W>(up) ? n / W : 0;
   for (size_t j = grid_first(); j < packs; j += grid_stride()) {
     const Pack<T, W> g = load_pack<W>(gate, j), u = load_pack<W>(up, j);
@@ -66,7 +66,7 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* g
   constexpr int W = kPack<T>;
   auto op = [](T dh_, T g, T u, T& dg, T& du) {
     float fg, fu;
-    cuda_math::swiglu_grad(to_f(dh_), to_f(g), to_f(u), fg, fu);
+    math::swiglu_grad(to_f(dh_), to_f(g), to_f(u), fg, fu);
     dg = from_f<T>(to_f(dg) + fg);
     du = from_f<T>(to_f(du) + fu);
   };
@@ -87,7 +87,7 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* g
 template <typename T>
 __global__ void sigmoid_gate_kernel(T* x, const T* gate, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    x[i] = from_f<T>(cuda_math::sigmoid_gate(to_f(x[i]), to_f(gate[i])));
+    x[i] = from_f<T>(math::sigmoid_gate(to_f(x[i]), to_f(gate[i])));
 }
 
 template <typename T>

@@ -70,7 +70,7 @@ template <typename T>
 void launch_rmsnorm_backward(cudaStream_t st, T* dx, float* dw, const T* dy, const T* x, const T* w,
                              const float* rstd, int rows, int dim, float* partials);
 // The RoPE cos/sin table: cs[2 (p · rot_dim/2 + i) + {0, 1}] = the cos and sin of p · θ^(−2i/rot_dim) for positions
-// p in [0, positions), each the float rounding of the double cos/sin that cuda_math::rope_cos_sin (and the CPU)
+// p in [0, positions), each the float rounding of the double cos/sin that math::rope_cos_sin (and the CPU)
 // evaluates, so a lookup gives the bits of an evaluation. The RoPE kernels read it for positions in
 // [0, positions) and evaluate the rest themselves; cs null: they evaluate every angle.
 struct RopeTable {

@@ -1,5 +1,5 @@
-// RMSNorm forward/backward, RoPE forward/backward (rotate-half) and partial RoPE forward, math in cuda_math
-// (norm_math.h).
+// RMSNorm forward/backward, RoPE forward/backward (rotate-half) and partial RoPE forward, the formulas in
+// kernels/math/norm.h (the copy the CPU kernels call).
 // RMSNorm: one block per row (a fixed-tree Σ x²) for wide rows; for rows of at most kWarpRowDim (the per-head q/k
 // norms, small hidden sizes) one warp per row, 8 rows a block, the Σ in a fixed xor-shuffle tree: a 256-thread block
 // on a 128-wide row leaves half its threads idle at every barrier. dw without atomics: per-chunk column partials,
@@ -10,7 +10,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/norm_math.h"
+#include "kernels/math/norm.h"
 
 namespace dflash::kernels::cuda {
 
@@ -24,10 +24,10 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
     const float xi = to_f(x[base + i]);
     ss.v += xi * xi;
   }
-  const float s = cuda_math::rmsnorm_rstd(block_merge(ss).v, dim, eps);
+  const float s = math::rmsnorm_rstd(block_merge(ss).v, dim, eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = s;
   // y may alias x: every element is read above (the merge's barriers) and then read and written by one thread.
-  for (int i = threadIdx.x; i < dim; i += kThreads) y[base + i] = from_f<T>(cuda_math::rmsnorm_y(to_f(x[base + i]), s, to_f(w[i])));
+  for (int i = threadIdx.x; i < dim; i += kThreads) y[base + i] = from_f<T>(math::rmsnorm_y(to_f(x[base + i]), s, to_f(w[i])));
 }
 
 constexpr int kWarpRowDim = 512;                    // rows up to this width: one warp each
@@ -44,10 +44,10 @@ __global__ void rmsnorm_forward_warp_kernel(T* y, float* rstd, const T* x, const
     const float xi = to_f(x[base + i]);
     ss += xi * xi;
   }
-  const float s = cuda_math::rmsnorm_rstd(warp_sum(ss), dim, eps);
+  const float s = math::rmsnorm_rstd(warp_sum(ss), dim, eps);
   if (lane == 0) rstd[row] = s;
   // y may alias x: each element is read and written by one lane, after the row's Σ
-  for (int i = lane; i < dim; i += kWarp) y[base + i] = from_f<T>(cuda_math::rmsnorm_y(to_f(x[base + i]), s, to_f(w[i])));
+  for (int i = lane; i < dim; i += kWarp) y[base + i] = from_f<T>(math::rmsnorm_y(to_f(x[base + i]), s, to_f(w[i])));
 }
 
 template <typename T>
@@ -58,11 +58,11 @@ __global__ void rmsnorm_dx_warp_kernel(T* dx, const T* dy, const T* x, const T* 
   const size_t base = size_t(row) * dim;
   const float s = rstd[row];
   float dot = 0;
-  for (int i = lane; i < dim; i += kWarp) dot += cuda_math::rmsnorm_gn(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s);
+  for (int i = lane; i < dim; i += kWarp) dot += math::rmsnorm_gn(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s);
   const float mean_gn = warp_sum(dot) / float(dim);
   for (int i = lane; i < dim; i += kWarp)
     dx[base + i] = from_f<T>(to_f(dx[base + i]) +
-                             cuda_math::rmsnorm_dx(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s, mean_gn));
+                             math::rmsnorm_dx(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s, mean_gn));
 }
 
 template <typename T>
@@ -71,11 +71,11 @@ __global__ void rmsnorm_dx_kernel(T* dx, const T* dy, const T* x, const T* w, co
   const float s = rstd[blockIdx.x];
   SumF dot;
   for (int i = threadIdx.x; i < dim; i += kThreads)
-    dot.v += cuda_math::rmsnorm_gn(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s);
+    dot.v += math::rmsnorm_gn(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s);
   const float mean_gn = block_merge(dot).v / float(dim);
   for (int i = threadIdx.x; i < dim; i += kThreads)
     dx[base + i] = from_f<T>(to_f(dx[base + i]) +
-                             cuda_math::rmsnorm_dx(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s, mean_gn));
+                             math::rmsnorm_dx(to_f(dy[base + i]), to_f(w[i]), to_f(x[base + i]), s, mean_gn));
 }
 
 // partials[c, i] = Σ_{r in chunk c} dy[r, i] x[r, i] rstd[r], rows in order. grid (column tiles, chunks).
@@ -88,7 +88,7 @@ __global__ void rmsnorm_dw_partial_kernel(float* partials, const T* dy, const T*
   const int r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
   float acc = 0;
   for (int r = r0; r < r1; ++r)
-    acc += cuda_math::rmsnorm_dw_term(to_f(dy[size_t(r) * dim + i]), to_f(x[size_t(r) * dim + i]), rstd[r]);
+    acc += math::rmsnorm_dw_term(to_f(dy[size_t(r) * dim + i]), to_f(x[size_t(r) * dim + i]), rstd[r]);
   partials[size_t(blockIdx.y) * dim + i] = acc;
 }
 
@@ -105,7 +105,7 @@ __global__ void rope_table_kernel(float* cs, int positions, int rot_dim, double 
   const int half = rot_dim / 2;
   const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (idx >= size_t(positions) * half) return;
-  cuda_math::rope_cos_sin(int(idx / half), int(idx % half), rot_dim, theta, cs[2 * idx], cs[2 * idx + 1]);
+  math::rope_cos_sin(int(idx / half), int(idx % half), rot_dim, theta, cs[2 * idx], cs[2 * idx + 1]);
 }
 
 // cos/sin of pair i (of rot_dim/2) at position p: from the table where it holds p (one 8-byte load instead of a
@@ -117,7 +117,7 @@ __device__ inline void rope_cos_sin_at(const RopeTable& table, int p, int i, int
     c = e[0];
     s = e[1];
   } else {
-    cuda_math::rope_cos_sin(p, i, rot_dim, theta, c, s);
+    math::rope_cos_sin(p, i, rot_dim, theta, c, s);
   }
 }
 
@@ -145,7 +145,7 @@ __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int rows, int 
   for (int h = 0; h < heads; ++h) {
     const size_t base = (size_t(r) * heads + h) * head_dim;
     float ya, yb;
-    cuda_math::rope_rotate(to_f(x[base + i]), to_f(x[base + i + half]), c, s, ya, yb);
+    math::rope_rotate(to_f(x[base + i]), to_f(x[base + i + half]), c, s, ya, yb);
     if (backward) {
       y[base + i] = from_f<T>(to_f(y[base + i]) + ya);
       y[base + i + half] = from_f<T>(to_f(y[base + i + half]) + yb);
@@ -217,14 +217,14 @@ __global__ void head_norm_rope_forward_kernel(T* y, float* rstd, const T* x, con
       b[k] = i < half ? to_f(x[base + half + i]) : 0.0f;
       ss += b[k] * b[k];
     }
-    const float sr = cuda_math::rmsnorm_rstd(warp_sum(ss), head_dim, eps);
+    const float sr = math::rmsnorm_rstd(warp_sum(ss), head_dim, eps);
     if (lane == 0) rstd[item] = sr;
 #pragma unroll
     for (int k = 0; k < kPairsPerLane; ++k) {
       const int i = lane + k * kWarp;
       if (i >= half) continue;
       float ya, yb;
-      cuda_math::rope_rotate(cuda_math::rmsnorm_y(a[k], sr, wa[k]), cuda_math::rmsnorm_y(b[k], sr, wb[k]), c[k], s[k],
+      math::rope_rotate(math::rmsnorm_y(a[k], sr, wa[k]), math::rmsnorm_y(b[k], sr, wb[k]), c[k], s[k],
                              ya, yb);
       y[base + i] = from_f<T>(ya);  // one rounding to T: the normed value stays in float
       y[base + half + i] = from_f<T>(yb);
@@ -267,25 +267,25 @@ __global__ void head_norm_rope_backward_kernel(T* dx, float* partials, const T* 
       ga[k] = gb[k] = xa[k] = xb[k] = 0.0f;
       if (i >= half) continue;
       // Rᵀ = rotation by −angle
-      cuda_math::rope_rotate(to_f(dy[base + i]), to_f(dy[base + half + i]), c[k], -s[k], ga[k], gb[k]);
+      math::rope_rotate(to_f(dy[base + i]), to_f(dy[base + half + i]), c[k], -s[k], ga[k], gb[k]);
       xa[k] = to_f(x[base + i]);
       xb[k] = to_f(x[base + half + i]);
     }
     float dot = 0;  // lower elements, then upper: the warp RMSNorm kernel's order for D a multiple of 64
 #pragma unroll
-    for (int k = 0; k < kPairsPerLane; ++k) dot += cuda_math::rmsnorm_gn(ga[k], wa[k], xa[k], sr);
+    for (int k = 0; k < kPairsPerLane; ++k) dot += math::rmsnorm_gn(ga[k], wa[k], xa[k], sr);
 #pragma unroll
-    for (int k = 0; k < kPairsPerLane; ++k) dot += cuda_math::rmsnorm_gn(gb[k], wb[k], xb[k], sr);
+    for (int k = 0; k < kPairsPerLane; ++k) dot += math::rmsnorm_gn(gb[k], wb[k], xb[k], sr);
     const float mean_gn = warp_sum(dot) / float(head_dim);
 #pragma unroll
     for (int k = 0; k < kPairsPerLane; ++k) {
       const int i = lane + k * kWarp;
       if (i >= half) continue;
-      dx[base + i] = from_f<T>(to_f(dx[base + i]) + cuda_math::rmsnorm_dx(ga[k], wa[k], xa[k], sr, mean_gn));
+      dx[base + i] = from_f<T>(to_f(dx[base + i]) + math::rmsnorm_dx(ga[k], wa[k], xa[k], sr, mean_gn));
       dx[base + half + i] =
-          from_f<T>(to_f(dx[base + half + i]) + cuda_math::rmsnorm_dx(gb[k], wb[k], xb[k], sr, mean_gn));
-      dwa[k] += cuda_math::rmsnorm_dw_term(ga[k], xa[k], sr);
-      dwb[k] += cuda_math::rmsnorm_dw_term(gb[k], xb[k], sr);
+          from_f<T>(to_f(dx[base + half + i]) + math::rmsnorm_dx(gb[k], wb[k], xb[k], sr, mean_gn));
+      dwa[k] += math::rmsnorm_dw_term(ga[k], xa[k], sr);
+      dwb[k] += math::rmsnorm_dw_term(gb[k], xb[k], sr);
     }
   }
   if (!partials) return;

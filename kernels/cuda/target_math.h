@@ -1,28 +1,18 @@
 #pragma once
-// Per-element / per-column math of the CUDA kernels of the target's forward, host and device (the formulas of
-// kernels/cpu/gated_deltanet.cpp, rope_partial.cpp, elementwise.cpp and attention_decode.cpp):
+// How the CUDA kernels of the target's forward walk their math, host and device (the element formulas themselves,
+// silu, the conv tap, l2norm, gated RMSNorm, the gates, RoPE and the argmax rule, are kernels/math's, which the CPU
+// kernels call too, and the kernels call them there):
 //   causal attention over a cache   which keys a query row sees (causal_key_count)
-//   causal conv1d + SiLU            where tap j of output row t reads in [tail ; x] (conv_tap_row), the tap sum
-//   l2norm, gated RMSNorm, gates    the row factor / element formulas
+//   causal conv1d + SiLU            where tap j of output row t reads in [tail ; x] (conv_tap_row)
 //   gated delta rule                one token on a slice of rows of one value column (delta_slice_dot / _update)
-//   argmax over a row               a mergeable running (value, first index) pair (ArgMax)
-// tests/unit/test_cuda_math.cpp runs these on the CPU, walked in the order the CUDA kernels walk them, against
-// kernels/cpu. Partial RoPE reuses rope_cos_sin / rope_rotate of norm_math.h with rot_dim in place of head_dim.
-#include <math.h>
-
-#include "kernels/attention_shape.h"  // DFLASH_HD
-#include "kernels/cuda/norm_math.h"    // sigmoidf
-#include "kernels/math/argmax.h"
-#include "kernels/math/gates.h"
+// tests/unit/test_cuda_math_target.cpp runs these on the CPU, walked in the order the CUDA kernels walk them, against
+// kernels/cpu.
+#include "kernels/math/hd.h"  // DFLASH_HD
 
 namespace dflash::kernels::cuda_math {
 
 // Keys 0 .. past + i are visible to query row i of a call that continues a sequence of `past` cached positions.
 DFLASH_HD inline int causal_key_count(int past, int i) { return past + i + 1; }
-
-// The element formulas (silu, the conv tap, l2norm, gated RMSNorm, the gates) are kernels/math/gates.h, the copy the
-// CPU kernels call: fp32 entry points only here.
-DFLASH_HD inline float siluf(float x) { return math::silu(x); }
 
 // The input of tap j (< K) of output row t sits at row t + j of [tail (K−1 rows) ; x (S rows)]: returns true with
 // its tail row, or false with its x row. The new tail after S rows is rows S .. S + K − 2 of the same
@@ -36,21 +26,7 @@ DFLASH_HD inline bool conv_tap_row(int t, int j, int K, int& row) {
   row = m - (K - 1);
   return false;
 }
-// One tap of the depthwise conv, accumulated in tap order j = 0 .. K−1 (the CPU's order).
-DFLASH_HD inline float conv_tap(float acc, float w, float x) { return math::conv_tap(acc, w, x); }
-
-// l2norm's row factor scale / sqrt(Σx² + eps).
-DFLASH_HD inline float l2norm_factor(float sum_sq, float eps, float scale) { return math::l2norm_factor(sum_sq, eps, scale); }
-
-// Gated RMSNorm's element w · (x · rstd) · silu(z), rstd = rmsnorm_rstd(Σx², dim, eps).
-DFLASH_HD inline float gated_rmsnorm_y(float x, float rstd, float w, float z) { return math::gated_rmsnorm_y(x, rstd, w, z); }
-
-// The attention output gate: x · sigmoid(gate).
-DFLASH_HD inline float sigmoid_gate(float x, float gate) { return math::sigmoid_gate(x, gate); }
-
-// Gated DeltaNet's gates: β = sigmoid(b); g = −exp(a_log) · softplus(a + dt_bias), softplus linear above 20.
-DFLASH_HD inline float deltanet_beta(float b) { return math::deltanet_beta(b); }
-DFLASH_HD inline float deltanet_g(float a, float dt_bias, float a_log) { return math::deltanet_g(a, dt_bias, a_log); }
+// The taps are summed in tap order j = 0 .. K−1 (the CPU's order) with math::conv_tap (kernels/math/gates.h).
 
 // The gated delta rule, split as deltanet.cu's kernel runs it: each value column's dk state rows are cut into
 // kDeltaRowGroups consecutive slices of R rows (R ≥ ⌈dk / groups⌉, a multiple of 4; the last slices may hold
@@ -104,8 +80,5 @@ DFLASH_HD inline int delta_slice_rows(int dk) {
   const int need = (dk + kDeltaRowGroups - 1) / kDeltaRowGroups;
   return need <= 8 ? 8 : need <= 16 ? 16 : need <= 32 ? 32 : 64;
 }
-
-// Running argmax of (part of) a row in fp32: kernels/math/argmax.h, the rule the CPU uses too.
-using ArgMax = math::ArgMax<float>;
 
 }  // namespace dflash::kernels::cuda_math

@@ -4,10 +4,20 @@
 // wherever nvcc does not fuse the multiply-adds.
 #include <math.h>
 
-#include "kernels/backend.h"  // AdamWCoeffs
 #include "kernels/math/hd.h"
 
-namespace dflash::kernels::math {
+namespace dflash::kernels {
+
+// AdamW's constants for one update (bias corrections folded in by the caller).
+struct AdamWCoeffs {
+  float beta1 = 0.9f, beta2 = 0.95f;
+  float step_size = 0;     // lr / (1 − β1^t)
+  float inv_sqrt_bc2 = 1;  // 1 / sqrt(1 − β2^t)
+  float eps = 1e-8f;
+  float decay = 0;         // lr · weight_decay (decoupled), applied where decay_mask is 1
+};
+
+namespace math {
 
 DFLASH_HD inline void adamw_update(float& param, float g, float& m, float& v, bool decay, const AdamWCoeffs& k) {
   m = k.beta1 * m + (1.0f - k.beta1) * g;
@@ -16,4 +26,6 @@ DFLASH_HD inline void adamw_update(float& param, float g, float& m, float& v, bo
   param -= k.step_size * m / (sqrtf(v) * k.inv_sqrt_bc2 + k.eps);
 }
 
-}  // namespace dflash::kernels::math
+}  // namespace math
+
+}  // namespace dflash::kernels

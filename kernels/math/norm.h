@@ -1,7 +1,7 @@
 #pragma once
 // Per-row / per-element math of RMSNorm, RoPE and SwiGLU, host and device: the only copy. The CPU kernels
 // (kernels/cpu/rmsnorm.cpp, rope.cpp, elementwise.cpp; F = float or double) and the CUDA kernels
-// (kernels/cuda/norm_rope.cu, elementwise.cu through kernels/cuda/norm_math.h; F = float) call these, so the two
+// (kernels/cuda/norm_rope.cu, elementwise.cu, deltanet.cu; F = float) call these, so the two
 // differ only in the order of their row sums and in nvcc's fused multiply-adds.
 #include <math.h>
 

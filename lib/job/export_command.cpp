@@ -8,7 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "lib/core/error.h"
-#include "lib/eval/drafter_source.h"
+#include "lib/state/drafter_source.h"
 #include "lib/model/drafter_export.h"
 #include "lib/state/checkpoint.h"
 
@@ -52,7 +52,7 @@ bool within(const fs::path& inner, const fs::path& outer) {
 
 // What the export reads: the drafter and the target facts its source records.
 struct ReadDrafter {
-  eval::DrafterSource source;  // kind "checkpoint" or "export", dir, step, drafter (config, fp32 weights, info)
+  state::DrafterSource source;  // kind "checkpoint" or "export", dir, step, drafter (config, fp32 weights, info)
   bool facts_recorded = true;  // false: a checkpoint without state.json extra.export
 };
 
@@ -63,13 +63,13 @@ ReadDrafter read_drafter(const ExportSource& src) {
     if (!(state.extra.is_object() && state.extra.contains("export"))) {
       state::LoadedCheckpoint ck = state::read_checkpoint(src.dir, /*with_optimizer=*/false);
       model::require_finite_weights(ck.drafter, ck.params, (fs::path(src.dir) / "model.safetensors").string());
-      return {eval::DrafterSource{"checkpoint", src.dir, ck.state.step,
+      return {state::DrafterSource{"checkpoint", src.dir, ck.state.step,
                                   model::ExportedDrafter{ck.drafter, std::move(ck.params), {}, io::DType::F32},
                                   ck.state.target},
               false};
     }
   }
-  return {eval::load_drafter_source(src.dir), true};  // what dflash_eval --drafter reads from the same folder
+  return {state::load_drafter_source(src.dir), true};  // what dflash_eval --drafter reads from the same folder
 }
 
 }  // namespace
@@ -122,7 +122,7 @@ std::string export_command(const ExportOptions& o) {
                     o.out_dir, src.dir);
 
   ReadDrafter read = read_drafter(src);
-  const eval::DrafterSource& s = read.source;
+  const state::DrafterSource& s = read.source;
   model::DrafterExportInfo info = s.drafter.info;
   if (!o.target_layer_ids.empty()) info.target_layer_ids = o.target_layer_ids;
   if (o.num_target_layers > 0) info.num_target_layers = o.num_target_layers;

@@ -5,7 +5,7 @@
 //   SOURCE = a run folder      -> its newest complete checkpoint (find_latest_checkpoint: ckpt/step_* with DONE)
 //            a run folder + --best -> SOURCE/ckpt/best
 //            a checkpoint step folder (ckpt/step_XXXXXXXX, ckpt/best) or an exported drafter folder -> itself
-// The folder is read by load_drafter_source (lib/eval/drafter_source.h), as dflash_eval --drafter reads it; a
+// The folder is read by load_drafter_source (lib/state/drafter_source.h), as dflash_eval --drafter reads it; a
 // checkpoint that does not record the target facts (state.json extra.export) takes them from the options.
 #include <cstdint>
 #include <string>

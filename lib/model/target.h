@@ -147,7 +147,7 @@ class TargetModel {
   // cache.length + depth(i) and attends to the cache and its own ancestors (itself included), so its final_hidden
   // row [n, H] (=) and taps row [n, n_taps·H] (=) are what forward_cached would give after the cache and its
   // root-to-node path. The n nodes' keys/values are appended to the cache in node order (cache.length += n); the
-  // caller keeps one path (lib/model/spec_tree.h). Dense targets only: a Gated DeltaNet layer's recurrent state
+  // caller keeps one path (lib/eval/spec_tree.h). Dense targets only: a Gated DeltaNet layer's recurrent state
   // cannot branch within one forward (a dflash::Error). CPU backend only (the tree attention is a CPU kernel,
   // kernels/cpu/attention_tree.h): a device backend is a dflash::Error.
   void forward_tree(const int32_t* tokens, const int* parents, int n, TargetCache& cache,

@@ -8,7 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "lib/core/error.h"
-#include "lib/eval/drafter_source.h"
+#include "lib/state/drafter_source.h"
 
 namespace dflash::state {
 
@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 std::string warm_start_identity(const std::string& init) {
   const std::string dir = [&] {
     try {
-      return eval::drafter_source_dir(init);
+      return drafter_source_dir(init);
     } catch (const Error& e) {
       throw Error(fmt::format("drafter.init = {}: {}", init, e.what()));
     }
@@ -40,9 +40,9 @@ std::string warm_start_identity(const std::string& init) {
 
 WarmStart load_warm_start(const TrainConfig& cfg, const train::RunPlan& plan, std::string identity) {
   const std::string& init = cfg.drafter.init;
-  eval::DrafterSource src = [&] {
+  DrafterSource src = [&] {
     try {
-      return eval::load_drafter_source(init);
+      return load_drafter_source(init);
     } catch (const Error& e) {
       throw Error(fmt::format("drafter.init = {}: {}", init, e.what()));
     }

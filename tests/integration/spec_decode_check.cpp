@@ -35,7 +35,7 @@
 #include "lib/eval/spec_decode.h"
 #include "lib/eval/spec_tree.h"
 #include "lib/model/target.h"
-#include "lib/eval/drafter_source.h"
+#include "lib/state/drafter_source.h"
 
 using namespace dflash;
 
@@ -121,8 +121,8 @@ int run(int argc, char** argv) {
   io::Dataset prompts(prompts_path, c.vocab);
 
   // the drafters: untrained, and the given one (both need the target's embedding and lm_head on rank 0)
-  std::unique_ptr<eval::DrafterSource> trained;
-  if (!drafter_dir.empty()) trained = std::make_unique<eval::DrafterSource>(eval::load_drafter_source(drafter_dir));
+  std::unique_ptr<state::DrafterSource> trained;
+  if (!drafter_dir.empty()) trained = std::make_unique<state::DrafterSource>(state::load_drafter_source(drafter_dir));
   model::DrafterConfig dc;
   std::vector<int> taps = parse_ids(taps_text);
   if (trained) {

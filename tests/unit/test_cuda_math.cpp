@@ -17,7 +17,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/vocab_loss_rows.h"
 #include "kernels/cuda/attention_math.h"
-#include "kernels/cuda/norm_math.h"
+#include "kernels/math/norm.h"
 #include "kernels/math/loss_rows.h"
 #include "lib/core/rng.h"
 #include "test_util.h"
@@ -376,8 +376,8 @@ TEST_CASE("cuda_math: RMSNorm row math and chunked dw partials match the CPU ker
     for (int r = 0; r < rows; ++r) {
       float ss = 0;
       for (int i = 0; i < dim; ++i) ss += x[size_t(r) * dim + i] * x[size_t(r) * dim + i];
-      rstd[r] = cm::rmsnorm_rstd(ss, dim, 1e-6f);
-      for (int i = 0; i < dim; ++i) y[size_t(r) * dim + i] = cm::rmsnorm_y(x[size_t(r) * dim + i], rstd[r], w[i]);
+      rstd[r] = km::rmsnorm_rstd(ss, dim, 1e-6f);
+      for (int i = 0; i < dim; ++i) y[size_t(r) * dim + i] = km::rmsnorm_y(x[size_t(r) * dim + i], rstd[r], w[i]);
     }
     require_close(rstd, rstd_cpu, 1e-6, 0, "rstd");
     require_close(y, y_cpu, 1e-6, 1e-7, "y");
@@ -388,11 +388,11 @@ TEST_CASE("cuda_math: RMSNorm row math and chunked dw partials match the CPU ker
       float dot = 0;
       for (int i = 0; i < dim; ++i) {
         const size_t o = size_t(r) * dim + i;
-        dot += cm::rmsnorm_gn(dy[o], w[i], x[o], rstd_cpu[r]);
+        dot += km::rmsnorm_gn(dy[o], w[i], x[o], rstd_cpu[r]);
       }
       for (int i = 0; i < dim; ++i) {
         const size_t o = size_t(r) * dim + i;
-        dx[o] += cm::rmsnorm_dx(dy[o], w[i], x[o], rstd_cpu[r], dot / float(dim));
+        dx[o] += km::rmsnorm_dx(dy[o], w[i], x[o], rstd_cpu[r], dot / float(dim));
       }
     }
     const int chunks = std::min(rows, 64), chunk_rows = (rows + chunks - 1) / chunks;  // norm_rope.cu's split
@@ -401,7 +401,7 @@ TEST_CASE("cuda_math: RMSNorm row math and chunked dw partials match the CPU ker
       for (int c = 0; c < chunks; ++c) {
         float part = 0;
         for (int r = c * chunk_rows; r < std::min(rows, (c + 1) * chunk_rows); ++r)
-          part += cm::rmsnorm_dw_term(dy[size_t(r) * dim + i], x[size_t(r) * dim + i], rstd_cpu[r]);
+          part += km::rmsnorm_dw_term(dy[size_t(r) * dim + i], x[size_t(r) * dim + i], rstd_cpu[r]);
         total += part;
       }
       dw[i] += total;

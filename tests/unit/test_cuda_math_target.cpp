@@ -1,5 +1,5 @@
-// The per-element / per-column math of the target's CUDA kernels (kernels/cuda/target_math.h, norm_math.h,
-// attention_math.h; __host__ __device__) run on the CPU in the order the kernels walk it, against kernels/cpu and
+// The per-element / per-column math of the target's CUDA kernels (kernels/cuda/target_math.h,
+// attention_math.h, and the kernels/math formulas they call; __host__ __device__) run on the CPU in the order the kernels walk it, against kernels/cpu and
 // the CPU backend: causal attention over a KV cache (prefill and decode), partial RoPE, the causal conv1d with a
 // carried tail, l2norm, gated RMSNorm, the DeltaNet gates, the sigmoid output gate, the gated delta rule (one state
 // column per lane, the state carried across calls) and the row argmax (256 strided partials merged in the block's
@@ -18,14 +18,17 @@
 #include "kernels/cpu/gated_deltanet.h"
 #include "kernels/cpu/rope_partial.h"
 #include "kernels/cuda/attention_math.h"
-#include "kernels/cuda/norm_math.h"
 #include "kernels/cuda/target_math.h"
+#include "kernels/math/argmax.h"
+#include "kernels/math/gates.h"
+#include "kernels/math/norm.h"
 #include "lib/core/rng.h"
 #include "test_util.h"
 
 using namespace dflash;
 using namespace dflash::kernels;
 namespace cm = dflash::kernels::cuda_math;
+namespace km = dflash::kernels::math;
 using dflash::test::random_floats;
 using dflash::test::require_close;
 
@@ -118,10 +121,10 @@ TEST_CASE("cuda_math: partial RoPE (first rot_dim dims rotate, the rest pass) ma
     for (int r = 0; r < rows; ++r)
       for (int i = 0; i < half; ++i) {  // norm_rope.cu's rope_kernel with rot_dim
         float c, s;
-        cm::rope_cos_sin(pos[r], i, rot, 1e7, c, s);
+        km::rope_cos_sin(pos[r], i, rot, 1e7, c, s);
         for (int h = 0; h < heads; ++h) {
           const size_t o = (size_t(r) * heads + h) * D;
-          cm::rope_rotate(x[o + i], x[o + i + half], c, s, got[o + i], got[o + i + half]);
+          km::rope_rotate(x[o + i], x[o + i + half], c, s, got[o + i], got[o + i + half]);
         }
       }
     require_close(got, want, 2e-7, 1e-7, "partial rope");
@@ -149,9 +152,9 @@ void conv_walk(std::vector<float>& y, const float* x, const std::vector<float>& 
         int row;
         const bool in_tail = cm::conv_tap_row(t, j, K, row);
         const float xv = in_tail ? (tail ? tail[size_t(row) * C + c] : 0.f) : x[size_t(row) * C + c];
-        acc = cm::conv_tap(acc, w[size_t(c) * K + j], xv);
+        acc = km::conv_tap(acc, w[size_t(c) * K + j], xv);
       }
-      y[size_t(t) * C + c] = cm::siluf(acc);
+      y[size_t(t) * C + c] = km::silu(acc);
     }
   if (!tail) return;
   for (int c = 0; c < C; ++c)
@@ -208,7 +211,7 @@ TEST_CASE("cuda_math: l2norm, gated RMSNorm, DeltaNet gates and the sigmoid gate
     for (int r = 0; r < rows; ++r) {
       float ss = 0;
       for (int i = 0; i < dim; ++i) ss += x[size_t(r) * dim + i] * x[size_t(r) * dim + i];
-      const float f = cm::l2norm_factor(ss, 1e-6f, 0.25f);
+      const float f = km::l2norm_factor(ss, 1e-6f, 0.25f);
       for (int i = 0; i < dim; ++i) got[size_t(r) * dim + i] *= f;
     }
     require_close(got, want, 4e-7, 1e-8, "l2norm");
@@ -219,10 +222,10 @@ TEST_CASE("cuda_math: l2norm, gated RMSNorm, DeltaNet gates and the sigmoid gate
     for (int r = 0; r < rows; ++r) {
       float ss = 0;
       for (int i = 0; i < dim; ++i) ss += x[size_t(r) * dim + i] * x[size_t(r) * dim + i];
-      const float rstd = cm::rmsnorm_rstd(ss, dim, 1e-6f);
+      const float rstd = km::rmsnorm_rstd(ss, dim, 1e-6f);
       for (int i = 0; i < dim; ++i) {
         const size_t o = size_t(r) * dim + i;
-        got[o] = cm::gated_rmsnorm_y(x[o], rstd, w[i], z[o]);
+        got[o] = km::gated_rmsnorm_y(x[o], rstd, w[i], z[o]);
       }
     }
     require_close(got, want, 4e-7, 1e-8, "gated rmsnorm");
@@ -239,8 +242,8 @@ TEST_CASE("cuda_math: l2norm, gated RMSNorm, DeltaNet gates and the sigmoid gate
     std::vector<float> g(n), beta(n), g_got(n), beta_got(n);
     cpu::deltanet_gates_forward(g.data(), beta.data(), a.data(), b.data(), a_log.data(), dt_bias.data(), rows, heads);
     for (int i = 0; i < n; ++i) {
-      beta_got[i] = cm::deltanet_beta(b[i]);
-      g_got[i] = cm::deltanet_g(a[i], dt_bias[i % heads], a_log[i % heads]);
+      beta_got[i] = km::deltanet_beta(b[i]);
+      g_got[i] = km::deltanet_g(a[i], dt_bias[i % heads], a_log[i % heads]);
       CHECK(g[i] <= 0.f);
       CHECK(beta[i] >= 0.f);
       CHECK(beta[i] <= 1.f);
@@ -251,7 +254,7 @@ TEST_CASE("cuda_math: l2norm, gated RMSNorm, DeltaNet gates and the sigmoid gate
   {
     std::vector<float> want = x, got = x;
     cpu::sigmoid_gate(want.data(), z.data(), x.size());
-    for (size_t i = 0; i < x.size(); ++i) got[i] = cm::sigmoid_gate(x[i], z[i]);
+    for (size_t i = 0; i < x.size(); ++i) got[i] = km::sigmoid_gate(x[i], z[i]);
     require_close(got, want, 4e-7, 1e-30, "sigmoid gate");
   }
 }
@@ -369,9 +372,9 @@ namespace {
 
 // argmax.cu: thread tid adds columns tid, tid + 256, …; block_merge folds buf[tid] with buf[tid + stride] for
 // stride 128, 64, …, 1.
-cm::ArgMax argmax_walk(const float* row, int cols) {
+km::ArgMax<float> argmax_walk(const float* row, int cols) {
   const int threads = 256;
-  std::vector<cm::ArgMax> buf(threads);
+  std::vector<km::ArgMax<float>> buf(threads);
   for (int tid = 0; tid < threads; ++tid)
     for (int i = tid; i < cols; i += threads) buf[tid].add(row[i], i);
   for (int stride = threads / 2; stride > 0; stride /= 2)
@@ -414,7 +417,7 @@ TEST_CASE("cuda_math: row argmax (256 strided partials, tree merge) is the CPU's
   CHECK(index[6] == 999);
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
-    const cm::ArgMax got = argmax_walk(&x[size_t(r) * cols], cols);
+    const km::ArgMax<float> got = argmax_walk(&x[size_t(r) * cols], cols);
     CHECK(got.index == index[r]);
     if (index[r] >= 0) {
       CHECK(got.value == value[r]);

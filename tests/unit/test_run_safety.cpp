@@ -15,7 +15,7 @@
 #include "test_util.h"
 #include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/eval/drafter_source.h"
+#include "lib/state/drafter_source.h"
 #include "lib/eval/spec_decode.h"
 #include "lib/io/dataset.h"
 #include "lib/model/drafter_export.h"
@@ -152,7 +152,7 @@ TEST_CASE("export and eval refuse non-finite weights, naming the tensor and the 
   CHECK(error_of([&] { model::require_finite_weights(cfg, params, "x"); }).find("has inf") != std::string::npos);
   params.flat[p.offset + 5] = 0.5f;
   model::export_drafter(cfg, params, info, dir, io::DType::F32);
-  CHECK(eval::load_drafter_source(dir).kind == "export");
+  CHECK(state::load_drafter_source(dir).kind == "export");
 }
 
 TEST_CASE("tau is null, with the reason, when no verify ran") {

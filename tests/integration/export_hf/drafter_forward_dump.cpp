@@ -26,7 +26,7 @@
 #include "kernels/cpu/gemm.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
-#include "lib/eval/drafter_source.h"
+#include "lib/state/drafter_source.h"
 #include "lib/model/drafter.h"
 #include "lib/model/drafter_export.h"
 #include "lib/state/checkpoint.h"
@@ -144,7 +144,7 @@ struct Sequence {
 };
 
 int dump(const std::string& source, const std::string& out_path) {
-  eval::DrafterSource src = eval::load_drafter_source(source);
+  state::DrafterSource src = state::load_drafter_source(source);
   const model::DrafterConfig& cfg = src.drafter.config;
   const model::DrafterParams<float>& wf = src.drafter.params;
   model::DrafterParams<double> wd(cfg);

@@ -5,7 +5,7 @@
 
 #include "lib/model/drafter_export.h"
 
-namespace dflash::eval {
+namespace dflash::state {
 
 struct DrafterSource {
   std::string kind;  // "checkpoint" or "export"
@@ -21,4 +21,4 @@ DrafterSource load_drafter_source(const std::string& path);
 // complete checkpoint), without reading the weights; the same errors.
 std::string drafter_source_dir(const std::string& path);
 
-}  // namespace dflash::eval
+}  // namespace dflash::state

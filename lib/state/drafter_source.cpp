@@ -1,11 +1,11 @@
-#include "lib/eval/drafter_source.h"
+#include "lib/state/drafter_source.h"
 
 #include <filesystem>
 
 #include "lib/core/error.h"
 #include "lib/state/checkpoint.h"
 
-namespace dflash::eval {
+namespace dflash::state {
 
 namespace fs = std::filesystem;
 
@@ -47,4 +47,4 @@ DrafterSource load_drafter_source(const std::string& path) {
                        ck.state.target};
 }
 
-}  // namespace dflash::eval
+}  // namespace dflash::state
