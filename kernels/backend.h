@@ -11,13 +11,15 @@
 //   * T is the activation and weight type (float, double on the CPU; float, bf16 on CUDA; kernels/bf16.h is the
 //     storage type, so the models never see CUDA). Statistics (RMSNorm rstd, attention lse) and weight gradients
 //     use A = acc_t<T> (float for float/bf16, double for double).
-//   * An op a backend lacks is named by a Feature: supports(f) says so before the call (the op then throws).
+//   * An op a backend lacks, or takes only at some shapes, is named by a Feature: supports(f, shape) says so before
+//     the call (the op then throws).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
 #include "kernels/attention_shape.h"
 #include "kernels/bf16.h"
+#include "kernels/device.h"
 #include "kernels/math/adamw.h"  // AdamWCoeffs
 #include "kernels/vocab_loss_rows.h"
 #include "lib/core/exec_context.h"
@@ -35,9 +37,10 @@ struct Acc<double> {
 template <typename T>
 using acc_t = typename Acc<T>::type;
 
-// The ops not every backend has (ask supports() first).
+// The ops not every backend has, or has at every shape (ask supports() first; the op then throws).
 enum class Feature {
   tree_attention,  // attention_tree_forward: the CPU only (speculative tree verification, a host-side evaluation)
+  head_norm_rope,  // head_norm_rope_forward / _backward at a head_dim: the CPU any, CUDA an even one up to 256
 };
 
 template <typename T>
@@ -47,7 +50,8 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual const char* name() const = 0;  // "cpu" or "cuda"
-  virtual bool supports(Feature) const { return true; }
+  // Whether this backend runs `f` (at head_dim, for the ops whose support depends on it).
+  virtual bool supports(Feature f, int head_dim = 0) const { return true; }
   virtual MemoryKind memory() const = 0;
   // The backend's own execution context (CUDA: its stream, cuBLASLt handle and workspace; the CPU: host_exec_context()).
   virtual ExecContext& context() = 0;
@@ -237,16 +241,15 @@ ExecContext& host_exec_context();
 template <typename T>
 std::unique_ptr<Backend<T>> make_cuda_backend();
 
-// The one factory the models and tools use: the backend of `device` computing in T, or a user error naming what
-// does not exist (bf16 on the CPU, double on CUDA, CUDA in a build without it or on a machine without a GPU).
-enum class Device { cpu, cuda };
-
 // The CUDA backend's RoPE cos/sin table, one per (rot_dim, θ) a model uses, kept in device memory for the backend's
 // life: fp32 cos and sin of the first kRopeTablePositions positions (later ones are evaluated). Memory plans count it.
 constexpr int kRopeTablePositions = 16384;
 constexpr size_t rope_table_bytes(int rot_dim) {
   return sizeof(float) * 2 * size_t(kRopeTablePositions) * size_t(rot_dim / 2);
 }
+// The one factory the models and tools use: the backend of `device` computing in T, or a user error naming what
+// does not exist (backend_refusal in kernels/device.h: bf16 on the CPU, double on CUDA; CUDA in a build without it
+// or on a machine without a GPU).
 template <typename T>
 std::unique_ptr<Backend<T>> make_backend(Device device, const CpuBackendOptions& cpu_options = {});
 // True when this build has the CUDA backend and a CUDA device is visible.

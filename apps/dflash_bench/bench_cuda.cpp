@@ -564,11 +564,13 @@ int run_cuda(int argc, char** argv) {
         "Times the CUDA backend against its own cuBLASLt GEMMs alone (same run, same shapes).\n"
         "Prints 'skipped: ...' and exits 0 where there is no GPU or no CUDA backend.\n",
       "dflash_bench cuda");
-  std::string what = "all", precision = "bf16";
+  std::string what = "all";
+  kernels::Precision precision = kernels::Precision::bf16;
   CudaBenchOptions o;
   app.add_option("BENCHMARK", what, "loss, drafter, attention, decode or all (loss and drafter)")
       ->check(CLI::IsMember({"loss", "drafter", "attention", "decode", "all"}));
-  app.add_option("--precision", precision, "loss and drafter")->check(CLI::IsMember({"bf16", "fp32"}));
+  add_named_option(app, "--precision", precision, "loss and drafter",
+                   {kernels::Precision::bf16, kernels::Precision::fp32});
   for (auto [name, value] : {std::pair{"--T", &o.T}, {"--H", &o.H}, {"--V", &o.V}, {"--chunk", &o.chunk},
                              {"--reps", &o.reps}, {"--seq", &o.seq}, {"--anchors", &o.anchors}, {"--block", &o.block},
                              {"--hidden", &o.hidden}, {"--layers", &o.layers}, {"--heads", &o.heads},
@@ -590,12 +592,12 @@ int run_cuda(int argc, char** argv) {
   kernels::cuda::CudaContext context(0);
   if (what == "attention") return attention_bench(context.exec(), o);
   if (what == "decode") return decode_bench(context.exec(), o);
-  if (precision == "bf16") {
+  if (precision == kernels::Precision::bf16) {
     auto be = kernels::make_cuda_backend<bf16>();
-    return run_all(*be, context.exec(), what, o, "bf16");
+    return run_all(*be, context.exec(), what, o, name_of(precision));
   }
   auto be = kernels::make_cuda_backend<float>();
-  return run_all(*be, context.exec(), what, o, "fp32");
+  return run_all(*be, context.exec(), what, o, name_of(precision));
 #endif
 }
 

@@ -45,10 +45,11 @@ struct StreamResult {
 int run_stream(int argc, char** argv) {
   CliApp app("The feature stream and the TP all-reduce on one data plane, measured (mpirun -np K: ranks [0, K-1) one "
              "target TP group, rank K-1 its drafter), and the same moved to 8 GPUs, modelled.", "dflash_bench stream");
-  std::string plane_name = "mpi";
+  comm::TransportChoice requested = comm::TransportChoice::mpi;
   int S = 8192, H = 5120, n_taps = 5, packets = 6, in_flight = 2, reps = 3, model_tp = 5;
   double drafter_ms = 0, link_gbs = 450, pcie_gbs = 55;
-  app.add_option("--plane", plane_name, "the data plane")->check(CLI::IsMember({"mpi", "nccl"}));
+  add_named_option(app, "--plane", requested, "the data plane",
+                   {comm::TransportChoice::mpi, comm::TransportChoice::nccl});
   app.add_option("--seq", S, "sequence length S of a packet")->check(positive_number());
   app.add_option("--hidden", H, "hidden size H")->check(positive_number());
   app.add_option("--taps", n_taps, "tapped layers")->check(positive_number());
@@ -70,8 +71,8 @@ int run_stream(int argc, char** argv) {
     const int tp = size - 1;
     const comm::RankLayout layout = comm::make_rank_layout(tp, 1, 1, size, rank);
     comm::DataPlane plane = comm::DataPlane::Mpi;
-    if (plane_name == "nccl") {
-      plane = comm::choose_data_plane("nccl", true, comm::nccl_built(), comm::node_shape(MPI_COMM_WORLD));
+    if (requested == comm::TransportChoice::nccl) {
+      plane = comm::choose_data_plane(requested, true, comm::nccl_built(), comm::node_shape(MPI_COMM_WORLD));
       kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
     }
     comm::RoleComms comms(layout, MPI_COMM_WORLD, plane, /*timeout_seconds=*/600);

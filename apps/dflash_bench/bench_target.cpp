@@ -26,7 +26,7 @@
 
 #include "apps/dflash_bench/bench.h"
 #include "lib/core/cli_app.h"
-#include "lib/job/random_target_options.h"
+#include "lib/model/random_target_options.h"
 #include "lib/core/error.h"
 #include "lib/core/memory.h"
 #include "lib/core/rng.h"
@@ -163,13 +163,12 @@ double gemm_bound_seconds(kernels::Backend<T>& be, const std::vector<GemmShape>&
   return total;
 }
 
-// The bound on the backend the target runs on: device cpu|cuda, precision fp32|bf16.
-double gemm_bound(const std::string& device, const std::string& precision, const std::vector<GemmShape>& shapes,
-                  int S, int reps) {
-  if (device == "cpu") return gemm_bound_seconds(*kernels::make_backend<float>(kernels::Device::cpu), shapes, S, reps);
-  if (precision == "bf16")
-    return gemm_bound_seconds(*kernels::make_backend<kernels::bf16>(kernels::Device::cuda), shapes, S, reps);
-  return gemm_bound_seconds(*kernels::make_backend<float>(kernels::Device::cuda), shapes, S, reps);
+// The bound on the backend the target runs on (a pair make_backend has: fp32 anywhere, bf16 on CUDA).
+double gemm_bound(kernels::Device device, kernels::Precision precision, const std::vector<GemmShape>& shapes, int S,
+                  int reps) {
+  if (precision == kernels::Precision::bf16)
+    return gemm_bound_seconds(*kernels::make_backend<kernels::bf16>(device), shapes, S, reps);
+  return gemm_bound_seconds(*kernels::make_backend<float>(device), shapes, S, reps);
 }
 
 std::vector<int> int_list(const std::string& option, const std::string& text) {
@@ -203,12 +202,13 @@ std::string part_cell(double seconds, double flops, int tp, double sgemm) {
 }
 
 struct TargetBenchOptions {
-  std::string tp = "1,2,3,5", seq = "512", device = "cpu", model;
-  std::optional<std::string> precision;  // default: bf16 on cuda, fp32 on the CPU
+  std::string tp = "1,2,3,5", seq = "512", model;
+  kernels::Device device = kernels::Device::cpu;
+  std::optional<kernels::Precision> precision;  // default: kernels::default_precision(device)
   int reps = 3;
 };
 
-int bench(const TargetBenchOptions& a, const job::RandomTargetOptions& target_options) {
+int bench(const TargetBenchOptions& a, const model::RandomTargetOptions& target_options) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -218,11 +218,11 @@ int bench(const TargetBenchOptions& a, const job::RandomTargetOptions& target_op
   DFLASH_USER_CHECK(!tps.empty(), "--tp {}: no size fits in the {} ranks of this run (mpirun -np K)", a.tp, world);
   const std::vector<int> seqs = int_list("seq", a.seq);
   const int reps = a.reps;
-  const std::string& device = a.device;
-  const std::string precision = a.precision.value_or(device == "cuda" ? "bf16" : "fp32");
-  DFLASH_USER_CHECK(precision == "fp32" || (precision == "bf16" && device == "cuda"),
-                    "--precision {} on --device {}: the CPU runs fp32, CUDA fp32 or bf16", precision, device);
-  const bool cuda = device == "cuda";
+  const kernels::Device device = a.device;
+  const kernels::Precision precision = a.precision.value_or(kernels::default_precision(device));
+  const std::string refusal = kernels::backend_refusal(device, precision);
+  DFLASH_USER_CHECK(refusal.empty(), "--precision {} on --device {}: {}", name_of(precision), name_of(device), refusal);
+  const bool cuda = device == kernels::Device::cuda;
   if (cuda) kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
 
   std::string dir = a.model;
@@ -287,7 +287,7 @@ int bench(const TargetBenchOptions& a, const job::RandomTargetOptions& target_op
     for (size_t i = 0; i < seqs.size(); ++i) std::printf(" S %d: %.1f", seqs[i], sgemm[i]);
     std::printf("\n%s %s; parts: ms / forward on the slowest rank (GFLOP/s per rank, over sgemm)%s; GEMM bound: "
                 "rank 0's shard GEMMs alone on the same backend\n\n",
-                device.c_str(), precision.c_str(), cuda ? " (async on cuda: launch times)" : "");
+                name_of(device), name_of(precision), cuda ? " (async on cuda: launch times)" : "");
     std::printf("| TP | S | Q heads per rank | tokens/s | ms / forward | all-reduce ms / forward (share) | "
                 "DeltaNet mixers | full attention mixers | MLPs | GFLOP/s per rank | vs sgemm | GEMM bound ms | "
                 "bound / time | peak RSS MB (rank 0) |%s\n"
@@ -304,7 +304,7 @@ int bench(const TargetBenchOptions& a, const job::RandomTargetOptions& target_op
     if (comm != MPI_COMM_NULL) {
       comm::MpiTransport transport(comm);
       model::TargetOptions options;
-      options.cuda = cuda;
+      options.device = device;
       options.precision = precision;
       model::TargetModel target(dir, transport, options);
       const model::TargetShard shard0 = model::plan_target_shard(c, tp, 0, options.mlp_grain);
@@ -388,11 +388,11 @@ int run_target(int argc, char** argv) {
   app.add_option("--tp", o.tp, "TP sizes, each run on ranks [0, tp) (those > K skipped)")->type_name("LIST");
   app.add_option("--seq", o.seq, "sequence lengths")->type_name("LIST");
   app.add_option("--reps", o.reps, "timed forwards (best of)")->check(positive_number());
-  app.add_option("--device", o.device, "where the forward runs")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--precision", o.precision, "fp32 or bf16 (cuda only; its default)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  add_named_option(app, "--device", o.device, "where the forward runs");
+  add_named_option(app, "--precision", o.precision, "fp32 or bf16 (cuda only; its default)",
+                   {kernels::Precision::fp32, kernels::Precision::bf16});
   app.add_option("--model", o.model, "a target directory instead of a random one")->type_name("DIR");
-  const job::RandomTargetOptions target_options(app);
+  const model::RandomTargetOptions target_options(app);
   if (!parse_command_line(app, argc, argv)) return 0;
   return comm::run_mpi_program({"dflash_bench target"}, argc, argv,
                                [&](bool) { return bench(o, target_options); });

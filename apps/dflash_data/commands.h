@@ -5,7 +5,7 @@
 
 namespace dflash::data {
 
-// export SOURCE OUT_DIR [--best] [--dtype bf16|f32] [target facts]: = dflash_mpi --export (lib/job/export_command.h,
+// export SOURCE OUT_DIR [--best] [--dtype bf16|f32] [target facts]: = dflash_mpi --export (lib/state/export_command.h,
 // docs/export.md).
 int run_export(int argc, char** argv);
 // import-jsonl IN.jsonl OUT.h5 [--vocab V]: one JSON object per line with input_ids and optional loss_mask.

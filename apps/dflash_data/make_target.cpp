@@ -10,7 +10,7 @@
 #include <cstdio>
 
 #include "lib/core/cli_app.h"
-#include "lib/job/random_target_options.h"
+#include "lib/model/random_target_options.h"
 #include "lib/model/random_target.h"
 
 namespace dflash::data {
@@ -20,7 +20,7 @@ int run_make_target(int argc, char** argv) {
              "(config.json + model.safetensors) in the Hugging Face format.", "dflash_data make-target");
   std::string out;
   app.add_option("--out", out, "the model directory to write")->required()->type_name("DIR");
-  const job::RandomTargetOptions target_options(app);
+  const model::RandomTargetOptions target_options(app);
   if (!parse_command_line(app, argc, argv)) return 0;
   model::RandomTargetSpec s;
   target_options.apply(s);

@@ -275,7 +275,10 @@ class CudaBackend final : public Backend<T> {
               head_dim, splits, partials.as<float>());
   }
   // Tree verification runs in dflash_eval's host-side loop on the CPU backend: no device kernel (yet).
-  bool supports(Feature f) const override { return f != Feature::tree_attention; }
+  bool supports(Feature f, int head_dim) const override {
+    if (f == Feature::head_norm_rope) return norm_rope_takes(head_dim);
+    return f != Feature::tree_attention;
+  }
   void attention_tree_forward(ExecContext&, T*, const T*, const T*, const T*, const int32_t*, int, int, int, int,
                               int) override {
     DFLASH_FAIL("the CUDA backend has no tree attention (supports(Feature::tree_attention) is false); verify trees on "
@@ -348,8 +351,12 @@ class CudaBackend final : public Backend<T> {
   }
 
  private:
+  // the fused head norm + RoPE kernel: each lane holds 4 rotate-half pairs of an even head_dim
+  static bool norm_rope_takes(int head_dim) {
+    return head_dim >= 2 && head_dim <= cuda::kMaxNormRopeHeadDim && head_dim % 2 == 0;
+  }
   static void check_norm_rope_head_dim(int head_dim) {
-    DFLASH_CHECK(head_dim >= 2 && head_dim <= cuda::kMaxNormRopeHeadDim && head_dim % 2 == 0,
+    DFLASH_CHECK(norm_rope_takes(head_dim),
                  "CUDA head norm + RoPE: head_dim {} must be even, 2..{} (each lane holds 4 rotate-half pairs)",
                  head_dim, cuda::kMaxNormRopeHeadDim);
   }

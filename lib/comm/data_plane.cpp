@@ -6,12 +6,11 @@
 
 namespace dflash::comm {
 
-DataPlane choose_data_plane(const std::string& requested, bool cuda_device, bool nccl_in_build, NodeShape node) {
-  DFLASH_USER_CHECK(requested == "auto" || requested == "mpi" || requested == "nccl",
-                    "layout.transport = {}: use auto, mpi or nccl", requested);
-  if (requested == "mpi") return DataPlane::Mpi;
+DataPlane choose_data_plane(TransportChoice requested, bool cuda_device, bool nccl_in_build, NodeShape node) {
+  if (requested == TransportChoice::mpi) return DataPlane::Mpi;
   const bool own_gpu = node.max_ranks_per_node <= node.min_gpus_per_node;
-  if (requested == "auto") return cuda_device && nccl_in_build && own_gpu ? DataPlane::Nccl : DataPlane::Mpi;
+  if (requested == TransportChoice::automatic)
+    return cuda_device && nccl_in_build && own_gpu ? DataPlane::Nccl : DataPlane::Mpi;
   DFLASH_USER_CHECK(cuda_device, "layout.transport is nccl but run.device is cpu: NCCL moves device memory; set "
                                  "run.device: cuda or layout.transport: mpi");
   DFLASH_USER_CHECK(nccl_in_build, "layout.transport is nccl but this build has no CUDA/NCCL; rebuild with the CUDA "

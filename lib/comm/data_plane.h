@@ -20,11 +20,11 @@ struct NodeShape {
   int min_gpus_per_node = 0;
 };
 
-// The plane for layout.transport `requested` (auto | mpi | nccl). Pure: the rule, for every rank alike.
+// The plane for layout.transport `requested`. Pure: the rule, for every rank alike.
 //   mpi -> mpi; auto -> nccl when cuda, NCCL is built and every rank has its own GPU, else mpi;
 //   nccl -> nccl, or a user error naming the reason (no cuda, no NCCL in this build, more ranks than GPUs on a
 //   node: NCCL refuses two ranks on one GPU).
-DataPlane choose_data_plane(const std::string& requested, bool cuda_device, bool nccl_in_build, NodeShape node);
+DataPlane choose_data_plane(TransportChoice requested, bool cuda_device, bool nccl_in_build, NodeShape node);
 
 // The shape of the job's nodes (collective over `world`: ranks per node from MPI_COMM_TYPE_SHARED, GPUs from CUDA).
 NodeShape node_shape(MPI_Comm world);

@@ -4,6 +4,7 @@
 // templates count elements. Two implementations carry the data plane (lib/comm/data_plane.h): MpiTransport (host
 // buffers, anywhere) and the NCCL transport (lib/comm/nccl_transport.h, CUDA builds); the control plane (layout,
 // stop protocol, packet headers, small messages) is always MPI.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,6 +14,9 @@ namespace dflash::comm {
 // Which transport carries the data plane (lib/comm/data_plane.h chooses it).
 enum class DataPlane { Mpi, Nccl };
 const char* data_plane_name(DataPlane p);  // "mpi" | "nccl"
+// What layout.transport asks for: auto lets choose_data_plane decide from the job's shape.
+enum class TransportChoice { automatic, mpi, nccl };
+constexpr std::array<const char*, 3> names_of(TransportChoice) { return {"auto", "mpi", "nccl"}; }
 
 // A pending non-blocking send or receive. wait() blocks until the buffer may be reused (send) or read (receive).
 // Move-only; destroying a pending request waits for it, so a buffer is never released under a transfer.

@@ -13,6 +13,7 @@
 
 #include "lib/config/schema.h"
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 
 namespace dflash {
 
@@ -93,8 +94,11 @@ bool parse_bool(const std::string& where, const ConfigKey& k, const YAML::Node& 
 std::string parse_enum(const std::string& where, const ConfigKey& k, const YAML::Node& n, const std::string& what) {
   if (!n.IsScalar()) wrong_type(where, k, "one of: " + join(k.choices), n);
   const std::string& s = n.Scalar();
-  if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
-    fail(where, fmt::format("{} '{}' is '{}'; allowed: {}", what, k.path, s, join(k.choices)));
+  if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
+    const std::string hint = closest_choice(s, k.choices);
+    fail(where, fmt::format("{} '{}' is '{}'{}; allowed: {}", what, k.path, s,
+                            hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint), join(k.choices)));
+  }
   return s;
 }
 
@@ -123,9 +127,15 @@ void set_value(TrainConfig& cfg, const ConfigKey& k, const YAML::Node& n, const 
       }
       break;
     case KeyType::kEnum: {
-      std::string choice = parse_enum(where, k, n, "key");
-      if (auto mode = std::get_if<model::VocabLossMode*>(&field)) **mode = *model::parse_vocab_loss_mode(choice);
-      else *std::get<std::string*>(field) = choice;
+      const std::string choice = parse_enum(where, k, n, "key");  // one of k.choices = the enum's names
+      std::visit(
+          [&](auto* p) {
+            using V = std::remove_pointer_t<decltype(p)>;
+            if constexpr (is_named_enum_v<V>) *p = *parse_name<V>(choice);
+            else if constexpr (std::is_same_v<V, std::string>) *p = choice;
+            else DFLASH_FAIL("key {}: kEnum on a field that is neither text nor an enum", k.path);
+          },
+          field);
       break;
     }
     case KeyType::kIntList:
@@ -309,10 +319,11 @@ void validate_config(const TrainConfig& c) {
   if (c.layout.drafter_dp < c.layout.target_groups)
     fail(where, fmt::format("layout.drafter_dp ({}) < layout.target_groups ({}): every target group needs at least "
                             "one drafter rank to feed", c.layout.drafter_dp, c.layout.target_groups));
-  if (c.run.precision == "bf16" && c.run.device != "cuda")
-    fail(where, "run.precision is bf16 but run.device is cpu: the CPU backend computes in fp32 (use precision: fp32 "
-                "or auto)");
-  if (c.layout.transport == "nccl" && c.run.device != "cuda")
+  // which device computes in which precision: the backend factory's rule (kernels/device.h), asked, not restated
+  if (const std::string refusal = kernels::backend_refusal(c.run.device, c.run.compute_precision()); !refusal.empty())
+    fail(where, fmt::format("run.precision is {} but run.device is {}: {}; set run.precision: auto",
+                            name_of(c.run.precision), name_of(c.run.device), refusal));
+  if (c.layout.transport == comm::TransportChoice::nccl && c.run.device != kernels::Device::cuda)
     fail(where, "layout.transport is nccl but run.device is cpu; nccl needs cuda (use transport: mpi on cpu)");
   if (c.ckpt.resume.empty())
     fail(where, "ckpt.resume is empty; use none, auto or a checkpoint directory");

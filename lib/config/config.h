@@ -4,26 +4,38 @@
 // the model's settings structs, so each default is written once); the key table in schema.cpp names every member
 // with its dotted path, type, range and help, and drives parsing, validation, printing, hashing and
 // docs/config.md. Adding a key = one member here + one row in schema.cpp + one row in docs/config.md.
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "kernels/device.h"
+#include "lib/comm/transport.h"
 #include "lib/model/adamw_settings.h"
+#include "lib/model/target_settings.h"
 #include "lib/model/vocab_loss_settings.h"
 
 namespace dflash {
 
+// run.precision: the drafter's activations and compute weights (and on cuda the target's); auto asks the device's
+// default (kernels::default_precision: fp32 on the CPU, bf16 on CUDA).
+enum class PrecisionChoice { automatic, fp32, bf16 };
+constexpr std::array<const char*, 3> names_of(PrecisionChoice) { return {"auto", "fp32", "bf16"}; }
+
 struct RunSection {
-  // "fp32" or "bf16" after resolving precision: auto by device
-  std::string compute_precision() const { return precision == "auto" ? (device == "cuda" ? "bf16" : "fp32") : precision; }
+  // The compute type after resolving auto by the device.
+  kernels::Precision compute_precision() const {
+    if (precision == PrecisionChoice::automatic) return kernels::default_precision(device);
+    return precision == PrecisionChoice::bf16 ? kernels::Precision::bf16 : kernels::Precision::fp32;
+  }
 
   std::string name = "dflash";        // run name (logs, exported config)
   std::string out_dir = "runs/dflash";  // logs/, ckpt/, metrics.jsonl, config.resolved.yaml
   int64_t seed = 0;                   // every random stream derives from it (init, shuffle, anchors)
-  std::string device = "cpu";         // cpu | cuda
-  std::string precision = "auto";     // auto (cpu: fp32, cuda: bf16) | fp32 | bf16: the drafter's activations
+  kernels::Device device = kernels::Device::cpu;           // cpu | cuda
+  PrecisionChoice precision = PrecisionChoice::automatic;  // auto (cpu: fp32, cuda: bf16) | fp32 | bf16
   int64_t steps = 0;                  // optimizer steps; 0 = as many as data.epochs allows
   double watchdog_seconds = 1800;     // a rank blocked this long in one wait aborts the job; 0 = off
   double watchdog_floor_seconds = 600;  // the bound never drops below this once it follows the steps
@@ -35,8 +47,8 @@ struct LayoutSection {
   int target_tp = 5;                  // ranks per target tensor-parallel group
   int target_groups = 1;              // target groups; world = target_tp * target_groups + drafter_dp
   int drafter_dp = 3;                 // drafter data-parallel ranks
-  std::string transport = "auto";     // auto | mpi | nccl (lib/comm/data_plane.h)
-  std::string tp_allreduce = "bf16";  // fp32 | bf16: how a bf16 target sums its TP partials on NCCL (docs/cuda.md)
+  comm::TransportChoice transport = comm::TransportChoice::automatic;  // auto | mpi | nccl (lib/comm/data_plane.h)
+  model::TpAllreduce tp_allreduce = model::TpAllreduce::bf16;  // how a bf16 target sums its TP partials on NCCL
   int packets_in_flight = 2;          // packets a target group may run ahead of each drafter rank
 };
 

@@ -21,8 +21,8 @@ std::string format_field(const FieldRef& f) {
         using V = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<V, bool>) {
           return *p ? "true" : "false";
-        } else if constexpr (std::is_same_v<V, model::VocabLossMode>) {
-          return model::vocab_loss_mode_name(*p);  // the text the file uses, so the hash does not depend on the enum
+        } else if constexpr (is_named_enum_v<V>) {
+          return name_of(*p);  // the text the file uses, so the hash does not depend on the enum
         } else if constexpr (std::is_same_v<V, std::vector<int>> || std::is_same_v<V, std::vector<std::string>>) {
           return fmt::format("[{}]", fmt::join(*p, ", "));
         } else {

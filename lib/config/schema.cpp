@@ -60,6 +60,18 @@ ConfigKey choice(std::string path, FieldRef (*field)(TrainConfig&), std::vector<
   k.path = std::move(path), k.type = type, k.field = field, k.help = std::move(help), k.choices = std::move(choices);
   return k;
 }
+// A key that IS an enum: its choices are the enum's names (names_of, written beside the enum).
+ConfigKey named(std::string path, FieldRef (*field)(TrainConfig&), std::string help) {
+  TrainConfig probe;
+  std::vector<std::string> choices = std::visit(
+      [](auto* p) -> std::vector<std::string> {
+        using V = std::remove_pointer_t<decltype(p)>;
+        if constexpr (is_named_enum_v<V>) return choices_of<V>();
+        else return {};
+      },
+      field(probe));
+  return choice(std::move(path), field, std::move(choices), std::move(help));
+}
 ConfigKey required(ConfigKey k) {
   k.required = true;
   return k;
@@ -78,8 +90,8 @@ std::vector<ConfigKey> build_schema() {
       unhashed(key("run.out_dir", T::kString, FIELD(run.out_dir), kAny,
                    "output folder: logs/, ckpt/, metrics.jsonl, config.resolved.yaml")),
       key("run.seed", T::kInt, FIELD(run.seed), kNonNeg, "seed of every random stream (init, data shuffle, anchors)"),
-      choice("run.device", FIELD(run.device), {"cpu", "cuda"}, "cpu: BLAS + OpenMP; cuda: cuBLASLt + CUDA kernels"),
-      choice("run.precision", FIELD(run.precision), {"auto", "fp32", "bf16"},
+      named("run.device", FIELD(run.device), "cpu: BLAS + OpenMP; cuda: cuBLASLt + CUDA kernels"),
+      named("run.precision", FIELD(run.precision),
              "drafter activations and compute weights, and on cuda the target's weights and activations (fp32 "
              "master weights and AdamW state either way); auto: fp32 on cpu, bf16 on cuda"),
       key("run.steps", T::kInt, FIELD(run.steps), kNonNeg, "optimizer steps; 0 = as many as data.epochs allows"),
@@ -99,10 +111,10 @@ std::vector<ConfigKey> build_schema() {
       key("layout.target_groups", T::kInt, FIELD(layout.target_groups), within(1, 4096),
           "target groups; world size = target_tp * target_groups + drafter_dp"),
       key("layout.drafter_dp", T::kInt, FIELD(layout.drafter_dp), within(1, 4096), "drafter data-parallel ranks"),
-      unhashed(choice("layout.transport", FIELD(layout.transport), {"auto", "mpi", "nccl"},
+      unhashed(named("layout.transport", FIELD(layout.transport),
                       "data plane (packets, TP and DP all-reduce): mpi (anywhere), nccl (one GPU per rank) or "
                       "auto (nccl when run.device is cuda and every rank has its own GPU)")),
-      unhashed(choice("layout.tp_allreduce", FIELD(layout.tp_allreduce), {"fp32", "bf16"},
+      unhashed(named("layout.tp_allreduce", FIELD(layout.tp_allreduce),
                       "a bf16 target's TP all-reduce on the nccl plane: bf16 (the bf16 partials summed as bf16, "
                       "half the bytes) or fp32 (widened, summed in fp32, rounded once); fp32 targets and the mpi "
                       "plane always sum in fp32")),
@@ -140,7 +152,7 @@ std::vector<ConfigKey> build_schema() {
       // loss
       key("loss.chunk_size", T::kInt, FIELD(loss.chunk_size), within(1, 1 << 20),
           "positions per vocab chunk; loss memory is O(chunk_size * vocab)"),
-      choice("loss.mode", FIELD(loss.mode), {"recompute", "fused"},
+      named("loss.mode", FIELD(loss.mode),
              "recompute: logits recomputed in backward (3 vocab GEMMs); fused: d(logits) in forward (2)"),
       key("loss.ce_weight", T::kFloat, FIELD(loss.ce_weight), kNonNeg, "weight of cross-entropy on the data token"),
       key("loss.kl_weight", T::kFloat, FIELD(loss.kl_weight), kNonNeg, "weight of KL(target || drafter)"),
@@ -224,18 +236,6 @@ const ConfigKey* find_config_key(const std::string& path) {
   for (const auto& k : config_schema())
     if (k.path == path) return &k;
   return nullptr;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 std::string suggest_config_key(const std::string& unknown) {

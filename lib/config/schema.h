@@ -2,11 +2,13 @@
 // The key table of the training config: one row per key, read by parsing, validation, printing and hashing.
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "lib/config/config.h"
+#include "lib/core/named_enum.h"  // edit_distance
 
 namespace dflash {
 
@@ -14,9 +16,14 @@ enum class KeyType { kInt, kFloat, kBool, kString, kEnum, kIntList, kEnumList };
 const char* key_type_name(KeyType t);  // "int", "float", ... as in messages and docs
 
 // Where a key's value lives inside a TrainConfig.
-// kEnum keys are text (std::string) or, where the section is a model settings struct, that struct's enum.
+// kEnum keys are text (std::string: log.level) or one of these enums, whose names (names_of, beside each enum) are
+// the key's choices: the file's text becomes the enum here and nowhere else (lib/core/named_enum.h).
 using FieldRef = std::variant<int*, int64_t*, double*, bool*, std::string*, std::vector<int>*,
-                              std::vector<std::string>*, model::VocabLossMode*>;
+                              std::vector<std::string>*, model::VocabLossMode*, kernels::Device*, PrecisionChoice*,
+                              comm::TransportChoice*, model::TpAllreduce*>;
+// True for the enum alternatives of FieldRef.
+template <typename V>
+constexpr bool is_named_enum_v = std::is_enum_v<V>;
 
 // Allowed numeric interval (ints, floats, elements of int lists); open ends are exclusive.
 struct ValueRange {
@@ -49,6 +56,5 @@ const ConfigKey* find_config_key(const std::string& path);
 // The closest known key to an unknown one ("" when nothing is close): same leaf in another section first,
 // then the smallest edit distance.
 std::string suggest_config_key(const std::string& unknown);
-size_t edit_distance(const std::string& a, const std::string& b);
 
 }  // namespace dflash

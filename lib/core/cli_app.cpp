@@ -94,6 +94,12 @@ CliApp::CliApp(const std::string& description, const std::string& name) : CLI::A
   allow_windows_style_options(false);
 }
 
+CLI::Option* add_named_option(CLI::App& app, const std::string& name, const std::string& help,
+                              const std::vector<std::string>& choices,
+                              const std::function<void(const std::string&)>& store) {
+  return app.add_option_function<std::string>(name, store, help)->check(CLI::IsMember(choices));
+}
+
 bool parse_command_line(CLI::App& app, int argc, char** argv, bool print_help) {
   try {
     app.parse(argc, argv);

@@ -9,10 +9,13 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 
 namespace dflash {
 
@@ -33,6 +36,33 @@ class CliApp : public CLI::App {
  public:
   CliApp(const std::string& description, const std::string& name);
 };
+
+// An option whose value is one of an enum's names (lib/core/named_enum.h: --device cpu|cuda), stored as the enum;
+// `allowed` (empty: every name) is what this program takes. Another value is a usage error listing them.
+CLI::Option* add_named_option(CLI::App& app, const std::string& name, const std::string& help,
+                              const std::vector<std::string>& choices,
+                              const std::function<void(const std::string&)>& store);
+template <typename E>
+std::vector<std::string> named_choices(const std::vector<E>& allowed) {
+  if (allowed.empty()) return choices_of<E>();
+  std::vector<std::string> out;
+  for (E e : allowed) out.push_back(name_of(e));
+  return out;
+}
+template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>>
+CLI::Option* add_named_option(CLI::App& app, const std::string& name, E& value, const std::string& help,
+                              const std::vector<E>& allowed = {}) {
+  return add_named_option(app, name, help, named_choices(allowed), [&value](const std::string& s) {
+           value = *parse_name<E>(s);
+         })->default_str(name_of(value));
+}
+// The same for an option with no default (its absence means something: nullopt).
+template <typename E>
+CLI::Option* add_named_option(CLI::App& app, const std::string& name, std::optional<E>& value,
+                              const std::string& help, const std::vector<E>& allowed = {}) {
+  return add_named_option(app, name, help, named_choices(allowed),
+                          [&value](const std::string& s) { value = *parse_name<E>(s); });
+}
 
 // Parses argv (argv[0] = the program or subcommand name, skipped) into app. --help: prints the help to stdout when
 // print_help and returns false. A usage error throws UsageError "MESSAGE; `NAME --help` lists the options"; an

@@ -31,7 +31,7 @@ std::vector<std::string> choices_of() {
   return {names.begin(), names.end()};
 }
 
-// Levenshtein distance: the edits (insert, delete, replace one character) that turn a into b.
+// The edits (insert, delete or replace a character, swap two neighbours) that turn a into b.
 size_t edit_distance(const std::string& a, const std::string& b);
 // The choice closest to `text` when it is a typo of one ("cdua" -> "cuda", "NCCL" -> "nccl"); "" when none is close.
 std::string closest_choice(const std::string& text, const std::vector<std::string>& choices);

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "lib/core/timer.h"
+#include "lib/train/data_facts.h"
 #include "lib/train/run_plan.h"
 
 namespace dflash::eval {
@@ -134,9 +135,35 @@ EvalOutcome HeldoutEval::run(EvalContext& ctx) {
   EvalOutcome o;
   o.report.line = heldout_line(e, block_size_, cfg_.loss.top_k);
   o.report.metrics = heldout_record(e, block_size_);
-  o.metric = "eval_tau";
+  o.metric = state::TauMetric::eval_tau;
   o.tau = heldout_tau(e);
   return o;
+}
+
+HeldoutTrainingEval::HeldoutTrainingEval(const TrainConfig& cfg, const train::RunPlan& plan, bool scan_tokens)
+    : cfg_(cfg), plan_(plan), data_([&] {
+        require_eval_file("eval.data", cfg.eval.data, "eval.every");
+        return io::Dataset(cfg.eval.data, plan.target.vocab, scan_tokens);
+      }()) {}
+
+void HeldoutTrainingEval::check_on_start() const {
+  TrainConfig as_data = cfg_;
+  as_data.data.path = cfg_.eval.data;
+  train::check_data_facts(train::scan_data_facts(data_, plan_.drafter.mask_token_id, cfg_.data.max_seq_len), as_data);
+}
+
+report::CheckItem HeldoutTrainingEval::check_item() const {
+  return {"eval data",
+          {fmt::format("{}: {} of {} sequences every {} steps (held-out loss, acc, tau)", cfg_.eval.data,
+                       heldout_count(cfg_, data_), data_.size(), cfg_.eval.every)}};
+}
+
+std::unique_ptr<train::ExtraPackets> HeldoutTrainingEval::packets() const {
+  return std::make_unique<HeldoutPackets>(cfg_, data_);
+}
+
+std::unique_ptr<Evaluator> HeldoutTrainingEval::drafter_side(const comm::RankLayout& layout) const {
+  return std::make_unique<HeldoutEval>(cfg_, data_, plan_.drafter.block_size, layout.dp_rank);
 }
 
 }  // namespace dflash::eval

@@ -22,6 +22,7 @@
 #include "lib/eval/evaluator.h"
 #include "lib/io/dataset.h"
 #include "lib/train/drafter_step.h"
+#include "lib/train/run_plan.h"
 #include "lib/train/packet.h"
 #include "lib/train/stream_plan.h"
 
@@ -77,7 +78,7 @@ class HeldoutPackets : public train::ExtraPackets {
 
 // The drafter side as a component: due after every eval.every steps unless the run stops after this step (its
 // packets are then dropped with the step's); every drafter rank runs it (the reduction is collective, also for a
-// rank with no held-out sequence of its own). Its τ is "eval_tau".
+// rank with no held-out sequence of its own). Its τ is eval_tau.
 class HeldoutEval : public Evaluator {
  public:
   // dp_rank: this drafter rank (its share of the sequences).
@@ -90,6 +91,26 @@ class HeldoutEval : public Evaluator {
   const TrainConfig& cfg_;
   int block_size_;
   int64_t sequences_;  // this rank's
+};
+
+// The held-out eval as the job builds it (lib/eval/evals.cpp, when eval.every > 0): eval.data opened on every
+// rank (every token id checked when scan_tokens: the target ranks, which stream it, and --check), its packets, its
+// drafter side on every drafter rank.
+class HeldoutTrainingEval : public TrainingEval {
+ public:
+  HeldoutTrainingEval(const TrainConfig& cfg, const train::RunPlan& plan, bool scan_tokens);
+  std::string name() const override { return "held-out eval"; }
+  // What would score nothing is refused as for data.path (train::check_data_facts).
+  void check_on_start() const override;
+  report::CheckItem check_item() const override;  // "eval data      PATH: N of M sequences every K steps (...)"
+  std::unique_ptr<train::ExtraPackets> packets() const override;
+  std::unique_ptr<Evaluator> drafter_side(const comm::RankLayout& layout) const override;
+  std::optional<state::TauMetric> metric() const override { return state::TauMetric::eval_tau; }
+
+ private:
+  const TrainConfig& cfg_;
+  const train::RunPlan& plan_;
+  io::Dataset data_;
 };
 
 }  // namespace dflash::eval

@@ -157,9 +157,36 @@ EvalOutcome SpecEval::run(EvalContext& ctx) {
   EvalOutcome o;
   o.report.line = spec_eval_line(ctx.next_step, totals);
   o.report.metrics = spec_eval_record(ctx.next_step, totals);
-  o.metric = "spec_tau";
+  o.metric = state::TauMetric::spec_tau;
   o.tau = tau_of(totals);
   return o;
+}
+
+SpecTrainingEval::SpecTrainingEval(const TrainConfig& cfg, const train::RunPlan& plan)
+    : cfg_(cfg), plan_(plan), prompts_([&] {
+        require_eval_file("eval.prompts", cfg.eval.prompts, "eval.spec_every");
+        return io::Dataset(cfg.eval.prompts, plan.target.vocab);
+      }()),
+      count_(spec_eval_prompt_count(cfg, prompts_)) {  // every prompt used has one
+  model::check_generation_fits(plan.target, cfg.target.path, prompts_, count_, cfg.eval.max_new_tokens,
+                               plan.drafter.block_size, "eval.max_new_tokens");
+}
+
+report::CheckItem SpecTrainingEval::check_item() const {
+  return {"eval prompts",
+          {fmt::format("{}: {} prompts x {} new tokens every {} steps (speculative tau)", cfg_.eval.prompts, count_,
+                       cfg_.eval.max_new_tokens, cfg_.eval.spec_every)}};
+}
+
+std::unique_ptr<Evaluator> SpecTrainingEval::drafter_side(const comm::RankLayout& layout) const {
+  if (layout.dp_rank != 0) return nullptr;  // drafter rank 0 exchanges with TP rank 0 of the group feeding it
+  return std::make_unique<SpecEval>(cfg_, layout.target_world_rank(layout.group, 0));
+}
+
+std::unique_ptr<TargetEvaluator> SpecTrainingEval::target_side(const TargetContext& ctx) const {
+  if (ctx.layout.group != 0) return nullptr;  // the group that feeds drafter rank 0
+  return std::make_unique<SpecEvalTarget>(cfg_, plan_, ctx.target, ctx.tp, ctx.world, prompts_,
+                                          ctx.layout.drafter_world_rank(0), ctx.watchdog);
 }
 
 }  // namespace dflash::eval

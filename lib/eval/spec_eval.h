@@ -63,7 +63,7 @@ nlohmann::ordered_json spec_eval_exchange(comm::Transport& world, const std::vec
                                           int target_rank0);
 
 // The drafter side as a component, on drafter rank 0 only: due after every eval.spec_every steps, also when the
-// run stops after this step (its target group waits for the weights). Its τ is "spec_tau".
+// run stops after this step (its target group waits for the weights). Its τ is spec_tau.
 class SpecEval : public Evaluator {
  public:
   SpecEval(const TrainConfig& cfg, int target_rank0) : cfg_(cfg), target_rank0_(target_rank0) {}
@@ -74,6 +74,25 @@ class SpecEval : public Evaluator {
  private:
   const TrainConfig& cfg_;
   int target_rank0_;
+};
+
+// The speculative eval as the job builds it (lib/eval/evals.cpp, when eval.spec_every > 0): eval.prompts opened on
+// every rank, each prompt used checked to have a prompt and to fit the target's positions with its new tokens; its
+// drafter side on drafter rank 0, its target side on the target group that feeds it (group 0).
+class SpecTrainingEval : public TrainingEval {
+ public:
+  SpecTrainingEval(const TrainConfig& cfg, const train::RunPlan& plan);
+  std::string name() const override { return "speculative eval"; }
+  report::CheckItem check_item() const override;  // "eval prompts   PATH: N prompts x M new tokens every K steps"
+  std::unique_ptr<Evaluator> drafter_side(const comm::RankLayout& layout) const override;
+  std::unique_ptr<TargetEvaluator> target_side(const TargetContext& ctx) const override;
+  std::optional<state::TauMetric> metric() const override { return state::TauMetric::spec_tau; }
+
+ private:
+  const TrainConfig& cfg_;
+  const train::RunPlan& plan_;
+  io::Dataset prompts_;
+  int64_t count_;  // prompts decoded per eval
 };
 
 // {"step": N, "kind": "spec_eval", "spec_tau": ..., ...}: the totals with keys prefixed "spec_".

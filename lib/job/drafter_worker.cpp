@@ -56,7 +56,7 @@ std::unique_ptr<train::PacketReceiver> make_receiver(const TrainConfig& cfg, con
   return std::make_unique<train::PacketReceiver>(
       t.world, t.world_data, sources, int(plan.tap_ids.size()) * plan.target.hidden, plan.target.hidden,
       cfg.layout.packets_in_flight, [&cursor] { return cursor.next(); },
-      cfg.run.device == "cuda" ? MemoryKind::device : MemoryKind::host, cfg.data.max_seq_len);
+      cfg.run.device == kernels::Device::cuda ? MemoryKind::device : MemoryKind::host, cfg.data.max_seq_len);
 }
 
 // Progress every log.every steps and the metrics sinks (drafter rank 0 writes: metrics.jsonl).
@@ -96,20 +96,20 @@ std::string eval_summary(const std::vector<std::unique_ptr<eval::Evaluator>>& ev
 }
 
 // The weights the run starts from: a resume takes its checkpoint, whatever drafter.init says; else the warm start.
-void load_start_weights(const TrainConfig& cfg, const DrafterRunOptions& opt, DrafterTransports& t,
+// The first drafter rank holds them (resume.checkpoint, resume.warm) and sends them over the DP group.
+void load_start_weights(const TrainConfig& cfg, const Resume& resume, DrafterTransports& t,
                         train::DrafterStep& trainer) {
-  if (opt.start_step > 0)
-    state::restore_drafter(t.dp, trainer, opt.resume);
+  if (resume.start_step > 0)
+    state::restore_drafter(t.dp, trainer, resume.checkpoint ? &*resume.checkpoint : nullptr);
   else if (!cfg.drafter.init.empty())
-    state::init_drafter(t.dp, trainer, opt.init);
+    state::init_drafter(t.dp, trainer, resume.warm ? &resume.warm->params : nullptr);
 }
 
 // An eval or a save (on drafter rank 0, which the others then wait for) is long by nature: the watchdog holds this
 // step and the next to run.watchdog_seconds instead of a multiple of the steps (every rank knows the cadence).
-bool long_step_due(const TrainConfig& cfg, const DrafterRunOptions& opt,
-                   const std::vector<std::unique_ptr<eval::Evaluator>>& evals, int64_t next_step, bool last,
-                   bool stop) {
-  bool due = state::Checkpointer::due(cfg.ckpt.every, next_step, last, stop, opt.dump_dir.empty());
+bool long_step_due(const Job& job, const std::vector<std::unique_ptr<eval::Evaluator>>& evals, int64_t next_step,
+                   bool last, bool stop) {
+  bool due = state::Checkpointer::due(job.cfg.ckpt.every, next_step, last, stop, job.options.dump_dir.empty());
   for (const auto& e : evals) due = due || e->due(next_step, stop);
   return due;
 }
@@ -139,17 +139,21 @@ RunStatus run_status(const train::RunPlan& plan, int64_t next_step, bool signall
 
 }  // namespace
 
-RunStatus run_drafter_worker(const TrainConfig& cfg, const train::RunPlan& plan, const comm::RankLayout& layout,
-                             const comm::RoleComms& comms, const io::Dataset& data, const DrafterRunOptions& opt,
-                             report::Logger& log, train::Watchdog& watchdog) {
-  DrafterTransports t(comms, watchdog);
+RunStatus run_drafter_worker(Job& job) {
+  const TrainConfig& cfg = job.cfg;
+  const train::RunPlan& plan = job.plan;
+  const comm::RankLayout& layout = job.layout;
+  const int64_t start_step = job.resume.start_step;
+  report::Logger& log = *job.log;
+  train::Watchdog& watchdog = *job.watchdog;
+  DrafterTransports t(*job.comms, watchdog);
   Timer load_timer;
   const model::TargetVocab vocab = load_vocab(cfg, plan);
   train::DrafterStep trainer(cfg, plan, vocab.embedding.data(), vocab.lm_head(), layout.dp_rank, t.dp_data);
-  load_start_weights(cfg, opt, t, trainer);
-  log.info("{}", describe(plan, trainer, opt.start_step, load_timer.seconds()));
-  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, data, opt.eval);
-  train::StreamCursor cursor(stream, layout.dp_rank, opt.start_step);
+  load_start_weights(cfg, job.resume, t, trainer);
+  log.info("{}", describe(plan, trainer, start_step, load_timer.seconds()));
+  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, job.dataset(), job.evals);
+  train::StreamCursor cursor(stream, layout.dp_rank, start_step);
   const std::unique_ptr<train::PacketReceiver> receiver = make_receiver(cfg, plan, layout, t, cursor);
   trainer.set_progress([&] { receiver->poll(); });  // the next packets move while this one is computed on
   const std::function<const train::FeaturePacket&(double*)> next_packet =
@@ -157,15 +161,16 @@ RunStatus run_drafter_worker(const TrainConfig& cfg, const train::RunPlan& plan,
 
   // the components, each deciding its own cadence; drafter rank 0 writes (metrics, checkpoints, the best)
   const bool writer = layout.dp_rank == 0;
-  const std::unique_ptr<report::Reporter> reporter = make_reporter(cfg, plan, writer, opt.start_step, log, t, trainer);
+  const std::unique_ptr<report::Reporter> reporter = make_reporter(cfg, plan, writer, start_step, log, t, trainer);
+  const std::string& dump_dir = job.options.dump_dir;
   state::Checkpointer ckpt(
-      cfg, plan, {writer, opt.dump_dir.empty(), opt.start_step, eval::best_checkpoint_metric(cfg), opt.identity});
+      cfg, plan, {writer, dump_dir.empty(), start_step, eval::best_checkpoint_metric(job.evals), job.resume.identity});
   log_if(log, ckpt.best_notice());
-  const std::vector<std::unique_ptr<eval::Evaluator>> evals = eval::make_drafter_evals(cfg, plan, layout, opt.eval);
-  state::StepDumper dumper(opt.dump_dir, t.dp, plan, cfg, trainer);
+  const std::vector<std::unique_ptr<eval::Evaluator>> evals = eval::make_drafter_evals(job.evals, layout);
+  state::StepDumper dumper(dump_dir, t.dp, plan, cfg, trainer);
 
   Timer run_timer;
-  int64_t next_step = opt.start_step;
+  int64_t next_step = start_step;
   bool signalled = false;  // the stop came from a signal (a step's stop_requested), not --stop-after-steps
   while (next_step < plan.total_steps) {
     const int64_t step = next_step++;
@@ -174,10 +179,11 @@ RunStatus run_drafter_worker(const TrainConfig& cfg, const train::RunPlan& plan,
         step, [&](int, double* w) -> const train::FeaturePacket& { return next_packet(w); }, stop_signal() != 0,
         dumper.capture());
     if (const std::string path = dumper.after(r); !path.empty()) log.info("step dump: {}", path);
-    const bool stop_after = opt.stop_after > 0 && next_step - opt.start_step >= opt.stop_after;
+    const int64_t stop_after_steps = job.options.stop_after;
+    const bool stop_after = stop_after_steps > 0 && next_step - start_step >= stop_after_steps;
     const bool stop = r.stop_requested || stop_after || dumper.active(), last = next_step == plan.total_steps;
     reporter->after_step(r, next_step, last, stop);
-    if (long_step_due(cfg, opt, evals, next_step, last, stop)) watchdog.relax(2);
+    if (long_step_due(job, evals, next_step, last, stop)) watchdog.relax(2);
     run_due_evals(evals, {next_step, trainer, t.dp, t.world, next_packet}, stop, *reporter, ckpt, log);
     if (ckpt.due(next_step, last, stop)) log.info("{}", ckpt.save(next_step, trainer));
     signalled = r.stop_requested;
@@ -189,7 +195,7 @@ RunStatus run_drafter_worker(const TrainConfig& cfg, const train::RunPlan& plan,
   }
   const int dropped = receiver->finish(next_step, layout.target_world_rank(layout.group, 0));
   const double run_seconds = run_timer.seconds();
-  log.info("drafter: ran steps {}..{} in {:.1f} s{}", opt.start_step + 1, next_step, run_seconds,
+  log.info("drafter: ran steps {}..{} in {:.1f} s{}", start_step + 1, next_step, run_seconds,
            dropped ? fmt::format(" ({} prefetched packets dropped)", dropped) : std::string());
   log_if(log, eval_summary(evals, run_seconds));
   if (writer && next_step == plan.total_steps)

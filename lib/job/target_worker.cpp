@@ -51,9 +51,14 @@ class TargetProgress {
 
 }  // namespace
 
-void run_target_worker(const TrainConfig& cfg, const train::RunPlan& plan, const comm::RankLayout& layout,
-                       const comm::RoleComms& comms, const io::Dataset& data, int64_t start_step, report::Logger& log,
-                       train::Watchdog& watchdog, const eval::EvalInputs& eval) {
+RunStatus run_target_worker(Job& job) {
+  const TrainConfig& cfg = job.cfg;
+  const train::RunPlan& plan = job.plan;
+  const comm::RankLayout& layout = job.layout;
+  const comm::RoleComms& comms = *job.comms;
+  const int64_t start_step = job.resume.start_step;
+  report::Logger& log = *job.log;
+  train::Watchdog& watchdog = *job.watchdog;
   comm::MpiTransport tp_mpi(comms.tp()), world_mpi(comms.world());
   train::WatchedTransport tp(tp_mpi, watchdog, fmt::format("target TP group {}", layout.group)),
       world(world_mpi, watchdog, "world");
@@ -67,8 +72,8 @@ void run_target_worker(const TrainConfig& cfg, const train::RunPlan& plan, const
   // default); the TP all-reduces take the device pointers on the NCCL data plane, else go through the host
   // (docs/backend.md). The CPU computes in fp32.
   model::TargetOptions target_options;
-  target_options.cuda = cfg.run.device == "cuda";
-  target_options.precision = target_options.cuda ? cfg.run.compute_precision() : "fp32";
+  target_options.device = cfg.run.device;
+  target_options.precision = cfg.run.compute_precision();
   target_options.tp_allreduce = cfg.layout.tp_allreduce;  // bf16 targets on the NCCL plane
   model::TargetModel target(cfg.target.path, tp_data, target_options);
   log.info("target: loaded {} ({} layers, H {}, {} Q / {} KV heads) shard {:.1f} MiB ({}, {} backend) in {:.2f} s; "
@@ -78,10 +83,10 @@ void run_target_worker(const TrainConfig& cfg, const train::RunPlan& plan, const
            fmt::join(plan.tap_ids, ","));
 
   // every packet of the stream, in the order the drafters expect them (lib/train/stream_plan.h)
-  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, data, eval);
+  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, job.dataset(), job.evals);
   // the packets' tensors on this rank's GPU when the data plane is NCCL (packet_memory), else on the host
   train::PacketSender sender(world, world_data, cfg.layout.packets_in_flight,
-                             train::packet_memory(cfg.run.device == "cuda", comms.world_data()));
+                             train::packet_memory(cfg.run.device == kernels::Device::cuda, comms.world_data()));
   const int H = plan.target.hidden, tap_width = int(plan.tap_ids.size()) * H;
   const std::vector<int> drafters = layout.drafters_of_group(layout.group);
   // one packet: the target forward of its sequence (every TP rank), its slice streamed to drafter rank d
@@ -106,7 +111,7 @@ void run_target_worker(const TrainConfig& cfg, const train::RunPlan& plan, const
   };
   // the target side of the evals (the speculative decode on the group that feeds drafter rank 0)
   const std::vector<std::unique_ptr<eval::TargetEvaluator>> evals =
-      eval::make_target_evals(cfg, plan, layout, target, tp, world, eval, watchdog);
+      eval::make_target_evals(job.evals, {layout, target, tp, world, watchdog});
   TargetProgress progress(cfg, plan, target, log);
   int64_t step = start_step;
   for (; step < plan.total_steps; ++step) {
@@ -130,6 +135,7 @@ void run_target_worker(const TrainConfig& cfg, const train::RunPlan& plan, const
   for (int d : drafters) drafter_ranks.push_back(layout.drafter_world_rank(d));
   sender.finish(tp, step - 1, drafter_ranks);
   log.info("target: sent the packets of steps {}..{}", start_step + 1, step);
+  return {};  // RunOutcome::running: drafter rank 0 knows how the run ended
 }
 
 }  // namespace dflash::job

@@ -51,6 +51,6 @@ struct RandomTargetSpec {
 // conv1d N(0, 1/K), A_log and dt_bias N(0, 0.5²), the gated norm 1 + N(0, 0.1²). Throws on an invalid shape (via the config checks) or an unwritable directory.
 void write_random_target(const std::string& dir, const RandomTargetSpec& spec);
 
-// The command-line options that fill a spec: lib/job/random_target_options.h.
+// The command-line options that fill a spec: lib/model/random_target_options.h.
 
 }  // namespace dflash::model

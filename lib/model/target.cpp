@@ -7,6 +7,7 @@
 
 #include "lib/core/arena_plan.h"
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 #include "lib/core/timer.h"
 #include "lib/model/target_layers.h"
 
@@ -67,10 +68,8 @@ size_t delta_state_elements(const TargetShard& shard, const QwenConfig& c) {
 }
 
 template <typename T>
-constexpr const char* precision_name() {
-  if constexpr (std::is_same_v<T, float>) return "fp32";
-  else if constexpr (std::is_same_v<T, double>) return "fp64";
-  else return "bf16";
+const char* precision_name() {
+  return name_of(kernels::precision_of<T>());
 }
 
 }  // namespace
@@ -217,7 +216,7 @@ class EngineT final : public TargetModel::Engine {
   Buffer load_stage_;           // fp32 staging of one tensor at load (device backends with T ≠ float)
   std::vector<float> host_stage_;   // [S, H] host staging: embedding rows, taps (device backends)
   std::vector<R> reduce_stage_;     // [S, H] host staging of the all-reduce (device backend, host transport)
-  bool bf16_allreduce_ = false;     // TargetOptions::tp_allreduce "bf16"
+  bool bf16_allreduce_ = false;     // TargetOptions::tp_allreduce bf16
   TargetStats stats_;
   MoeRouting routing_;  // the last MoE layer's routing (host)
 };
@@ -231,9 +230,7 @@ EngineT<T>::EngineT(const std::string& model_dir, comm::Transport& tp, const Tar
       config_(load_qwen_config(model_dir)),
       shard_(plan_target_shard(config_, tp.size(), tp.rank(), options.mlp_grain)),
       ckpt_(model_dir) {
-  DFLASH_USER_CHECK(options.tp_allreduce == "fp32" || options.tp_allreduce == "bf16",
-                    "target: tp_allreduce '{}': use fp32 or bf16", options.tp_allreduce);
-  bf16_allreduce_ = options.tp_allreduce == "bf16";
+  bf16_allreduce_ = options.tp_allreduce == TpAllreduce::bf16;
   const int64_t H = config_.hidden;
   ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
   if (backend_->memory() != MemoryKind::host) load_embedding_table();
@@ -856,30 +853,28 @@ std::vector<float> EngineT<T>::read_cache(const TargetCache& cache, int layer, T
   return {};
 }
 
-// The engine options ask for (TargetOptions: precision, cuda, an injected fp32 backend).
+// The engine options ask for (TargetOptions: precision, device, an injected fp32 backend).
 std::unique_ptr<TargetModel::Engine> make_engine(const std::string& dir, comm::Transport& tp,
                                                  const TargetOptions& o) {
-  const std::string& p = o.precision;
   if (o.backend) {
-    DFLASH_USER_CHECK(p == "fp32", "target {}: precision {} with an injected backend (TargetOptions::backend), which "
-                      "is fp32; drop the backend or ask for fp32", dir, p);
+    DFLASH_USER_CHECK(o.precision == kernels::Precision::fp32, "target {}: precision {} with an injected backend "
+                      "(TargetOptions::backend), which is fp32; drop the backend or ask for fp32", dir,
+                      name_of(o.precision));
     return std::make_unique<EngineT<float>>(dir, tp, o, o.backend);
   }
-  const kernels::Device device = o.cuda ? kernels::Device::cuda : kernels::Device::cpu;
+  // which device computes in which precision is make_backend's to say (kernels/device.h)
+  const std::string refusal = kernels::backend_refusal(o.device, o.precision);
+  DFLASH_USER_CHECK(refusal.empty(), "target {}: {}", dir, refusal);
   const kernels::CpuBackendOptions cpu{o.attention_block};
-  if (p == "fp32")
-    return std::make_unique<EngineT<float>>(dir, tp, o, kernels::make_backend<float>(device, cpu));
-  if (p == "fp64") {
-    DFLASH_USER_CHECK(!o.cuda, "target {}: precision fp64 runs on the CPU backend only (a reference for tests); "
-                      "ask for fp32 or bf16 on CUDA", dir);
-    return std::make_unique<EngineT<double>>(dir, tp, o, kernels::make_backend<double>(device, cpu));
+  switch (o.precision) {
+    case kernels::Precision::fp32:
+      return std::make_unique<EngineT<float>>(dir, tp, o, kernels::make_backend<float>(o.device, cpu));
+    case kernels::Precision::fp64:
+      return std::make_unique<EngineT<double>>(dir, tp, o, kernels::make_backend<double>(o.device, cpu));
+    case kernels::Precision::bf16:
+      return std::make_unique<EngineT<kernels::bf16>>(dir, tp, o, kernels::make_backend<kernels::bf16>(o.device));
   }
-  if (p == "bf16") {
-    DFLASH_USER_CHECK(o.cuda, "target {}: precision bf16 needs the CUDA backend (run.device: cuda); the CPU backend "
-                      "computes in fp32 (or fp64)", dir);
-    return std::make_unique<EngineT<kernels::bf16>>(dir, tp, o, kernels::make_backend<kernels::bf16>(device));
-  }
-  DFLASH_USER_FAIL("target {}: precision '{}' is not one of fp32, bf16 (CUDA), fp64 (CPU)", dir, p);
+  DFLASH_FAIL("target {}: precision {}", dir, int(o.precision));
 }
 
 }  // namespace
@@ -890,12 +885,14 @@ TargetModel::~TargetModel() = default;
 TargetModel::TargetModel(TargetModel&&) noexcept = default;
 TargetModel& TargetModel::operator=(TargetModel&&) noexcept = default;
 
-size_t target_activation_bytes(const QwenConfig& c, const TargetShard& shard, int S, const std::string& precision,
+size_t target_activation_bytes(const QwenConfig& c, const TargetShard& shard, int S, kernels::Precision precision,
                                bool device) {
-  if (precision == "fp32") return forward_arena_bytes<float>(c, shard, S, device);
-  if (precision == "bf16") return forward_arena_bytes<kernels::bf16>(c, shard, S, device);
-  DFLASH_CHECK(precision == "fp64", "target_activation_bytes: precision '{}': use fp32, bf16 or fp64", precision);
-  return forward_arena_bytes<double>(c, shard, S, device);
+  switch (precision) {
+    case kernels::Precision::fp32: return forward_arena_bytes<float>(c, shard, S, device);
+    case kernels::Precision::bf16: return forward_arena_bytes<kernels::bf16>(c, shard, S, device);
+    case kernels::Precision::fp64: return forward_arena_bytes<double>(c, shard, S, device);
+  }
+  DFLASH_FAIL("target_activation_bytes: precision {}", int(precision));
 }
 
 const QwenConfig& TargetModel::config() const { return engine_->config(); }

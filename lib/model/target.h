@@ -32,6 +32,7 @@
 #include "lib/core/buffer.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/qwen_config.h"
+#include "lib/model/target_settings.h"
 #include "lib/model/target_shard.h"
 
 namespace dflash::model {
@@ -39,17 +40,14 @@ namespace dflash::model {
 struct TargetOptions {
   int mlp_grain = 64;        // intermediate channels per shard unit (tile alignment)
   int attention_block = 64;  // query rows per attention block (scores held: block × S floats; CPU backend)
-  // The compute type of weights and activations: "fp32" (CPU or CUDA), "bf16" (CUDA only: cuda must be true) or
-  // "fp64" (CPU only: a reference for tests). Anything else is a dflash::Error naming it.
-  std::string precision = "fp32";
-  // Run on the CUDA backend (device memory on the calling thread's current GPU); false: the CPU backend.
-  bool cuda = false;
-  // The row-parallel all-reduces of a bf16 forward on a transport that sums bf16 in device memory (NCCL):
-  // "bf16" sums the bf16 partials directly (half the bytes; NCCL's ring rounds every hop), "fp32" widens them,
-  // sums in fp32 and rounds once (layout.tp_allreduce, docs/cuda.md). fp32 forwards and host transports (MPI) always
-  // sum in fp32. Anything else is a dflash::Error naming it.
-  std::string tp_allreduce = "bf16";
-  // An fp32 backend to run on instead (tests share one; precision must be "fp32", cuda is ignored). Weights and
+  // The compute type of weights and activations on `device`: a pair make_backend has (kernels/device.h: fp32 on
+  // either, bf16 on CUDA, fp64 on the CPU: a reference for tests); another pair is its user error.
+  kernels::Precision precision = kernels::Precision::fp32;
+  // Where the forward runs: CUDA = device memory on the calling thread's current GPU.
+  kernels::Device device = kernels::Device::cpu;
+  // How a bf16 forward sums its TP partials on NCCL (layout.tp_allreduce; lib/model/target_settings.h).
+  TpAllreduce tp_allreduce = TpAllreduce::bf16;
+  // An fp32 backend to run on instead (tests share one; precision must be fp32, device is ignored). Weights and
   // activations are allocated in its memory.
   std::shared_ptr<kernels::Backend<float>> backend;
 };
@@ -97,10 +95,10 @@ struct TargetRecurrentState {
 
 // Which array of one layer of a TargetCache read_cache returns.
 enum class TargetCachePart { keys, values, conv_tail, delta_state };
-// Bytes of the activation arena one forward of S positions takes on `shard` in `precision` ("fp32", "bf16" or
-// "fp64") on a device backend (device) or the CPU: the forward's arrays and its largest token mixer's scratch,
-// metered over the same lists the forward binds its pointers from (TargetStats::activation_bytes after a forward).
-size_t target_activation_bytes(const QwenConfig& c, const TargetShard& shard, int S, const std::string& precision,
+// Bytes of the activation arena one forward of S positions takes on `shard` in `precision` on a device backend
+// (device) or the CPU: the forward's arrays and its largest token mixer's scratch, metered over the same lists the
+// forward binds its pointers from (TargetStats::activation_bytes after a forward).
+size_t target_activation_bytes(const QwenConfig& c, const TargetShard& shard, int S, kernels::Precision precision,
                                bool device);
 
 class TargetModel {

@@ -2,8 +2,7 @@
 // The settings of the drafter's vocabulary loss (lib/model/vocab_loss.h). The config's `loss` section IS this
 // struct (lib/config/config.h: LossSection derives from it), so each default below is the one docs/config.md shows
 // and is written nowhere else.
-#include <optional>
-#include <string>
+#include <array>
 
 namespace dflash::model {
 
@@ -12,13 +11,8 @@ enum class VocabLossMode {
   fused,      // forward forms dX while the chunk is in memory; backward only scales (2F + 1F target)
 };
 
-// The names the config file uses (loss.mode), in enum order.
-inline const char* vocab_loss_mode_name(VocabLossMode m) { return m == VocabLossMode::fused ? "fused" : "recompute"; }
-inline std::optional<VocabLossMode> parse_vocab_loss_mode(const std::string& name) {
-  if (name == "recompute") return VocabLossMode::recompute;
-  if (name == "fused") return VocabLossMode::fused;
-  return std::nullopt;
-}
+// The names the config file uses (loss.mode), in enum order (lib/core/named_enum.h).
+constexpr std::array<const char*, 2> names_of(VocabLossMode) { return {"recompute", "fused"}; }
 
 struct VocabLossSettings {
   int chunk_size = 1024;  // loss.chunk_size: rows per chunk; scratch is chunk × V per logits buffer

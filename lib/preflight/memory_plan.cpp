@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -41,7 +42,7 @@ size_t target_rank_activation_bytes(const model::QwenConfig& c, int tp, int S, b
   for (int r = 0; r < tp; ++r)
     most = std::max(
         most, model::target_activation_bytes(c, model::plan_target_shard(c, tp, r, model::TargetOptions{}.mlp_grain), S,
-                                             bf16 ? "bf16" : "fp32", cuda));
+                                             bf16 ? kernels::Precision::bf16 : kernels::Precision::fp32, cuda));
   return most;
 }
 
@@ -55,8 +56,8 @@ MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const train::RunPlan
   m.anchors_per_seq = cfg.loss.anchors_per_seq;
   m.chunk_size = cfg.loss.chunk_size;
   m.kl = cfg.loss.kl_weight != 0;
-  m.cuda = cfg.run.device == "cuda";
-  m.bf16 = cfg.run.compute_precision() == "bf16";
+  m.cuda = cfg.run.device == kernels::Device::cuda;
+  m.bf16 = cfg.run.compute_precision() == kernels::Precision::bf16;
   m.packets_in_flight = cfg.layout.packets_in_flight;
   return m;
 }
@@ -167,4 +168,40 @@ std::string memory_does_not_fit(const std::vector<std::pair<std::string, double>
                      machine, sum / 1e9, available / 1e9, each);
 }
 
+std::vector<report::CheckItem> memory_items(const TrainConfig& cfg, const train::RunPlan& plan, int64_t longest) {
+  const MemoryPlanInputs m = memory_plan_inputs(cfg, plan, longest);
+  const GpuMemoryPlan mem = gpu_memory_plan(m);
+  const double fuller = std::max(mem.target.total(), mem.drafter.total());
+  if (cfg.run.device == kernels::Device::cuda) {
+    report::CheckItem gpu{"per-GPU memory", {fmt::format("(run.device cuda, {} activations, S = {}):",
+                                                         m.bf16 ? "bf16" : "fp32", m.max_seq_len)}};
+    for (std::string& line : report::lines_of(format_gpu_memory_plan(mem, default_gpus()))) gpu.lines.push_back(line);
+    double largest_card = 0;
+    for (const auto& [name, bytes] : default_gpus()) largest_card = std::max(largest_card, bytes);
+    if (fuller > largest_card) {
+      gpu.verdict = report::Verdict::does_not_fit;
+      gpu.why = fmt::format("the fuller GPU needs {:.1f} GB, more than any card listed (the largest has {:.0f} GB): "
+                            "smaller loss.chunk_size / loss.anchors_per_seq / data.max_seq_len, more target TP "
+                            "ranks, or a smaller drafter", fuller / 1e9, largest_card / 1e9);
+    }
+    return {gpu};
+  }
+  // the CPU backend: all ranks in host memory; the single-node launch puts the whole world on one machine
+  report::CheckItem host{fmt::format("host memory (CPU backend, fp32, S = {}):", m.max_seq_len), {""}};
+  for (std::string& line : report::lines_of(format_gpu_memory_plan(mem, {}))) host.lines.push_back(line);
+  const double here = machine_memory_bytes();
+  if (here > 0 && fuller > here) {
+    host.verdict = report::Verdict::does_not_fit;
+    host.why = memory_does_not_fit({{"one rank (the fuller role)", fuller}}, here, "this machine");
+  }
+  const int target_ranks = cfg.layout.target_tp * cfg.layout.target_groups;
+  const double node = target_ranks * mem.target.total() + cfg.layout.drafter_dp * mem.drafter.total();
+  report::CheckItem machine{
+      "one machine",
+      {fmt::format("{} target x {:.2f} GB + {} drafter x {:.2f} GB = {:.2f} GB for the whole job on one node (this "
+                   "machine has {:.2f} GB); #SBATCH --mem={:.0f}G for single_node.sbatch",
+                   target_ranks, mem.target.total() / 1e9, cfg.layout.drafter_dp, mem.drafter.total() / 1e9,
+                   node / 1e9, here / 1e9, std::ceil(node * 1.15 / (1024.0 * 1024 * 1024)) + 1)}};
+  return {host, machine};
+}
 }  // namespace dflash::preflight

@@ -11,6 +11,7 @@
 #include "lib/config/config.h"
 #include "lib/model/drafter_config.h"
 #include "lib/model/qwen_config.h"
+#include "lib/report/check_item.h"
 #include "lib/train/run_plan.h"
 
 namespace dflash::preflight {
@@ -74,5 +75,10 @@ double machine_memory_bytes();
 // naming each rank's need, the sum, the machine and the fix.
 std::string memory_does_not_fit(const std::vector<std::pair<std::string, double>>& ranks, double available,
                                 const std::string& machine);
+
+// --check's items of the memory plan, computed before anything would be allocated: on cuda the per-GPU plan against
+// the cards, on the CPU the host plan and the whole job on one machine. What cannot fit is DOES NOT FIT on its item
+// (the plan is printed, so the user sees which entry is too large). longest: the longest sequence as streamed.
+std::vector<report::CheckItem> memory_items(const TrainConfig& cfg, const train::RunPlan& plan, int64_t longest);
 
 }  // namespace dflash::preflight

@@ -1,19 +1,45 @@
 #pragma once
 // `dflash_mpi CONFIG.yaml --check`: everything that can be validated without the MPI job (the target's tensor
-// shapes from the safetensors headers, the data, the tokenizer, the eval files, the resume checkpoint), and what
-// the job would need (ranks, memory, the slurm signal margin), printed as one report.
-#include <string>
+// shapes from the safetensors headers, the data, the tokenizer, the evals' files, the resume checkpoint), and what
+// the job would need (ranks, memory, the slurm signal margin), printed as one report: the resolved config, a verdict
+// line, then a list of items (lib/report/check_item.h), each built by the code that owns what it checks.
+#include <memory>
+#include <vector>
 
 #include "lib/config/config.h"
+#include "lib/eval/evals.h"
+#include "lib/io/dataset.h"
+#include "lib/model/qwen_config.h"
+#include "lib/preflight/target_check.h"
+#include "lib/preflight/tokenizer_check.h"
+#include "lib/report/check_item.h"
+#include "lib/train/data_facts.h"
+#include "lib/train/run_plan.h"
 
 namespace dflash::preflight {
 
-// An eval file named by the config must exist before the job spends time loading the target: throws a user error
-// naming `key` and the switch that turns the eval off.
-void check_eval_file(const char* key, const std::string& path, const char* switch_key);
+// What the items are built from: the config and what --check learned from the files (the checks that throw ran).
+struct Preflight {
+  const TrainConfig& cfg;
+  model::QwenConfig target;         // target.path's config.json
+  bool has_weights = false;         // model.safetensors(.index.json) present: checked in full
+  TargetWeightsSummary weights;     // has_weights: what the headers hold
+  std::unique_ptr<io::Dataset> data;  // data.path
+  train::RunPlan plan;
+  train::DataFacts facts;           // one pass over data.path
+  TokenizerFacts tokenizer;
+  TokenizerCheck tokenizer_check;   // no errors (they throw)
+  eval::TrainingEvals evals;        // the in-training evals, their files checked as the job checks them
 
-// Prints the report; 0 = OK, 2 = INCOMPLETE (config.json without the weights: the plan is printed); a problem
-// throws dflash::Error.
+  // Loads and checks everything above; a problem throws dflash::Error naming the file, key and fix.
+  explicit Preflight(const TrainConfig& cfg);
+};
+
+// The report's items, in order. An item more is its builder (beside what it checks) and one line here.
+std::vector<report::CheckItem> preflight_items(const Preflight& p);
+
+// Prints the report; 0 = OK, 2 = INCOMPLETE (config.json without the weights: the plan is printed), 3 = DOES NOT
+// FIT (the memory plan is printed, the reason goes to stderr); a problem throws dflash::Error.
 int run_check(const TrainConfig& cfg);
 
 }  // namespace dflash::preflight

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "lib/report/log_reader.h"
@@ -65,4 +66,13 @@ SignalMargin recommend_signal_margin(const std::string& out_dir) {
   return m;
 }
 
+report::CheckItem slurm_item(const std::string& out_dir) {
+  const SignalMargin margin = recommend_signal_margin(out_dir);
+  if (margin.measured)
+    return {"slurm", {fmt::format("#SBATCH --signal=USR1@{} (2 x (step {:.1f} s + checkpoint save {:.1f} s, measured "
+                                  "in this out_dir) + 60 s)", margin.margin_seconds, margin.step_seconds,
+                                  margin.save_seconds)}};
+  return {"slurm", {fmt::format("#SBATCH --signal=USR1@{} for a start; nothing measured yet in {}: run --check again "
+                                "after some steps and a checkpoint to size it", margin.margin_seconds, out_dir)}};
+}
 }  // namespace dflash::preflight

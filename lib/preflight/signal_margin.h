@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "lib/report/check_item.h"
+
 namespace dflash::preflight {
 
 struct SignalMargin {
@@ -18,5 +20,8 @@ struct SignalMargin {
 
 // margin = max(120 s, 2 x (step + save) + 60 s), rounded up to a whole minute.
 SignalMargin recommend_signal_margin(const std::string& out_dir);
+
+// --check's item: the #SBATCH --signal line for out_dir, measured or a start.
+report::CheckItem slurm_item(const std::string& out_dir);
 
 }  // namespace dflash::preflight

@@ -3,9 +3,12 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
+#include "lib/model/target.h"
+#include "lib/model/target_shard.h"
 
 namespace dflash::preflight {
 
@@ -138,4 +141,38 @@ TargetWeightsSummary check_target_weights(const std::string& dir, const model::Q
   return summary;
 }
 
+std::vector<report::CheckItem> target_items(const std::string& model_dir, const model::QwenConfig& target,
+                                            const std::vector<int>& tap_ids, int target_tp, bool has_weights,
+                                            const TargetWeightsSummary& weights) {
+  std::vector<report::CheckItem> items;
+  items.push_back({"target", {fmt::format("{}: {} layers, H {}, {} Q / {} KV heads, vocab {}; taps {}", model_dir,
+                                          target.layers, target.hidden, target.heads, target.kv_heads, target.vocab,
+                                          fmt::join(tap_ids, ","))}});
+  if (target.experts > 0) {  // how the routed experts split over the TP ranks (each holds its share, uneven allowed)
+    std::vector<int> held;
+    for (int r = 0; r < target_tp; ++r)
+      held.push_back(model::plan_target_shard(target, target_tp, r, model::TargetOptions{}.mlp_grain).expert_count);
+    int moe = 0;
+    for (int l = 0; l < target.layers; ++l) moe += target.is_moe(l) ? 1 : 0;
+    items.push_back(
+        {"experts", {fmt::format("{} routed (top {}, width {}{}) in {} of {} layers; TP ranks hold {}", target.experts,
+                                 target.experts_per_token, target.moe_intermediate,
+                                 target.shared_expert_intermediate > 0
+                                     ? fmt::format(", shared expert {}", target.shared_expert_intermediate)
+                                     : "",
+                                 moe, target.layers, fmt::join(held, ","))}});
+  }
+  if (!has_weights) {
+    items.push_back({"target weights", {"NOT CHECKED (none present)"}, report::Verdict::incomplete,
+                     fmt::format("{} holds config.json but no model.safetensors(.index.json): the plan below comes "
+                                 "from config.json; the job needs the weights", model_dir)});
+    return items;
+  }
+  std::string dtypes;
+  for (const auto& [dtype, count] : weights.dtypes)
+    dtypes += fmt::format("{}{} x {}", dtypes.empty() ? "" : ", ", count, dtype);
+  items.push_back({"target weights", {fmt::format("{} tensors with the shapes config.json implies ({}), {:.3g} "
+                                                  "parameters", weights.tensors, dtypes, double(weights.parameters))}});
+  return items;
+}
 }  // namespace dflash::preflight

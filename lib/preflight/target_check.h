@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "lib/model/qwen_config.h"
+#include "lib/report/check_item.h"
 
 namespace dflash::preflight {
 
@@ -21,5 +23,11 @@ struct TargetWeightsSummary {
 };
 
 TargetWeightsSummary check_target_weights(const std::string& model_dir, const model::QwenConfig& config);
+
+// --check's items of the target: its shape and taps, how the routed experts split over the TP ranks (MoE), and its
+// weights (has_weights false: INCOMPLETE, the plan comes from config.json alone).
+std::vector<report::CheckItem> target_items(const std::string& model_dir, const model::QwenConfig& target,
+                                            const std::vector<int>& tap_ids, int target_tp, bool has_weights,
+                                            const TargetWeightsSummary& weights);
 
 }  // namespace dflash::preflight

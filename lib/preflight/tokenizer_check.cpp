@@ -100,4 +100,16 @@ TokenizerCheck check_tokenizer(const TokenizerFacts& t, const std::string& model
   return r;
 }
 
+std::vector<report::CheckItem> tokenizer_items(const TokenizerFacts& t, const TokenizerCheck& check,
+                                               const std::string& model_dir, int vocab_size) {
+  std::vector<report::CheckItem> items;
+  if (t.path.empty())
+    items.push_back({"tokenizer", {fmt::format("none in {} (not checked; data/prep/dflash-prep check compares a "
+                                               "tokenizer folder)", model_dir)}});
+  else
+    items.push_back({"tokenizer", {fmt::format("{}: {} tokens, {} special; fits vocab_size {}, the eos/bos ids and "
+                                               "the data", t.path, t.tokens, t.special_ids.size(), vocab_size)}});
+  for (const std::string& n : check.notes) items.push_back({"note", {n}});
+  return items;
+}
 }  // namespace dflash::preflight

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/report/check_item.h"
+
 namespace dflash::preflight {
 
 struct TokenizerFacts {
@@ -28,5 +30,9 @@ struct TokenizerCheck {
 };
 TokenizerCheck check_tokenizer(const TokenizerFacts& t, const std::string& model_dir, int vocab_size,
                                int32_t data_max_token, int mask_token_id);
+
+// --check's items of the tokenizer (its facts, or that the folder has none) and one per note of the check.
+std::vector<report::CheckItem> tokenizer_items(const TokenizerFacts& t, const TokenizerCheck& check,
+                                               const std::string& model_dir, int vocab_size);
 
 }  // namespace dflash::preflight

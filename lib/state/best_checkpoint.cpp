@@ -11,6 +11,7 @@
 
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 
 namespace dflash::state {
 
@@ -18,8 +19,7 @@ namespace fs = std::filesystem;
 
 std::string best_checkpoint_dir(const std::string& out_dir) { return (fs::path(out_dir) / "ckpt" / "best").string(); }
 
-BestCheckpoint::BestCheckpoint(const std::string& out_dir, std::string metric)
-    : out_dir_(out_dir), metric_(std::move(metric)) {
+BestCheckpoint::BestCheckpoint(const std::string& out_dir, TauMetric metric) : out_dir_(out_dir), metric_(metric) {
   const std::string dir = best_checkpoint_dir(out_dir);
   std::error_code ec;
   fs::remove_all(dir + ".partial", ec);  // a save a crash interrupted
@@ -27,9 +27,10 @@ BestCheckpoint::BestCheckpoint(const std::string& out_dir, std::string metric)
   try {
     const TrainingState s = read_checkpoint_state(dir);
     const auto& b = s.extra.value("best", nlohmann::json::object());
-    if (b.value("metric", std::string()) == metric_ && b.contains("value") && b["value"].is_number()) {
+    if (parse_name<TauMetric>(b.value("metric", std::string())) == metric_ && b.contains("value") &&
+        b["value"].is_number()) {
       value_ = b["value"].get<double>();
-      notice_ = fmt::format("{} holds step {} ({} {:.4f}): the value to beat", dir, s.step, metric_, value_);
+      notice_ = fmt::format("{} holds step {} ({} {:.4f}): the value to beat", dir, s.step, name_of(metric_), value_);
     } else {
       notice_ = fmt::format("{} was chosen by another metric: the next eval replaces it", dir);
     }
@@ -45,7 +46,7 @@ bool BestCheckpoint::offer(double value, const model::DrafterConfig& drafter, co
   std::error_code ec;
   fs::remove_all(partial, ec);
   DFLASH_USER_CHECK(!ec, "cannot delete {}: {}", partial, ec.message());
-  state.extra["best"] = {{"metric", metric_}, {"value", value}, {"step", state.step}};
+  state.extra["best"] = {{"metric", name_of(metric_)}, {"value", value}, {"step", state.step}};
   save_checkpoint_in(partial, drafter, params, model::AdamWState{}, state);  // weights only
   if (fs::exists(dir, ec)) {
     // one atomic exchange: `best` is the old complete checkpoint or the new one, never neither

@@ -52,7 +52,7 @@ struct TrainingState {
   CheckpointLayout layout;
   std::string config_hash;      // config_hash_hex(cfg): "0x" + 16 hex digits
   std::string dataset;          // the training data's identity (shape + content hash); "" in older checkpoints
-  std::string target;           // the target folder's identity (lib/preflight/target_identity.h); "" in older ones
+  std::string target;           // the target folder's identity (lib/model/target_identity.h); "" in older ones
   std::vector<RankRng> rng;     // whatever ranks the trainer records, in its order
   nlohmann::json extra = nlohmann::json::object();  // opaque to this module (export reads extra["export"])
 };

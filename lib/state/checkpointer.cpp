@@ -6,6 +6,7 @@
 
 #include "lib/core/atomic_file.h"
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 #include "lib/core/timer.h"
 #include "lib/io/safetensors.h"
 #include "lib/state/checkpointing.h"
@@ -14,7 +15,7 @@ namespace dflash::state {
 
 Checkpointer::Checkpointer(const TrainConfig& cfg, const train::RunPlan& plan, CheckpointerSettings s)
     : cfg_(cfg), plan_(plan), s_(std::move(s)) {
-  if (s_.writer && !s_.best_metric.empty()) best_.emplace(cfg.run.out_dir, s_.best_metric);
+  if (s_.writer && s_.best_metric) best_.emplace(cfg.run.out_dir, *s_.best_metric);
 }
 
 bool Checkpointer::due(int every, int64_t next_step, bool last, bool stop, bool save_on_stop) {
@@ -39,14 +40,14 @@ std::string Checkpointer::best_notice() const {
   return best_ && !best_->notice().empty() ? fmt::format("best checkpoint: {}", best_->notice()) : std::string();
 }
 
-std::string Checkpointer::offer_best(int64_t next_step, const std::string& metric, double tau,
+std::string Checkpointer::offer_best(int64_t next_step, std::optional<TauMetric> metric, double tau,
                                      train::DrafterStep& drafter) {
-  if (!best_ || best_->metric() != metric) return "";
+  if (!best_ || metric != best_->metric()) return "";
   Timer t;
   if (!best_->offer(tau, plan_.drafter, drafter.params(), training_state(cfg_, plan_, next_step, s_.identity)))
     return "";
   return fmt::format("best checkpoint: {} = step {} ({} {:.4f}, {:.2f} s)", best_checkpoint_dir(cfg_.run.out_dir),
-                     next_step, best_->metric(), tau, t.seconds());
+                     next_step, name_of(best_->metric()), tau, t.seconds());
 }
 
 void init_drafter(comm::Transport& dp, train::DrafterStep& drafter, const model::DrafterParams<float>* init) {

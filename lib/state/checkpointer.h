@@ -21,7 +21,7 @@ struct CheckpointerSettings {
   bool writer = false;          // this rank writes (drafter rank 0)
   bool save_on_stop = true;     // a stop (signal, --stop-after-steps) saves; false for --dump-step
   int64_t start_step = 0;       // 0: a fresh run
-  std::string best_metric;      // "spec_tau" | "eval_tau" | "" (no best checkpoint)
+  std::optional<TauMetric> best_metric;  // the τ the best checkpoint keeps; none: no best checkpoint
   RunIdentity identity;         // recorded in every checkpoint
 };
 
@@ -42,7 +42,7 @@ class Checkpointer {
   std::string best_notice() const;
   // τ measured by `metric` after `next_step` steps: when it is the best's metric and beats it, writes ckpt/best and
   // returns the log line; else "".
-  std::string offer_best(int64_t next_step, const std::string& metric, double tau, train::DrafterStep& drafter);
+  std::string offer_best(int64_t next_step, std::optional<TauMetric> metric, double tau, train::DrafterStep& drafter);
 
  private:
   const TrainConfig& cfg_;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 #include "lib/core/timer.h"
 #include "lib/train/anchors.h"
 
@@ -59,7 +60,7 @@ class BackendArray {
 
 template <typename T>
 std::unique_ptr<kernels::Backend<T>> make_backend(const TrainConfig& cfg) {
-  return kernels::make_backend<T>(cfg.run.device == "cuda" ? kernels::Device::cuda : kernels::Device::cpu);
+  return kernels::make_backend<T>(cfg.run.device);
 }
 
 }  // namespace
@@ -400,9 +401,13 @@ StepResult EngineT<T>::evaluate(const FeaturePacket& packet, const AnchorKey& ke
 
 std::unique_ptr<DrafterStep::Engine> make_engine(const TrainConfig& cfg, const RunPlan& plan, const float* embed,
                                                  const float* lm_head, int dp_rank, comm::Transport& dp) {
-  if (cfg.run.compute_precision() == "bf16")
-    return std::make_unique<EngineT<kernels::bf16>>(cfg, plan, embed, lm_head, dp_rank, dp);
-  return std::make_unique<EngineT<float>>(cfg, plan, embed, lm_head, dp_rank, dp);
+  switch (cfg.run.compute_precision()) {
+    case kernels::Precision::bf16: return std::make_unique<EngineT<kernels::bf16>>(cfg, plan, embed, lm_head, dp_rank, dp);
+    case kernels::Precision::fp32: return std::make_unique<EngineT<float>>(cfg, plan, embed, lm_head, dp_rank, dp);
+    case kernels::Precision::fp64: break;  // the config never asks for it (a CPU reference for tests)
+  }
+  DFLASH_FAIL("drafter step: precision {} (run.precision {})", name_of(cfg.run.compute_precision()),
+              name_of(cfg.run.precision));
 }
 
 }  // namespace

@@ -11,11 +11,11 @@ using namespace dflash;
 
 TEST_CASE("cuda twin ops: every op case of the table on the CUDA backend in float, within its derived bound") {
   auto be = kernels::make_backend<float>(kernels::Device::cuda);
-  test::ops::run_table<float>(*be, true);
+  test::ops::run_table<float>(*be);
 }
 
 TEST_CASE("cuda twin ops: every op case of the table on the CUDA backend in bf16, within its derived bound") {
   auto be = kernels::make_backend<kernels::bf16>(kernels::Device::cuda);
-  test::ops::run_table<kernels::bf16>(*be, true);
+  test::ops::run_table<kernels::bf16>(*be);
 }
 #endif

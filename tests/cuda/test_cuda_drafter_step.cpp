@@ -30,7 +30,7 @@ struct Run {
 };
 
 // Two steps of two micro-batches each on one rank; the packets' tensors in `memory`.
-Run run_steps(const std::string& device, const std::string& precision, MemoryKind memory) {
+Run run_steps(kernels::Device device, PrecisionChoice precision, MemoryKind memory) {
   const model::DrafterConfig c = test::small_drafter_config();
   TrainConfig cfg;
   cfg.run.device = device;
@@ -93,9 +93,9 @@ bool same_bits(const Run& a, const Run& b) {
 }  // namespace
 
 TEST_CASE("cuda twin drafter_step: fp32 and bf16 steps from host and from device packets") {
-  const Run cpu = run_steps("cpu", "fp32", MemoryKind::host);
-  const Run host32 = run_steps("cuda", "fp32", MemoryKind::host);
-  const Run dev32 = run_steps("cuda", "fp32", MemoryKind::device);
+  const Run cpu = run_steps(kernels::Device::cpu, PrecisionChoice::fp32, MemoryKind::host);
+  const Run host32 = run_steps(kernels::Device::cuda, PrecisionChoice::fp32, MemoryKind::host);
+  const Run dev32 = run_steps(kernels::Device::cuda, PrecisionChoice::fp32, MemoryKind::device);
   CHECK_MESSAGE(same_bits(host32, dev32), "fp32: a device packet must give the host packet's step bit for bit");
   for (size_t k = 0; k < cpu.losses.size(); ++k) {
     CAPTURE(k);
@@ -103,8 +103,8 @@ TEST_CASE("cuda twin drafter_step: fp32 and bf16 steps from host and from device
     CHECK(std::abs(host32.grad_norms[k] - cpu.grad_norms[k]) <= 1e-4 * std::abs(cpu.grad_norms[k]));
   }
   CHECK(test::max_rel_diff(host32.weights, cpu.weights) <= 1e-4);
-  const Run host16 = run_steps("cuda", "bf16", MemoryKind::host);
-  const Run dev16 = run_steps("cuda", "bf16", MemoryKind::device);
+  const Run host16 = run_steps(kernels::Device::cuda, PrecisionChoice::bf16, MemoryKind::host);
+  const Run dev16 = run_steps(kernels::Device::cuda, PrecisionChoice::bf16, MemoryKind::device);
   CHECK_MESSAGE(same_bits(host16, dev16), "bf16: a device packet must give the host packet's step bit for bit");
   CHECK(std::isfinite(host16.losses.back()));
 }

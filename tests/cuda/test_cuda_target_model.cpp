@@ -3,7 +3,7 @@
 // Dense Qwen3 and a Qwen3.5 hybrid, a plain forward (taps + final hidden), a cached forward in pieces (every cache
 // array read back), and the speculative decoders' cache operations on the device cache: a hybrid rollback
 // (truncate + restore_recurrent + re-run), copy_cache, and keep_cache_path's row compaction. Then the bf16 target
-// (TargetOptions::precision "bf16": bf16 weights and activations on CUDA) against the CPU fp32 target, and the
+// (TargetOptions::precision bf16: bf16 weights and activations on CUDA) against the CPU fp32 target, and the
 // forward whose outputs stay in device memory against the host-output one; the RoPE angles of the backend's cos/sin
 // table against the CPU's, bit for bit; split-K of the CUDA-core cached attention. Test-case names start with
 // "cuda twin target_model:" (tests/cuda/CMakeLists.txt).
@@ -29,6 +29,7 @@
 #include "lib/comm/transport.h"
 #include "lib/core/buffer.h"
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 #include "lib/core/rng.h"
 #include "lib/model/random_target.h"
 #include "lib/model/target.h"
@@ -48,16 +49,16 @@ struct TargetPair {
   comm::SelfTransport self_cpu, self_gpu;
   model::TargetModel cpu, gpu;
 
-  TargetPair(bool hybrid, const std::string& name, const std::string& precision)
+  TargetPair(bool hybrid, const std::string& name, kernels::Precision precision)
       : spec(tiny_target(hybrid)), dir(written(spec, name)), cpu(dir, self_cpu), gpu(dir, self_gpu, on_cuda(precision)) {}
   static std::string written(const model::RandomTargetSpec& spec, const std::string& name) {
     const std::string dir = test::scratch_dir(name).string();
     model::write_random_target(dir, spec);
     return dir;
   }
-  static model::TargetOptions on_cuda(const std::string& precision) {
+  static model::TargetOptions on_cuda(kernels::Precision precision) {
     model::TargetOptions options;
-    options.cuda = true;
+    options.device = kernels::Device::cuda;
     options.precision = precision;
     return options;
   }
@@ -68,7 +69,7 @@ struct TargetPair {
 TEST_CASE("cuda twin target_model: forward and cached forward on CUDA match the CPU target (dense and hybrid)") {
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
-    TargetPair pair(hybrid, hybrid ? "cuda_target_hybrid" : "cuda_target_dense", "fp32");
+    TargetPair pair(hybrid, hybrid ? "cuda_target_hybrid" : "cuda_target_dense", kernels::Precision::fp32);
     const model::RandomTargetSpec& spec = pair.spec;
     model::TargetModel &cpu = pair.cpu, &gpu = pair.gpu;
     REQUIRE(std::string(gpu.backend_name()) == "cuda");
@@ -183,7 +184,7 @@ TEST_CASE("cuda twin target_model: the bf16 target on CUDA matches the CPU fp32 
   for (bool hybrid : {false, true}) {
     CAPTURE(hybrid);
     const double kBf16Bound = hybrid ? 1.0 / 8 : 1.0 / 16;
-    TargetPair pair(hybrid, hybrid ? "cuda_bf16_target_hybrid" : "cuda_bf16_target_dense", "bf16");
+    TargetPair pair(hybrid, hybrid ? "cuda_bf16_target_hybrid" : "cuda_bf16_target_dense", kernels::Precision::bf16);
     const model::RandomTargetSpec& spec = pair.spec;
     model::TargetModel &cpu = pair.cpu, &gpu = pair.gpu;
     REQUIRE(std::string(gpu.precision()) == "bf16");
@@ -232,12 +233,12 @@ TEST_CASE("cuda twin target_model: outputs in device memory equal the host outpu
     const model::RandomTargetSpec spec = tiny_target(hybrid);
     const auto dir = test::scratch_dir(hybrid ? "cuda_outputs_hybrid" : "cuda_outputs_dense");
     model::write_random_target(dir.string(), spec);
-    for (const char* precision : {"fp32", "bf16"}) {
+    for (const kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::bf16}) {
       CAPTURE(hybrid);
-      CAPTURE(precision);
+      CAPTURE(name_of(precision));
       comm::SelfTransport self;
       model::TargetOptions options;
-      options.cuda = true;
+      options.device = kernels::Device::cuda;
       options.precision = precision;
       model::TargetModel gpu(dir.string(), self, options);
       const int S = 77, H = spec.hidden;

@@ -1,11 +1,16 @@
-// Every CUDA kernel against the CPU backend on the same random inputs (run only where a GPU is; main.cpp skips
-// otherwise). Test-case names start with "cuda twin <family>:" (tests/cuda/CMakeLists.txt filters on them). The
-// ops that are a plain function of their inputs are cases of the op table instead (tests/unit/backend_ops.h, family
-// `ops`: the elementwise ops, norms, RoPE, GEMMs, the vocab-loss rows, AdamW, the DFlash attention forward and
-// backward, the target's causal and cached attention, conv1d, gates, delta rule and argmax, each against a double
-// reference); what stays here is what the table does not express: the bf16 tensor-core and CUDA-core attention
-// kernels run directly and against each other, split-K and path-selection policies, 16-byte packs and
-// misalignment, bf16 conversions, aliasing.
+// The CUDA kernels where the op table cannot reach them (run only where a GPU is; main.cpp skips otherwise).
+// Test-case names start with "cuda twin <family>:" (tests/cuda/CMakeLists.txt filters on them). Every op that is a
+// plain function of its inputs is a case of the op table instead (tests/unit/backend_ops.h, family `ops`: each op
+// against a double reference with a derived bound, on the CPU in float and double and on CUDA in float and bf16,
+// with its aliasing, run-to-run, null-gradient and padded-stride variants). What stays here is what a case of the
+// table cannot express, because it is not a property of an op's result on the backend:
+//   * path selection: a GEMM layout cuBLASLt has no algorithm for (the fallback kernel, forced on the emulated GPU;
+//     cuda twin gemm), the tensor-core kernels' shape and alignment policy and the split-K policy (attention_tc);
+//   * kernels run directly, below the backend: the bf16 tensor-core DFlash and causal attention against a double
+//     reference and against the CUDA-core kernels on the same inputs, split-K against one split (attention_tc);
+//   * pointer alignment: 16-byte packs against the scalar loops on misaligned pointers (elementwise, vocab_loss).
+// The whole-model twins (the target forward, the drafter step, the chunked delta rule's streams and scratch) are
+// test_cuda_target_model.cpp, test_cuda_drafter_step.cpp and test_cuda_delta_chunked.cpp.
 //
 // Tolerances (u = 2^-24, fp32 unit roundoff; every comparison is |gpu − cpu| ≤ bound):
 //   * A sum of n products computed in any order has error ≤ n·u·Σ|terms| on each side (Higham, recursive
@@ -149,30 +154,6 @@ std::vector<double> gemm_tolerance(bool ta, bool tb, int M, int N, int K, double
 
 // ============================== GEMM ==============================
 
-TEST_CASE("cuda twin gemm: row-major C = alpha op(A) op(B) + beta C, every transpose, padded strides") {
-  struct Shape {
-    int M, N, K;
-  };
-  for (Shape sh : {Shape{1, 1, 1}, Shape{17, 33, 65}, Shape{128, 96, 256}, Shape{5, 300, 7}, Shape{64, 64, 0}}) {
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb)
-        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.5}}) {
-          const int M = sh.M, N = sh.N, K = sh.K;
-          const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
-          const int lda = a_cols + 3, ldb = b_cols + 1, ldc = N + 2;  // padded rows: strides are honoured
-          const auto a = randn(size_t(std::max(a_rows, 1)) * lda, 1), b = randn(size_t(std::max(b_rows, 1)) * ldb, 2);
-          const auto c0 = randn(size_t(M) * ldc, 3);
-          std::vector<float> want = c0;
-          cpu().gemm(hx(), ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
-          Dev<float> da(a), db(b), dc(c0);
-          gpu().f32->gemm(gpu().ex(), ta, tb, M, N, K, alpha, da.p(), lda, db.p(), ldb, beta, dc.p(), ldc);
-          INFO("M " << M << " N " << N << " K " << K << " ta " << ta << " tb " << tb << " alpha " << alpha);
-          require_within(dc.get(), want, gemm_tolerance(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c0, ldc),
-                         "gemm");
-        }
-  }
-}
-
 TEST_CASE("cuda twin gemm: a layout cuBLASLt has no algorithm for runs on the fallback kernel (odd leading dims)") {
   // The DeltaNet b/a projections of a TP-5 shard have rows of 9 or 12 bf16 values. On the emulated GPU the
   // heuristic is told to refuse leading dimensions that are not a multiple of 16 bytes (a real cuBLASLt may);
@@ -215,105 +196,7 @@ TEST_CASE("cuda twin gemm: a layout cuBLASLt has no algorithm for runs on the fa
 #endif
 }
 
-TEST_CASE("cuda twin gemm: linear_forward and linear_backward (dx += dy W, dW += dyᵀ x, null skips)") {
-  const int N = 37, in = 48, out = 20;
-  const auto x = randn(size_t(N) * in, 4), W = randn(size_t(out) * in, 5), dy = randn(size_t(N) * out, 6);
-  const auto dx0 = randn(x.size(), 7), dW0 = randn(W.size(), 8);
-  std::vector<float> y(size_t(N) * out), dx = dx0, dW = dW0;
-  cpu().linear_forward(hx(), y.data(), x.data(), W.data(), N, in, out);
-  cpu().linear_backward(hx(), dx.data(), dW.data(), dy.data(), x.data(), W.data(), N, in, out);
-  Dev<float> gx(x), gW(W), gdy(dy), gy(y), gdx(dx0), gdW(dW0);
-  gpu().f32->linear_forward(gpu().ex(), gy.p(), gx.p(), gW.p(), N, in, out);
-  gpu().f32->linear_backward(gpu().ex(), gdx.p(), gdW.p(), gdy.p(), gx.p(), gW.p(), N, in, out);
-  require_within(gy.get(), y, gemm_tolerance(false, true, N, out, in, 1, x, in, W, in, 0, y, out), "y");
-  require_within(gdx.get(), dx, gemm_tolerance(false, false, N, in, out, 1, dy, out, W, in, 1, dx0, in), "dx");
-  require_within(gdW.get(), dW, gemm_tolerance(true, false, out, in, N, 1, dy, out, x, in, 1, dW0, in), "dW");
-  // frozen weight: dW null, dx still accumulates; no dx: only dW
-  Dev<float> gdx2(dx0), gdW2(dW0);
-  gpu().f32->linear_backward(gpu().ex(), gdx2.p(), nullptr, gdy.p(), gx.p(), gW.p(), N, in, out);
-  gpu().f32->linear_backward(gpu().ex(), nullptr, gdW2.p(), gdy.p(), gx.p(), gW.p(), N, in, out);
-  require_within(gdx2.get(), dx, gemm_tolerance(false, false, N, in, out, 1, dy, out, W, in, 1, dx0, in), "dx only");
-  require_within(gdW2.get(), dW, gemm_tolerance(true, false, out, in, N, 1, dy, out, x, in, 1, dW0, in), "dW only");
-}
-
 // ============================== elementwise ==============================
-
-TEST_CASE("cuda twin elementwise: gather, scatter, weighted scatter-add, row scale, embedding, SwiGLU, residual, accumulate, scale") {
-  const int rows = 9, dim = 300, vocab = 50;
-  const auto table = randn(size_t(vocab) * dim, 9);
-  const std::vector<int32_t> ids = {0, 49, 3, 3, 17, 48, 1, 25, 0};
-  const std::vector<int32_t> perm = {8, 2, 5, 0, 7, 1, 4, 6, 3};  // distinct (scatter)
-  Dev<float> gt(table);
-  Dev<int32_t> gids(ids), gperm(perm);
-
-  std::vector<float> emb(size_t(rows) * dim);
-  cpu().embedding_forward(hx(), emb.data(), table.data(), ids.data(), rows, dim, vocab);
-  Dev<float> gemb(std::vector<float>(emb.size(), -1.f));
-  gpu().f32->embedding_forward(gpu().ex(), gemb.p(), gt.p(), gids.p(), rows, dim, vocab);
-  require_within(gemb.get(), emb, {0.0}, "embedding (exact copy)");
-
-  std::vector<float> gat(emb.size());
-  cpu().gather_rows(hx(), gat.data(), table.data(), perm.data(), rows, dim);
-  Dev<float> ggat(std::vector<float>(emb.size(), 0.f));
-  gpu().f32->gather_rows(gpu().ex(), ggat.p(), gt.p(), gperm.p(), rows, dim);
-  require_within(ggat.get(), gat, {0.0}, "gather_rows");
-
-  auto sc = randn(size_t(rows + 2) * dim, 10);  // two rows the scatter must leave alone
-  std::vector<float> sc_cpu = sc;
-  cpu().scatter_rows(hx(), sc_cpu.data(), emb.data(), perm.data(), rows, dim);
-  Dev<float> gsc(sc);
-  gpu().f32->scatter_rows(gpu().ex(), gsc.p(), gemb.p(), gperm.p(), rows, dim);
-  require_within(gsc.get(), sc_cpu, {0.0}, "scatter_rows");
-
-  // the MoE's weighted add back and per-row gates: fp32 on both sides, the same single rounding
-  const std::vector<float> wts = {0.5f, -1.25f, 2.0f, 0.0f, 1.0f, 0.125f, -0.75f, 3.0f, 0.3f};
-  Dev<float> gw(wts);
-  std::vector<float> sa_cpu = sc;
-  cpu().scatter_add_rows(hx(), sa_cpu.data(), emb.data(), perm.data(), wts.data(), rows, dim);
-  Dev<float> gsa(sc);
-  gpu().f32->scatter_add_rows(gpu().ex(), gsa.p(), gemb.p(), gperm.p(), gw.p(), rows, dim);
-  require_within(gsa.get(), sa_cpu, {1e-7}, "scatter_add_rows");
-  for (int j = 0; j < dim; ++j)  // the rows no token maps to (9, 10) are untouched
-    REQUIRE(sa_cpu[size_t(9) * dim + j] == sc[size_t(9) * dim + j]);
-  REQUIRE(sa_cpu[size_t(perm[1]) * dim + 7] == sc[size_t(perm[1]) * dim + 7] + wts[1] * emb[size_t(1) * dim + 7]);
-  std::vector<float> sr_cpu = emb;
-  cpu().scale_rows(hx(), sr_cpu.data(), wts.data(), rows, dim);
-  Dev<float> gsr(emb);
-  gpu().f32->scale_rows(gpu().ex(), gsr.p(), gw.p(), rows, dim);
-  require_within(gsr.get(), sr_cpu, {0.0}, "scale_rows");
-  REQUIRE(sr_cpu[size_t(2) * dim + 5] == emb[size_t(2) * dim + 5] * 2.0f);
-
-  for (size_t n : {size_t(1), size_t(1000), size_t(70001)}) {
-    const auto gate = randn(n, 11, 4.0), up = randn(n, 12), dh = randn(n, 13), acc0 = randn(n, 14);
-    std::vector<float> h(n), dg = acc0, du = acc0, res(n), acc = acc0, scl = acc0;
-    cpu().swiglu_forward(hx(), h.data(), gate.data(), up.data(), n);
-    cpu().swiglu_backward(hx(), dg.data(), du.data(), dh.data(), gate.data(), up.data(), n);
-    cpu().residual_forward(hx(), res.data(), gate.data(), up.data(), n);
-    cpu().accumulate(hx(), acc.data(), up.data(), n);
-    cpu().scale(hx(), scl.data(), -0.37, n);
-    Dev<float> ggate(gate), gup(up), gdh(dh), gh(zeros<float>(n)), gdg(acc0), gdu(acc0), gres(zeros<float>(n)),
-        gacc(acc0), gscl(acc0);
-    auto& be = *gpu().f32;
-    be.swiglu_forward(gpu().ex(), gh.p(), ggate.p(), gup.p(), n);
-    be.swiglu_backward(gpu().ex(), gdg.p(), gdu.p(), gdh.p(), ggate.p(), gup.p(), n);
-    be.residual_forward(gpu().ex(), gres.p(), ggate.p(), gup.p(), n);
-    be.accumulate(gpu().ex(), gacc.p(), gup.p(), n);
-    be.scale(gpu().ex(), gscl.p(), -0.37, n);
-    // expf/division: ≤ 4 ulp of each factor, products of ≤ 5 factors: 16·u relative to the product; the += adds
-    // one rounding of the sum. |silu'(g)| ≤ 1.1 and |σ| ≤ 1 bound the products by |dh|·|up|·1.1 and |dh|·|g|.
-    require_rel(gh.get(), h, 16 * kU, 1e-30, "swiglu");
-    std::vector<double> tg(n), tu(n);
-    for (size_t i = 0; i < n; ++i) {
-      tg[i] = 16 * kU * (1.1 * std::fabs(dh[i] * up[i])) + 2 * kU * std::fabs(dg[i]) + 2 * kU * std::fabs(acc0[i]);
-      tu[i] = 16 * kU * std::fabs(dh[i] * gate[i]) + 2 * kU * std::fabs(du[i]) + 2 * kU * std::fabs(acc0[i]);
-    }
-    require_within(gdg.get(), dg, tg, "dgate");
-    require_within(gdu.get(), du, tu, "dup");
-    require_within(gres.get(), res, {0.0}, "residual (one rounding, same as CPU)");
-    require_within(gacc.get(), acc, {0.0}, "accumulate");
-    require_within(gscl.get(), scl, {0.0}, "scale");
-  }
-}
 
 namespace {
 
@@ -383,145 +266,6 @@ TEST_CASE("cuda twin elementwise: 16-byte packs and the scalar tail give the sam
   }
 }
 
-// ============================== RMSNorm, RoPE ==============================
-
-TEST_CASE("cuda twin norm_rope: RMSNorm forward/backward (dx +=, dw += deterministic) and RoPE") {
-  // dims on both sides of the warp-per-row kernels' limit (512) and the block-per-row ones above it
-  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{7, 33}, std::pair{9, 512}, std::pair{5, 513}, std::pair{300, 1000},
-                           std::pair{4100, 64}}) {
-    const auto x = randn(size_t(rows) * dim, 20), w = randn(dim, 21), dy = randn(x.size(), 22);
-    const auto dx0 = randn(x.size(), 23), dw0 = randn(dim, 24);
-    std::vector<float> y(x.size()), rstd(rows), dx = dx0, dw = dw0;
-    cpu().rmsnorm_forward(hx(), y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6);
-    cpu().rmsnorm_backward(hx(), dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, dim);
-    Dev<float> gx(x), gw(w), gdy(dy), gy(std::vector<float>(x.size())), grstd(zeros<float>(rows)), gdx(dx0),
-        gdw(dw0);
-    auto& be = *gpu().f32;
-    be.rmsnorm_forward(gpu().ex(), gy.p(), grstd.p(), gx.p(), gw.p(), rows, dim, 1e-6);
-    be.rmsnorm_backward(gpu().ex(), gdx.p(), gdw.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), rows, dim);
-    INFO("rows " << rows << " dim " << dim);
-    // Σ x² over dim terms (all positive): 2·dim·u relative, halved by the sqrt, + 4 ulp for the rest
-    const double r_fwd = (dim + 8) * kU;
-    require_rel(grstd.get(), rstd, r_fwd, 0, "rstd");
-    require_rel(gy.get(), y, r_fwd + 4 * kU, 1e-30, "y");
-    // dx: a signed Σ over dim terms: bound relative to Σ|terms| ~ |g|·|n|·dim / dim; use the row scale
-    require_rel(gdx.get(), dx, 8 * (dim + 8) * kU, 8 * (dim + 8) * kU * 10, "dx");
-    // dw: a signed Σ over rows of t_r = dy·x·rstd: the CPU sums in row order (error ≤ rows·u·Σ|t|), the GPU sums
-    // chunks of ⌈rows/64⌉ rows then the ≤ 64 partials (≤ (⌈rows/64⌉ + 64)·u·Σ|t|), + the += rounding
-    std::vector<double> tdw(dim);
-    const int chunks = std::min(rows, 64), chunk_rows = (rows + chunks - 1) / chunks;
-    for (int i = 0; i < dim; ++i) {
-      double abs_sum = 0;
-      for (int r = 0; r < rows; ++r) abs_sum += std::fabs(double(dy[size_t(r) * dim + i]) * x[size_t(r) * dim + i] * rstd[r]);
-      tdw[i] = (rows + chunk_rows + chunks + 4) * kU * abs_sum * 1.01 + 2 * kU * (std::fabs(dw[i]) + std::fabs(dw0[i]));
-    }
-    require_within(gdw.get(), dw, tdw, "dw");
-    // deterministic: the same call twice gives the same bits
-    Dev<float> gdw2(dw0);
-    be.rmsnorm_backward(gpu().ex(), gdx.p(), gdw2.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), rows, dim);
-    require_within(gdw2.get(), gdw.get(), {0.0}, "dw run to run");
-    // y may alias x
-    Dev<float> galias(x);
-    be.rmsnorm_forward(gpu().ex(), galias.p(), grstd.p(), galias.p(), gw.p(), rows, dim, 1e-6);
-    require_within(galias.get(), gy.get(), {0.0}, "y aliasing x");
-  }
-  const int rows = 40, heads = 3, D = 128;
-  std::vector<int32_t> pos(rows);
-  for (int r = 0; r < rows; ++r) pos[r] = r * 2531 % 100003;  // up to ~1e5: the angles need double
-  const auto x = randn(size_t(rows) * heads * D, 30), dx0 = randn(x.size(), 31);
-  std::vector<float> y(x.size()), dx = dx0;
-  cpu().rope_forward(hx(), y.data(), x.data(), pos.data(), rows, heads, D, 1e6);
-  cpu().rope_backward(hx(), dx.data(), x.data(), pos.data(), rows, heads, D, 1e6);
-  Dev<float> gx(x), gy(std::vector<float>(x.size())), gdx(dx0);
-  Dev<int32_t> gpos(pos);
-  gpu().f32->rope_forward(gpu().ex(), gy.p(), gx.p(), gpos.p(), rows, heads, D, 1e6);
-  gpu().f32->rope_backward(gpu().ex(), gdx.p(), gx.p(), gpos.p(), rows, heads, D, 1e6);
-  // device double pow/cos/sin within 1–2 ulp of glibc's, then the same float rotation: a few float ulp
-  require_rel(gy.get(), y, 8 * kU, 8 * kU * 4, "rope forward");
-  require_rel(gdx.get(), dx, 8 * kU, 8 * kU * 8, "rope backward");
-}
-
-namespace {
-
-// The fused head norm + RoPE of one backend type (float or bf16) against the CPU's (which equals rmsnorm then rope
-// bit for bit, tests/unit/test_head_norm_rope.cpp) on the same (bf16-rounded for bf16) inputs.
-template <typename T>
-void head_norm_rope_twin(Backend<T>& be, int rows, int heads, int D, uint64_t seed) {
-  const bool b16 = std::is_same_v<T, bf16>;
-  INFO((b16 ? "bf16" : "fp32") << " rows " << rows << " heads " << heads << " D " << D);
-  const size_t n = size_t(rows) * heads * D, items = size_t(rows) * heads;
-  auto in = [&](std::vector<float> v) { return b16 ? bf16_round(v) : v; };
-  const auto x = in(randn(n, seed, 2.0)), w = in(randn(D, seed + 1)), dy = in(randn(n, seed + 2)),
-             dx0 = in(randn(n, seed + 3)), dw0 = randn(D, seed + 4);
-  std::vector<int32_t> pos(rows);
-  for (int r = 0; r < rows; ++r) pos[r] = (r * 7919 + 11) % 100003;
-  std::vector<float> y(n), rstd(items), dx = dx0, dw = dw0, g(n, 0.0f);
-  cpu().head_norm_rope_forward(hx(), y.data(), rstd.data(), x.data(), w.data(), pos.data(), rows, heads, D, 1e-6, 1e6);
-  cpu().head_norm_rope_backward(hx(), dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), pos.data(),
-                                rows, heads, D, 1e6);
-  cpu().rope_backward(hx(), g.data(), dy.data(), pos.data(), rows, heads, D, 1e6);  // Rᵀ dy, for the dw bound
-
-  auto dev = [&](const std::vector<float>& v) {
-    if constexpr (std::is_same_v<T, bf16>) return Dev<bf16>(to_bf16(v)); else return Dev<float>(v);
-  };
-  auto host = [&](const Dev<T>& d) {
-    if constexpr (std::is_same_v<T, bf16>) return to_f32(d.get()); else return d.get();
-  };
-  Dev<T> gx = dev(x), gw = dev(w), gdy = dev(dy), gy = dev(std::vector<float>(n)), gdx = dev(dx0);
-  Dev<float> grstd(zeros<float>(items)), gdw(dw0);
-  Dev<int32_t> gpos(pos);
-  be.head_norm_rope_forward(gpu().ex(), gy.p(), grstd.p(), gx.p(), gw.p(), gpos.p(), rows, heads, D, 1e-6, 1e6);
-  be.head_norm_rope_backward(gpu().ex(), gdx.p(), gdw.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), gpos.p(), rows, heads,
-                             D, 1e6);
-  // rstd: Σ x² over D positive terms, 2·D·u relative (halved by the sqrt) + a few ulp
-  require_rel(grstd.get(), rstd, (D + 8) * kU, 0, "rstd");
-  // y = n_a c − n_b s: the norm's error ((D + 8)·u relative to n), cos/sin a float ulp apart at most, the rotation's
-  // two roundings; |n_a| + |n_b| ≤ √2 ‖(y_a, y_b)‖ ≤ 2 (|y_a| + |y_b|). bf16: plus one rounding of y.
-  const int half = D / 2;
-  std::vector<double> ty(n), tdx(n), tdw(D);
-  for (size_t it = 0; it < items; ++it)
-    for (int i = 0; i < D; ++i) {
-      const size_t e = it * D + i, p = it * D + (i < half ? i + half : i - half);
-      ty[e] = 2 * (D + 24) * kU * (std::fabs(y[e]) + std::fabs(y[p])) + (b16 ? kB * std::fabs(y[e]) : 0) + 1e-30;
-      // dx: rstd·(g w − n·mean(g ⊙ n)) with a signed Σ over D terms: bounded on the row's scale, as the RMSNorm
-      // twin above; bf16: one rounding of the += result
-      tdx[e] = 8 * (D + 8) * kU * (std::fabs(dx[e]) + 10) + (b16 ? kB * std::fabs(dx[e]) : 0);
-    }
-  // dw: a signed Σ over rows·heads of g·x·rstd; the CPU in order, the GPU per warp then over ≤ 4096 warps
-  for (int i = 0; i < D; ++i) {
-    double abs_sum = 0;
-    for (size_t it = 0; it < items; ++it) abs_sum += std::fabs(double(g[it * D + i]) * x[it * D + i] * rstd[it]);
-    tdw[i] = 2.0 * (double(items) + 4096 + 8) * kU * abs_sum + 2 * kU * (std::fabs(dw[i]) + std::fabs(dw0[i]));
-  }
-  require_within(host(gy), y, ty, "y");
-  require_within(host(gdx), dx, tdx, "dx");
-  require_within(gdw.get(), dw, tdw, "dw");
-  // deterministic dw; y may alias x; a null dw leaves dx the same
-  Dev<float> gdw2(dw0);
-  Dev<T> gdx2 = dev(dx0), galias = dev(x);
-  be.head_norm_rope_backward(gpu().ex(), gdx2.p(), gdw2.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), gpos.p(), rows, heads,
-                             D, 1e6);
-  require_within(gdw2.get(), gdw.get(), {0.0}, "dw run to run");
-  be.head_norm_rope_forward(gpu().ex(), galias.p(), grstd.p(), galias.p(), gw.p(), gpos.p(), rows, heads, D, 1e-6, 1e6);
-  require_within(host(galias), host(gy), {0.0}, "y aliasing x");
-  Dev<T> gdx3 = dev(dx0);
-  be.head_norm_rope_backward(gpu().ex(), gdx3.p(), nullptr, gdy.p(), gx.p(), gw.p(), grstd.p(), gpos.p(), rows, heads,
-                             D, 1e6);
-  require_within(host(gdx3), host(gdx), {0.0}, "dx without dw");
-}
-
-}  // namespace
-
-TEST_CASE("cuda twin norm_rope: fused head RMSNorm + RoPE (fp32, bf16) against the CPU, head dims 2 to 256") {
-  // D 16 (8 pairs: a quarter warp), 34 (17 pairs), 64/128/256 (1, 2, 4 pairs a lane), 2; one head, 3, 12 (warps of
-  // 8 items cross rows), and 4100 × 8 items (> 8 · 4096: a warp takes 9 items for its dw partial row)
-  const int shapes[][3] = {{5, 3, 16}, {7, 1, 34}, {9, 12, 64}, {6, 3, 128}, {3, 2, 256}, {1, 1, 2}, {4100, 8, 16}};
-  uint64_t seed = 300;
-  for (const auto& s : shapes) {
-    head_norm_rope_twin<float>(*gpu().f32, s[0], s[1], s[2], seed += 10);
-    head_norm_rope_twin<bf16>(*gpu().b16, s[0], s[1], s[2], seed += 10);
-  }
-}
 
 // ============================== vocab loss ==============================
 
@@ -631,187 +375,11 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
 
 }  // namespace
 
-TEST_CASE("cuda twin vocab_loss: row statistics and row gradient (CE, KL with temperature, CAP)") {
-  vocab_twin(1, 7, false, 1.0, {1, 0, 0, 1});
-  vocab_twin(9, 1000, true, 1.0, {1, 1, 0.1, 1});
-  vocab_twin(9, 32003, true, 2.0, {1, 0.5, 0.2, 2});
-  vocab_twin(6, 4099, false, 1.0, {1, 0, 0.3, 1});
-}
-
 TEST_CASE("cuda twin vocab_loss: rows in 16-byte packs and misaligned rows (scalar loops) give the CPU's results") {
   vocab_twin(5, 4096, true, 2.0, {1, 0.5, 0.2, 2});      // every row aligned: packs only
   vocab_twin(5, 4096, true, 2.0, {1, 0.5, 0.2, 2}, 1);   // every row misaligned: scalar only
   vocab_twin(5, 1003, false, 1.0, {1, 0, 0.3, 1}, 2);    // rows of mixed alignment, a tail of 3
 }
-
-// ============================== optimizer ==============================
-
-TEST_CASE("cuda twin optimizer: AdamW, sum_squares (deterministic, double), scale_master") {
-  for (size_t n : {size_t(1), size_t(1000), size_t(3000017)}) {
-    auto p = randn(n, 80), g = randn(n, 81), m = randn(n, 82, 0.1), v = randn(n, 83, 0.1);
-    for (auto& x : v) x *= x;
-    std::vector<uint8_t> mask(n);
-    for (size_t i = 0; i < n; ++i) mask[i] = uint8_t(i % 3 != 0);
-    AdamWCoeffs k;
-    k.step_size = 1e-3f / (1 - 0.9f);
-    k.inv_sqrt_bc2 = 1.0f / std::sqrt(1 - 0.95f);
-    k.decay = 1e-4f;
-    Dev<float> gp(p), gg(g), gm(m), gv(v);
-    Dev<uint8_t> gmask(mask);
-    const auto p_old = p, m_old = m;
-    cpu().adamw_step(hx(), p.data(), g.data(), m.data(), v.data(), mask.data(), n, k);
-    gpu().f32->adamw_step(gpu().ex(), gp.p(), gg.p(), gm.p(), gv.p(), gmask.p(), n, k);
-    // The same formula; nvcc may fuse multiply-adds. Each result is a short sum of terms, each within a few ulp
-    // (sqrt and division 1 ulp each, the v it reads 1 ulp): 8·u·Σ|terms| (terms can cancel, so not 8·u·|result|).
-    std::vector<double> tm(n), tp(n);
-    for (size_t i = 0; i < n; ++i) {
-      tm[i] = 8 * kU * (k.beta1 * std::fabs(m_old[i]) + (1 - k.beta1) * std::fabs(g[i]));
-      const double step = k.step_size * std::fabs(m[i]) / (std::sqrt(double(v[i])) * k.inv_sqrt_bc2 + k.eps);
-      tp[i] = 8 * kU * (std::fabs(p_old[i]) * (1 + k.decay) + step + 2 * tm[i] * step / std::max(1e-30, double(std::fabs(m[i]))));
-    }
-    require_within(gm.get(), m, tm, "m");
-    require_rel(gv.get(), v, 8 * kU, 1e-30, "v (a sum of positive terms)");
-    require_within(gp.get(), p, tp, "params");
-
-    const double ss_cpu = cpu().sum_squares(hx(), g.data(), n);
-    const double ss1 = gpu().f32->sum_squares(gpu().ex(), gg.p(), n), ss2 = gpu().f32->sum_squares(gpu().ex(), gg.p(), n);
-    CHECK(std::memcmp(&ss1, &ss2, sizeof ss1) == 0);  // deterministic to the bit
-    // n positive double terms in two orders: 2·n·2^-53 relative
-    CHECK(std::fabs(ss1 - ss_cpu) <= 2.0 * double(n) * 0x1.0p-53 * ss_cpu);
-
-    std::vector<float> s = g;
-    cpu().scale_master(hx(), s.data(), 0.125, n);
-    gpu().f32->scale_master(gpu().ex(), gg.p(), 0.125, n);
-    require_within(gg.get(), s, {0.0}, "scale_master (exact)");
-  }
-}
-
-// ============================== bf16 ==============================
-
-TEST_CASE("cuda twin bf16: GEMMs (bf16 in, fp32 accumulate, bf16 or fp32 out) against fp32 on the rounded inputs") {
-  const int N = 70, in = 96, out = 40;
-  const auto x = bf16_round(randn(size_t(N) * in, 90)), W = bf16_round(randn(size_t(out) * in, 91)),
-             dy = bf16_round(randn(size_t(N) * out, 92)), dx0 = bf16_round(randn(x.size(), 93)),
-             dW0 = randn(W.size(), 94);
-  std::vector<float> y(size_t(N) * out), dx = dx0, dW = dW0;
-  cpu().linear_forward(hx(), y.data(), x.data(), W.data(), N, in, out);
-  cpu().linear_backward(hx(), dx.data(), dW.data(), dy.data(), x.data(), W.data(), N, in, out);
-  Dev<bf16> gx(to_bf16(x)), gW(to_bf16(W)), gdy(to_bf16(dy)), gy(std::vector<bf16>(y.size())), gdx(to_bf16(dx0));
-  Dev<float> gdW(dW0);
-  auto& be = *gpu().b16;
-  be.linear_forward(gpu().ex(), gy.p(), gx.p(), gW.p(), N, in, out);
-  be.linear_backward(gpu().ex(), gdx.p(), gdW.p(), gdy.p(), gx.p(), gW.p(), N, in, out);
-  // one rounding of the result to bf16 (depth 1): 2^-8 relative of the exact value's magnitude
-  require_within(to_f32(gy.get()), y, gemm_tolerance(false, true, N, out, in, 1, x, in, W, in, 0, y, out, kB), "y bf16");
-  require_within(to_f32(gdx.get()), dx, gemm_tolerance(false, false, N, in, out, 1, dy, out, W, in, 1, dx0, in, kB),
-                 "dx bf16");
-  // fp32 output: no bf16 rounding after the products (bf16 × bf16 is exact in fp32)
-  require_within(gdW.get(), dW, gemm_tolerance(true, false, out, in, N, 1, dy, out, x, in, 1, dW0, in), "dW fp32");
-}
-
-TEST_CASE("cuda twin bf16: convert_from_float rounds to nearest even as the host conversion does, fp32 copies") {
-  std::vector<float> x = randn(1000, 95, 3.0);
-  x.push_back(0.0f);
-  x.push_back(-1.0f + 1.0f / 512);  // halfway between two bf16 values: ties to even
-  Dev<float> gx(x);
-  Dev<bf16> gy(std::vector<bf16>(x.size()));
-  gpu().b16->convert_from_float(gpu().ex(), gy.p(), gx.p(), x.size());
-  const std::vector<float> got = to_f32(gy.get()), want = bf16_round(x);
-  for (size_t i = 0; i < x.size(); ++i) REQUIRE(got[i] == want[i]);
-  Dev<float> gz(std::vector<float>(x.size()));
-  gpu().f32->convert_from_float(gpu().ex(), gz.p(), gx.p(), x.size());
-  REQUIRE(gz.get() == x);
-}
-
-TEST_CASE("cuda twin bf16: convert_to_float widens exactly, contiguous and into strided columns, fp32 copies") {
-  const std::vector<float> x = bf16_round(randn(600, 97, 3.0));  // bf16 values: the widening must give them back
-  Dev<bf16> gx(to_bf16(x));
-  Dev<float> gy(std::vector<float>(x.size(), -7.f));
-  gpu().b16->convert_to_float(gpu().ex(), gy.p(), gx.p(), x.size());
-  REQUIRE(gy.get() == x);
-  // rows 20 of 30 columns, read with stride 30 (all of x) and written into columns [5, 35) of a [20, 40] array
-  const int rows = 20, cols = 30, ld = 40;
-  std::vector<float> want(size_t(rows) * ld, -7.f);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) want[size_t(r) * ld + 5 + size_t(c)] = x[size_t(r) * cols + size_t(c)];
-  Dev<float> gs(std::vector<float>(want.size(), -7.f)), gs32(std::vector<float>(want.size(), -7.f));
-  gpu().b16->convert_to_float_strided(gpu().ex(), gs.p() + 5, ld, gx.p(), cols, rows, cols);
-  REQUIRE(gs.get() == want);
-  Dev<float> gx32(x);
-  gpu().f32->convert_to_float_strided(gpu().ex(), gs32.p() + 5, ld, gx32.p(), cols, rows, cols);
-  REQUIRE(gs32.get() == want);
-  Dev<float> gz(std::vector<float>(x.size()));
-  gpu().f32->convert_to_float(gpu().ex(), gz.p(), gx32.p(), x.size());
-  REQUIRE(gz.get() == x);
-}
-
-TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 activations") {
-  auto& be = *gpu().b16;
-  {
-    const int rows = 33, dim = 512;
-    const auto x = bf16_round(randn(size_t(rows) * dim, 95)), w = bf16_round(randn(dim, 96));
-    std::vector<float> y(x.size()), rstd(rows);
-    cpu().rmsnorm_forward(hx(), y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6);
-    Dev<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gy(std::vector<bf16>(x.size()));
-    Dev<float> grstd(zeros<float>(rows));
-    be.rmsnorm_forward(gpu().ex(), gy.p(), grstd.p(), gx.p(), gw.p(), rows, dim, 1e-6);
-    require_rel(grstd.get(), rstd, (dim + 8) * kU, 0, "rstd (fp32 statistics)");
-    require_rel(to_f32(gy.get()), y, kB + (dim + 16) * kU, 1e-30, "y bf16 (one rounding)");
-  }
-  {
-    const DFlashAttentionShape s{4, 16, 100, 8, 2, 128, 0};
-    const std::vector<int32_t> anchors = {0, 37, 99, 100};
-    const size_t NB = 64, NH = 8, KVH = 2, D = 128;
-    const auto q = bf16_round(randn(NB * NH * D, 97)), kc = bf16_round(randn(size_t(s.ctx_len) * KVH * D, 98)),
-               vc = bf16_round(randn(size_t(s.ctx_len) * KVH * D, 99)), kb = bf16_round(randn(NB * KVH * D, 100)),
-               vb = bf16_round(randn(NB * KVH * D, 101));
-    std::vector<float> out(q.size()), lse(NB * NH);
-    cpu().dflash_attention_forward(hx(), out.data(), lse.data(), q.data(), kc.data(), vc.data(), kb.data(), vb.data(),
-                                   anchors.data(), s);
-    Dev<bf16> gq(to_bf16(q)), gkc(to_bf16(kc)), gvc(to_bf16(vc)), gkb(to_bf16(kb)), gvb(to_bf16(vb)),
-        gout(std::vector<bf16>(q.size()));
-    Dev<float> glse(std::vector<float>(lse.size()));
-    Dev<int32_t> ganch(anchors);
-    be.dflash_attention_forward(gpu().ex(), gout.p(), glse.p(), gq.p(), gkc.p(), gvc.p(), gkb.p(), gvb.p(), ganch.p(), s);
-    const double t_acc = 8.0 * (s.ctx_len + s.block + D) * kU * (std::sqrt(double(D)) * 4 + 5);
-    require_within(glse.get(), lse, {t_acc}, "lse (fp32 statistics)");
-    std::vector<double> tol(out.size());
-    for (size_t i = 0; i < out.size(); ++i) tol[i] = t_acc + kB * std::fabs(out[i]);  // one rounding of out
-    require_within(to_f32(gout.get()), out, tol, "out bf16");
-  }
-  {
-    const int n = 4, V = 5003;
-    const auto z = bf16_round(randn(size_t(n) * V, 102, 3.0)), u = bf16_round(randn(size_t(n) * V, 103, 3.0));
-    const std::vector<int32_t> labels = {0, 5002, 17, 2500};
-    const std::vector<float> w = {1, 0.5, 0, 2};
-    const VocabLossCoeffs k{1, 1, 0.2, 1};
-    std::vector<VocabLossRow> rows(n);
-    std::vector<VocabLossRowValues> vals(n);
-    cpu().vocab_loss_row_stats(hx(), z.data(), u.data(), n, V, labels.data(), w.data(), 1.0, 5, rows.data(), vals.data());
-    std::vector<float> grad = z;
-    cpu().vocab_loss_row_grad(hx(), grad.data(), u.data(), n, V, labels.data(), w.data(), rows.data(), 0.5, k);
-    Dev<bf16> gz(to_bf16(z)), gu(to_bf16(u));
-    Dev<float> gw(w);
-    Dev<int32_t> glab(labels);
-    Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
-    Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
-    be.vocab_loss_row_stats(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), 1.0, 5, grows.p(), gvals.p());
-    const auto vals_g = gvals.get();
-    for (int i = 0; i < n; ++i) {  // the statistics are fp32 math on the same (bf16-exact) values: float ulp level
-      INFO("row " << i);
-      CHECK(vals_g[i].correct == vals[i].correct);
-      CHECK(std::fabs(vals_g[i].ce - vals[i].ce) <= 64 * kU * (std::fabs(vals[i].ce) + 1));
-      CHECK(std::fabs(vals_g[i].kl - vals[i].kl) <= 64 * kU * (std::fabs(vals[i].kl) + 1));
-      CHECK(std::fabs(vals_g[i].cap - vals[i].cap) <= 64 * kU * (std::fabs(vals[i].cap) + 1));
-    }
-    Dev<VocabLossRow> crows(rows);
-    be.vocab_loss_row_grad(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), crows.p(), 0.5, k);
-    require_within(to_f32(gz.get()), grad, grad_tolerance(z, u.data(), n, V, labels, w, rows, 0.5, k, kB),
-                   "d logits bf16 (one rounding)");
-  }
-}
-
-// ============================== the target's forward ==============================
 
 // ============================== attention on tensor cores ==============================
 // The bf16 DFlash kernels of attention_dflash_tc.cu against a double reference written from the mask's
@@ -1193,60 +761,6 @@ TEST_CASE("cuda twin attention_tc: split-K through the bf16 backend against the 
     for (size_t i = 0; i < tol.size(); ++i)
       tol[i] = t_out + 2 * (0x1.0p-9 * mag[i] + 0x1.0p-9 * std::fabs(cpu_out[i]));
     require_within(got, cpu_out, tol, "cached out through the backend vs the CPU backend");
-  }
-}
-
-TEST_CASE("cuda twin target: copy_strided splits fused projections (exact copies)") {
-  // Qwen3.5's q_proj rows [query (hd) | gate (hd)] per head, and a q | k | v channel split of one conv output row
-  const int rows = 37, hd = 256;
-  const auto fused = randn(size_t(rows) * 2 * hd, 115);
-  std::vector<float> query(size_t(rows) * hd, -1.f), gate = query;
-  cpu().copy_strided(hx(), query.data(), hd, fused.data(), 2 * hd, rows, hd);
-  cpu().copy_strided(hx(), gate.data(), hd, fused.data() + hd, 2 * hd, rows, hd);
-  Dev<float> gf(fused), gq(zeros<float>(query.size())), gg(zeros<float>(gate.size()));
-  gpu().f32->copy_strided(gpu().ex(), gq.p(), hd, gf.p(), 2 * hd, rows, hd);
-  gpu().f32->copy_strided(gpu().ex(), gg.p(), hd, gf.p() + hd, 2 * hd, rows, hd);
-  require_within(gq.get(), query, {0.0}, "query rows");
-  require_within(gg.get(), gate, {0.0}, "gate rows");
-  const int S = 9, qk = 48, vd = 96, C = 2 * qk + vd;
-  const auto conv = bf16_round(randn(size_t(S) * C, 116));
-  std::vector<float> v(size_t(S) * vd);
-  cpu().copy_strided(hx(), v.data(), vd, conv.data() + 2 * qk, C, S, vd);
-  Dev<bf16> bconv(to_bf16(conv)), bv(zeros<bf16>(v.size()));
-  gpu().b16->copy_strided(gpu().ex(), bv.p(), vd, bconv.p() + 2 * qk, C, S, vd);
-  require_within(to_f32(bv.get()), v, {0.0}, "v channels bf16");
-}
-
-TEST_CASE("cuda twin target: partial RoPE, l2norm and gated RMSNorm") {
-  const int rows = 40, heads = 3, D = 256;
-  std::vector<int32_t> pos(rows);
-  for (int r = 0; r < rows; ++r) pos[r] = r * 2531 % 100003;
-  const auto x = randn(size_t(rows) * heads * D, 120);
-  Dev<int32_t> gpos(pos);
-  for (int rot : {64, 256}) {  // Qwen3.5's 0.25 of head_dim 256, and the whole head
-    std::vector<float> y(x.size());
-    cpu().rope_partial_forward(hx(), y.data(), x.data(), pos.data(), rows, heads, D, rot, 1e7);
-    Dev<float> gx(x), gy(std::vector<float>(x.size(), -1.f));
-    gpu().f32->rope_partial_forward(gpu().ex(), gy.p(), gx.p(), gpos.p(), rows, heads, D, rot, 1e7);
-    INFO("rot_dim " << rot);
-    require_rel(gy.get(), y, 8 * kU, 8 * kU * 4, "partial rope (out of place)");
-    gpu().f32->rope_partial_forward(gpu().ex(), gx.p(), gx.p(), gpos.p(), rows, heads, D, rot, 1e7);
-    require_rel(gx.get(), y, 8 * kU, 8 * kU * 4, "partial rope (in place)");
-  }
-  for (auto [r, dim] : {std::pair{1, 1}, std::pair{300, 128}, std::pair{7, 1000}}) {
-    const auto a = randn(size_t(r) * dim, 121), z = randn(size_t(r) * dim, 122, 3.0), w = randn(dim, 123);
-    std::vector<float> l2 = a, gn(a.size());
-    cpu().l2norm_forward(hx(), l2.data(), r, dim, 1e-6, 0.125);
-    cpu().gated_rmsnorm_forward(hx(), gn.data(), a.data(), z.data(), w.data(), r, dim, 1e-6);
-    Dev<float> gl2(a), ga(a), gz(z), gw(w), ggn(std::vector<float>(a.size()));
-    gpu().f32->l2norm_forward(gpu().ex(), gl2.p(), r, dim, 1e-6, 0.125);
-    gpu().f32->gated_rmsnorm_forward(gpu().ex(), ggn.p(), ga.p(), gz.p(), gw.p(), r, dim, 1e-6);
-    INFO("rows " << r << " dim " << dim);
-    // Σ x² of dim positive terms: 2·dim·u relative, halved by the sqrt; then a product (and the SiLU: a few ulp)
-    require_rel(gl2.get(), l2, (dim + 8) * kU, 1e-30, "l2norm");
-    require_rel(ggn.get(), gn, (dim + 16) * kU, 1e-30, "gated rmsnorm");
-    gpu().f32->gated_rmsnorm_forward(gpu().ex(), ga.p(), ga.p(), gz.p(), gw.p(), r, dim, 1e-6);
-    require_within(ga.get(), ggn.get(), {0.0}, "gated rmsnorm, y aliasing x");
   }
 }
 

@@ -159,11 +159,11 @@ void check_target_bf16(const std::string& dir, comm::Transport& nccl, int rank, 
   cpu.mlp_grain = 8;
   const std::vector<float> ref = forward(mpi, cpu);
   model::TargetOptions gpu = cpu;
-  gpu.cuda = true;
-  gpu.precision = "bf16";
-  gpu.tp_allreduce = "fp32";
+  gpu.device = kernels::Device::cuda;
+  gpu.precision = kernels::Precision::bf16;
+  gpu.tp_allreduce = model::TpAllreduce::fp32;
   const std::vector<float> wide = forward(nccl, gpu);
-  gpu.tp_allreduce = "bf16";
+  gpu.tp_allreduce = model::TpAllreduce::bf16;
   const std::vector<float> narrow = forward(nccl, gpu);
   double errs[2] = {rel_err(wide, ref), rel_err(narrow, ref)}, worst[2] = {0, 0};
   MPI_Allreduce(errs, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);

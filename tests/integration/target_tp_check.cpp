@@ -22,7 +22,7 @@
 
 #include "kernels/cpu/attention_causal.h"
 #include "lib/core/cli_app.h"
-#include "lib/job/random_target_options.h"
+#include "lib/model/random_target_options.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 #include "lib/io/safetensors.h"
@@ -91,7 +91,7 @@ int run(int argc, char** argv) {
   app.add_option("--tol", tol, "relative tolerance");
   app.add_option("--mlp-grain", opt.mlp_grain, "MLP grain")->check(positive_number());
   app.add_option("--attention-block", opt.attention_block, "attention block")->check(positive_number());
-  const job::RandomTargetOptions target_options(app);
+  const model::RandomTargetOptions target_options(app);
   if (!parse_command_line(app, argc, argv)) return 0;
   if (!make.empty()) {
     dir = make;

@@ -1,9 +1,13 @@
 #pragma once
-// One table of op cases (op, shape, which backends take it) with a plain double reference, run through the
-// Backend<T> interface against every backend the build has: tests/unit/test_backend_ops.cpp runs the CPU in float
-// and double, tests/cuda/test_cuda_backend_ops.cpp runs CUDA in float and bf16 where the build has CUDA (the
-// emulated GPU in CI; a build or machine without it reports those skipped, never passed). There is no CPU bf16
-// backend (make_backend<bf16>(Device::cpu) is a user error), so bf16 is CUDA's alone.
+// One table of op cases with a plain double reference, run through the Backend<T> interface against every backend
+// the build has (as ggml's test-backend-ops): tests/unit/test_backend_ops.cpp runs the CPU in float and
+// double, tests/cuda/test_cuda_backend_ops.cpp runs CUDA in float and bf16 where the build has CUDA (the emulated
+// GPU in CI; a build or machine without it reports those skipped, never passed). There is no CPU bf16 backend
+// (make_backend<bf16>(Device::cpu) is a user error), so bf16 is CUDA's alone.
+//
+// An op case is one struct (its shape as named fields, vars() to print them, eval<T>() to run it on a backend and
+// compute its reference and bounds) and one registration line in op_cases(). Whether a backend runs a case is the
+// backend's answer (Backend::supports, asked by the case's supported_by), never a flag of the case.
 //
 // Inputs are drawn in double, rounded to the backend's storage type (T for activations and weights, A = acc_t<T> for
 // statistics, float for AdamW's master state) and the reference runs in double on the rounded values, so only the
@@ -19,6 +23,8 @@
 //     and rounded once).
 // Each case reports its worst |got − ref| / bound; the test fails when any exceeds 1.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -26,8 +32,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention_shape.h"
@@ -124,6 +132,9 @@ inline Worst compare(const Vec& got, const Vec& ref, const Vec& bound) {
   return w;
 }
 
+// The bound of a result that must be the reference to the bit (copies, aliasing, run to run).
+inline Vec exact(size_t n) { return Vec(n, 0.0); }
+
 // Bound from the derivation in the header: 2·(n·u_c·M + u_s·|y|).
 inline Vec bounds(const Vec& ref, const Vec& mag, double n, double u_c, double u_s) {
   Vec b(ref.size());
@@ -131,177 +142,11 @@ inline Vec bounds(const Vec& ref, const Vec& mag, double n, double u_c, double u
   return b;
 }
 
-// ---- the table ----
-enum class Op {
-  residual,
-  swiglu,
-  rmsnorm,
-  rope,
-  head_norm_rope,
-  vocab_loss_rows,
-  adamw,
-  gemm,
-  accumulate_scale,
-  sigmoid_gate,
-  l2norm,
-  gated_rmsnorm,
-  deltanet_gates,
-  rope_partial,
-  linear,
-  cached_attention,
-  causal_attention,
-  causal_conv1d,
-  delta_rule,
-  argmax,
-  dflash_attention,
-};
-inline const char* op_name(Op op) {
-  switch (op) {
-    case Op::residual: return "residual_forward";
-    case Op::swiglu: return "swiglu forward and backward";
-    case Op::rmsnorm: return "rmsnorm forward and backward";
-    case Op::rope: return "rope forward and backward";
-    case Op::head_norm_rope: return "head_norm_rope forward and backward";
-    case Op::vocab_loss_rows: return "vocab_loss row_stats and row_grad";
-    case Op::adamw: return "adamw_step";
-    case Op::gemm: return "gemm";
-    case Op::accumulate_scale: return "accumulate and scale";
-    case Op::sigmoid_gate: return "sigmoid_gate";
-    case Op::l2norm: return "l2norm_forward";
-    case Op::gated_rmsnorm: return "gated_rmsnorm_forward";
-    case Op::deltanet_gates: return "deltanet_gates_forward";
-    case Op::rope_partial: return "rope_partial_forward";
-    case Op::linear: return "linear forward and backward";
-    case Op::cached_attention: return "attention_cached_forward";
-    case Op::causal_attention: return "attention_causal_forward";
-    case Op::causal_conv1d: return "causal_conv1d_silu_forward";
-    case Op::delta_rule: return "gated_delta_rule_forward";
-    case Op::argmax: return "argmax_rows";
-    case Op::dflash_attention: return "dflash_attention forward and backward";
-  }
-  return "?";
-}
-
-// Shape fields by op: residual/swiglu/accumulate_scale/sigmoid_gate/adamw: n; rmsnorm/l2norm/gated_rmsnorm: rows,
-// dim; deltanet_gates: rows, heads; rope/head_norm_rope: rows, heads, head_dim; rope_partial: rows, head_dim,
-// rot_dim; vocab_loss_rows: rows, V (+ tau, with_u); gemm: M, N, K (+ trans_a, trans_b, beta); linear: N, in, out;
-// cached_attention: n, past, q_heads (+ d = kv_heads, e = head_dim); causal_attention: S, 0, q_heads (+ d, e); causal_conv1d: S, C, K; delta_rule: S,
-// k_heads, v_heads (+ d = dk, e = dv); argmax: rows, cols; dflash_attention: n_blocks, block, ctx_len (+ d = heads,
-// e = kv_heads, f = head_dim, g = window, anchors).
-struct OpCase {
-  Op op;
-  int a = 0, b = 0, c = 0;
-  bool cuda = true;  // the CUDA backend takes this shape (its fused head_norm_rope: head_dim even ≤ 256)
-  double tau = 1.0;
-  bool with_u = true, trans_a = false, trans_b = false;
-  double beta = 0.0;
-  int d = 0, e = 0, f = 0, g = 0;
-  std::vector<int32_t> anchors = {};
-  std::string describe() const {
-    std::string s = std::string(op_name(op)) + " [" + std::to_string(a) + ", " + std::to_string(b) + ", " +
-                    std::to_string(c) + (d || e ? ", " + std::to_string(d) + ", " + std::to_string(e) : "") +
-                    (f || g ? ", " + std::to_string(f) + ", " + std::to_string(g) : "") + "]";
-    if (op == Op::vocab_loss_rows) s += " tau " + std::to_string(tau) + (with_u ? " with u" : " no u");
-    if (op == Op::gemm) s += std::string(trans_a ? " Aᵀ" : "") + (trans_b ? " Bᵀ" : "") + " beta " + std::to_string(beta);
-    return s;
-  }
-};
-
-// Partial tiles and odd sizes: 1, primes, one past a power of two (the CUDA kernels' 256-thread blocks, 16-byte
-// packs of 4 / 8 elements, 32-key tiles, 64-row dw chunks).
-inline std::vector<OpCase> op_cases() {
-  std::vector<OpCase> c;
-  for (int n : {1, 7, 257, 4099}) c.push_back({Op::residual, n});
-  for (int n : {1, 13, 1031}) c.push_back({Op::swiglu, n});
-  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{7, 33}, std::pair{130, 96}, std::pair{3, 1027}})
-    c.push_back({Op::rmsnorm, rows, dim});
-  for (auto [rows, heads, hd] : {std::array{1, 1, 2}, std::array{5, 3, 8}, std::array{9, 2, 64}, std::array{3, 4, 128}})
-    c.push_back({Op::rope, rows, heads, hd});
-  for (int hd : {1, 5, 9}) c.push_back({Op::rope, 4, 2, hd});  // an odd head_dim's last dim passes through
-  for (auto [rows, heads, hd] : {std::array{1, 1, 2}, std::array{5, 3, 8}, std::array{7, 2, 64}, std::array{3, 2, 256},
-                                 std::array{2, 3, 30}})
-    c.push_back({Op::head_norm_rope, rows, heads, hd});
-  for (int hd : {5, 9}) c.push_back({Op::head_norm_rope, 3, 2, hd, /*cuda=*/false});
-  for (int V : {2, 301, 4099})
-    for (double tau : {1.0, 2.0})
-      for (bool u : {false, true}) {
-        OpCase k{Op::vocab_loss_rows, 6, V};
-        k.tau = tau;
-        k.with_u = u;
-        c.push_back(k);
-      }
-  for (int n : {1, 5, 1025}) c.push_back({Op::adamw, n});
-  for (auto [M, N, K] : {std::array{1, 1, 1}, std::array{7, 5, 3}, std::array{33, 17, 65}, std::array{64, 48, 129}})
-    for (int t = 0; t < 4; ++t) {
-      OpCase k{Op::gemm, M, N, K};
-      k.trans_a = t & 1;
-      k.trans_b = t & 2;
-      k.beta = t == 3 ? 0.5 : 0.0;
-      c.push_back(k);
-    }
-  for (int n : {1, 9, 1029}) c.push_back({Op::accumulate_scale, n});
-  for (int n : {1, 9, 1029}) c.push_back({Op::sigmoid_gate, n});
-  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{5, 33}, std::pair{3, 257}}) {
-    c.push_back({Op::l2norm, rows, dim});
-    c.push_back({Op::gated_rmsnorm, rows, dim});
-  }
-  for (auto [rows, heads] : {std::pair{1, 1}, std::pair{7, 6}, std::pair{33, 32}}) c.push_back({Op::deltanet_gates, rows, heads});
-  for (auto [rows, hd, rot] : {std::array{3, 8, 8}, std::array{5, 64, 16}, std::array{4, 10, 6}, std::array{2, 256, 64}})
-    c.push_back({Op::rope_partial, rows, hd, rot});
-  for (auto [N, in, out] : {std::array{1, 1, 1}, std::array{7, 33, 5}, std::array{65, 48, 17}})
-    c.push_back({Op::linear, N, in, out});
-  // the target's attention: prefill (past 0), a cached chunk, decode steps (n 1: the split-K path on CUDA), GQA
-  // groups 1 to 6, head dims the tensor-core kernels take (64/128/256) and ones they do not (4, 33)
-  for (auto [n, past, qh, kvh, D] :
-       {std::array{100, 0, 8, 2, 128}, std::array{1, 300, 6, 1, 256}, std::array{17, 70, 3, 3, 33},
-        std::array{1, 0, 2, 1, 4}, std::array{5, 37, 4, 2, 64}}) {
-    OpCase k{Op::cached_attention, n, past, qh};
-    k.d = kvh, k.e = D;
-    c.push_back(k);
-  }
-  // the prefill entry point of the same attention (keys = the S rows themselves)
-  for (auto [S, qh, kvh, D] : {std::array{1, 2, 1, 4}, std::array{100, 8, 2, 128}, std::array{65, 3, 3, 33}}) {
-    OpCase k{Op::causal_attention, S, 0, qh};
-    k.d = kvh, k.e = D;
-    c.push_back(k);
-  }
-  for (auto [S, C, K] : {std::array{1, 1, 1}, std::array{9, 33, 4}, std::array{66, 300, 4}, std::array{5, 7, 2}})
-    c.push_back({Op::causal_conv1d, S, C, K});
-  // the delta rule: value heads over key heads (groups 1 to 3), dv not a multiple of 32, S across chunk sizes
-  for (auto [S, kh, vh, dk, dv] : {std::array{70, 2, 6, 128, 80}, std::array{3, 1, 3, 256, 32},
-                                   std::array{1, 4, 4, 16, 7}, std::array{65, 1, 1, 33, 5}}) {
-    OpCase k{Op::delta_rule, S, kh, vh};
-    k.d = dk, k.e = dv;
-    c.push_back(k);
-  }
-  for (auto [rows, cols] : {std::pair{1, 1}, std::pair{7, 257}, std::pair{6, 49664}})
-    c.push_back({Op::argmax, rows, cols});
-  // the drafter's attention {n_blocks, block, ctx_len, heads, kv_heads, head_dim, window} + anchors: full
-  // (bidirectional block) and sliding (causal block) layers, GQA 1 to 6, anchors at 0 and at S and unsorted,
-  // ragged head dims (CUDA cores) and 64/128/256 (bf16: the tensor-core kernels), partial key tiles and warps
-  struct Dflash {
-    std::array<int, 7> s;
-    std::vector<int32_t> anchors;
-  };
-  for (const Dflash& x : {Dflash{{4, 3, 9, 4, 2, 4, 0}, {0, 4, 5, 9}}, Dflash{{4, 3, 9, 4, 2, 4, 4}, {0, 4, 5, 9}},
-                          Dflash{{3, 4, 8, 2, 1, 5, 1}, {2, 7, 1}},
-                          Dflash{{3, 16, 130, 8, 2, 128, 0}, {0, 129, 130}},
-                          Dflash{{3, 16, 130, 8, 2, 128, 40}, {1, 70, 130}},
-                          Dflash{{3, 7, 77, 6, 3, 33, 0}, {76, 13, 40}}, Dflash{{3, 16, 130, 2, 2, 64, 0}, {130, 64, 65}},
-                          Dflash{{3, 8, 100, 12, 2, 64, 20}, {0, 50, 100}}, Dflash{{3, 7, 77, 8, 2, 64, 16}, {76, 13, 40}},
-                          Dflash{{2, 32, 100, 4, 1, 256, 0}, {40, 100}}}) {
-    OpCase k{Op::dflash_attention, x.s[0], x.s[1], x.s[2]};
-    k.d = x.s[3], k.e = x.s[4], k.f = x.s[5], k.g = x.s[6];
-    k.anchors = x.anchors;
-    c.push_back(k);
-  }
-  return c;
-}
-
-// ---- the ops: each runs one case on a backend, computes the double reference and the bounds ----
+// ---- the harness: what a case checks with, the case interface ----
+// What eval() runs on and records into: the backend, the unit roundoffs of its compute and storage types, and the
+// worst |got − ref| / bound of every output the case checks.
 template <typename T>
-struct Runner {
-  using A = acc_t<T>;
+struct Check {
   Backend<T>& be;
   static constexpr double uc = std::is_same_v<T, double> ? 0x1.0p-53 : 0x1.0p-24;  // compute
   static constexpr double us = unit<T>();                                           // T storage
@@ -310,23 +155,104 @@ struct Runner {
   void check(const std::string& what, const Vec& got, const Vec& ref, const Vec& bound) {
     results.push_back({what, compare(got, ref, bound)});
   }
+};
 
-  // out = a + b: one operation, M = |a| + |b|.
-  void residual(const OpCase& k) {
-    const size_t n = size_t(k.a);
+// One op case. Case<D> below turns a struct's eval<T>() and supported_by<T>() into these.
+struct OpCase {
+  virtual ~OpCase() = default;
+  virtual const char* op() const = 0;    // the op, as the summary names it: "rmsnorm forward and backward"
+  virtual std::string vars() const = 0;  // the case's shape: "rows 7, dim 33"
+  virtual bool supported(const Backend<float>& be) const = 0;
+  virtual bool supported(const Backend<double>& be) const = 0;
+  virtual bool supported(const Backend<bf16>& be) const = 0;
+  virtual void run(Check<float>& chk) const = 0;
+  virtual void run(Check<double>& chk) const = 0;
+  virtual void run(Check<bf16>& chk) const = 0;
+};
+
+template <typename D>
+struct Case : OpCase {
+  // every backend runs every shape of an op unless the case asks the backend (its own supported_by)
+  template <typename T>
+  bool supported_by(const Backend<T>&) const { return true; }
+  bool supported(const Backend<float>& be) const override { return self().supported_by(be); }
+  bool supported(const Backend<double>& be) const override { return self().supported_by(be); }
+  bool supported(const Backend<bf16>& be) const override { return self().supported_by(be); }
+  void run(Check<float>& chk) const override { self().eval(chk); }
+  void run(Check<double>& chk) const override { self().eval(chk); }
+  void run(Check<bf16>& chk) const override { self().eval(chk); }
+
+ private:
+  const D& self() const { return static_cast<const D&>(*this); }
+};
+
+// ---- what several cases share ----
+// Rotate-half at angle pos·θ^(−2i/D): y_a = a c − b s, y_b = b c + a s with c, s rounded to fp32 once (1 each)
+// and two products and a sum (3): n = 4 on M = |a c| + |b s|; an odd head_dim's last dim passes through (n = 0).
+// Backward (+=) rotates by −angle: one more operation for the accumulation, M += |init|.
+inline void rope_ref(const Vec& x, const Vec& init, const std::vector<int32_t>& pos, int rows, int heads, int D,
+                     double theta, double sign, Vec& ref, Vec& mag) {
+  const int half = D / 2;
+  ref = init, mag.assign(x.size(), 0);
+  for (size_t i = 0; i < x.size(); ++i) mag[i] = std::fabs(init[i]);
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < heads; ++h) {
+      const size_t base = (size_t(r) * heads + h) * D;
+      for (int i = 0; i < half; ++i) {
+        const double ang = double(pos[size_t(r)]) * std::pow(theta, -2.0 * i / D), c = std::cos(ang),
+                     s = sign * std::sin(ang);
+        const double a = x[base + i], b = x[base + i + half];
+        ref[base + i] += a * c - b * s, ref[base + i + half] += b * c + a * s;
+        mag[base + i] += std::fabs(a * c) + std::fabs(b * s), mag[base + i + half] += std::fabs(b * c) + std::fabs(a * s);
+      }
+      if (D % 2) ref[base + D - 1] += x[base + D - 1], mag[base + D - 1] += std::fabs(x[base + D - 1]);
+    }
+}
+inline std::vector<int32_t> positions(int rows) {
+  std::vector<int32_t> p(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) p[size_t(r)] = int32_t((r * 7919) % 40961);  // up to 4e4: long-context angles
+  return p;
+}
+template <typename T>
+DevArray<int32_t> upload_pos(Backend<T>& be, const std::vector<int32_t>& p) {
+  Vec v(p.begin(), p.end());
+  return DevArray<int32_t>(be, v);
+}
+
+// ---- the op cases ----
+// out = a + b: one operation, M = |a| + |b|.
+struct Residual : Case<Residual> {
+  int elements;
+  explicit Residual(int elements_) : elements(elements_) {}
+  const char* op() const override { return "residual_forward"; }
+  std::string vars() const override { return fmt::format("n {}", elements); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const size_t n = size_t(elements);
     DevArray<T> a(be, randn(n, 1)), b(be, randn(n, 2)), out(be, Vec(n));
     be.residual_forward(be.context(), out.p(), a.p(), b.p(), n);
     Vec ref(n), mag(n);
     for (size_t i = 0; i < n; ++i) ref[i] = a.host[i] + b.host[i], mag[i] = std::fabs(a.host[i]) + std::fabs(b.host[i]);
-    check("out", out.get(be), ref, bounds(ref, mag, 1, uc, us));
+    chk.check("out", out.get(be), ref, bounds(ref, mag, 1, uc, us));
   }
+};
 
-  // h = g σ(g) u: exp (2), 1 + e, the division, two products: 6 operations on M = |h| (σ = 1/(1 + e^−g) has at
-  // most the relative error of e^−g plus its own two). Backward dgate (+=) dh·u·σ(1 + g(1 − σ)): 1 − σ has an
-  // absolute error of about 6 u_c when σ → 1, which g multiplies: M = |init| + |dh u σ| (1 + |g|(1 − σ))(1 + |g|)
-  // bounds it, n = 10 (σ's 6, the sum, the products); dup (+=) dh·g·σ: the same n on |init| + |dh g σ|(1 + |g|).
-  void swiglu(const OpCase& k) {
-    const size_t n = size_t(k.a);
+// h = g σ(g) u: exp (2), 1 + e, the division, two products: 6 operations on M = |h| (σ = 1/(1 + e^−g) has at
+// most the relative error of e^−g plus its own two). Backward dgate (+=) dh·u·σ(1 + g(1 − σ)): 1 − σ has an
+// absolute error of about 6 u_c when σ → 1, which g multiplies: M = |init| + |dh u σ| (1 + |g|(1 − σ))(1 + |g|)
+// bounds it, n = 10 (σ's 6, the sum, the products); dup (+=) dh·g·σ: the same n on |init| + |dh g σ|(1 + |g|).
+struct Swiglu : Case<Swiglu> {
+  int elements;
+  explicit Swiglu(int elements_) : elements(elements_) {}
+  const char* op() const override { return "swiglu forward and backward"; }
+  std::string vars() const override { return fmt::format("n {}", elements); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const size_t n = size_t(elements);
     DevArray<T> g(be, randn(n, 3, 3.0)), u(be, randn(n, 4)), dh(be, randn(n, 5)), h(be, Vec(n));
     const Vec init_g = randn(n, 6), init_u = randn(n, 7);
     DevArray<T> dg(be, init_g), du(be, init_u);
@@ -342,19 +268,29 @@ struct Runner {
       ru[i] = du.host[i] + dh.host[i] * x * s;
       mu[i] = std::fabs(du.host[i]) + std::fabs(dh.host[i] * x * s) * cond;
     }
-    check("h", h.get(be), rh, bounds(rh, mh, 6, uc, us));
-    check("dgate", dg.get(be), rg, bounds(rg, mg, 10, uc, us));
-    check("dup", du.get(be), ru, bounds(ru, mu, 10, uc, us));
+    chk.check("h", h.get(be), rh, bounds(rh, mh, 6, uc, us));
+    chk.check("dgate", dg.get(be), rg, bounds(rg, mg, 10, uc, us));
+    chk.check("dup", du.get(be), ru, bounds(ru, mu, 10, uc, us));
   }
+};
 
-  // rstd = 1/sqrt(Σx²/d + ε): the sum of d squares (d + 1), the division, +ε, sqrt (2), the reciprocal: n = d + 6
-  // relative to rstd (Σx² is a sum of positive terms: its relative error is its absolute error over itself), of
-  // which sqrt halves the sum's part. y = x·rstd·w: 2 more on M = |y|. Backward, with g = dy·w, n̂ = x·rstd:
-  // dx (+=) rstd (g − n̂ · mean(g n̂)): the dot of d terms (d + 3 operations) and the rest (5) on
-  // M = |init| + rstd (|g| + |n̂| mean|g n̂|); dw (+=) Σ_rows dy x rstd: rows + 3 on M = |init| + Σ|dy x rstd|. rstd is
-  // the input the backend's forward stored (in A), the reference reads the same rounded value.
-  void rmsnorm(const OpCase& k) {
-    const int rows = k.a, dim = k.b;
+// rstd = 1/sqrt(Σx²/d + ε): the sum of d squares (d + 1), the division, +ε, sqrt (2), the reciprocal: n = d + 6
+// relative to rstd (Σx² is a sum of positive terms: its relative error is its absolute error over itself), of
+// which sqrt halves the sum's part. y = x·rstd·w: 2 more on M = |y|. Backward, with g = dy·w, n̂ = x·rstd:
+// dx (+=) rstd (g − n̂ · mean(g n̂)): the dot of d terms (d + 3 operations) and the rest (5) on
+// M = |init| + rstd (|g| + |n̂| mean|g n̂|); dw (+=) Σ_rows dy x rstd: rows + 3 on M = |init| + Σ|dy x rstd|. rstd is
+// the input the backend's forward stored (in A), the reference reads the same rounded value.
+struct Rmsnorm : Case<Rmsnorm> {
+  int rows;
+  int dim;
+  Rmsnorm(int rows_, int dim_) : rows(rows_), dim(dim_) {}
+  const char* op() const override { return "rmsnorm forward and backward"; }
+  std::string vars() const override { return fmt::format("rows {}, dim {}", rows, dim); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
     const size_t n = size_t(rows) * dim;
     const double eps = 1e-6;
     DevArray<T> x(be, randn(n, 8)), w(be, randn(size_t(dim), 9, 0.5, 1.0)), y(be, Vec(n)), dy(be, randn(n, 10));
@@ -372,8 +308,8 @@ struct Runner {
         ry[o] = x.host[o] * rr[size_t(r)] * w.host[size_t(i)], my[o] = std::fabs(ry[o]);
       }
     }
-    check("rstd", rstd_got, rr, bounds(rr, mr, dim / 2.0 + 6, uc, uc));
-    check("y", y.get(be), ry, bounds(ry, my, dim / 2.0 + 8, uc, us));
+    chk.check("rstd", rstd_got, rr, bounds(rr, mr, dim / 2.0 + 6, uc, uc));
+    chk.check("y", y.get(be), ry, bounds(ry, my, dim / 2.0 + 8, uc, us));
 
     be.rmsnorm_backward(be.context(), dx.p(), dw.p(), dy.p(), x.p(), w.p(), rstd.p(), rows, dim);
     Vec rdx(n), mdx(n), rdw(static_cast<size_t>(dim)), mdw(static_cast<size_t>(dim));
@@ -395,66 +331,74 @@ struct Runner {
         mdw[size_t(i)] += std::fabs(dy.host[o] * x.host[o] * s);
       }
     }
-    check("dx", dx.get(be), rdx, bounds(rdx, mdx, dim + 8, uc, us));
-    check("dw", dw.get(be), rdw, bounds(rdw, mdw, rows + 3, uc, uc));
+    chk.check("dx", dx.get(be), rdx, bounds(rdx, mdx, dim + 8, uc, us));
+    chk.check("dw", dw.get(be), rdw, bounds(rdw, mdw, rows + 3, uc, uc));
+    // y may alias x: in place, the same bits; dw is deterministic: the backward again gives the same bits
+    DevArray<T> xa(be, x.host), dx2(be, dx.host);
+    DevArray<A> rstd2(be, Vec(static_cast<size_t>(rows))), dw2(be, dw.host);
+    be.rmsnorm_forward(be.context(), xa.p(), rstd2.p(), xa.p(), w.p(), rows, dim, eps);
+    chk.check("y aliasing x", xa.get(be), y.get(be), exact(n));
+    be.rmsnorm_backward(be.context(), dx2.p(), dw2.p(), dy.p(), x.p(), w.p(), rstd.p(), rows, dim);
+    chk.check("dw run to run", dw2.get(be), dw.get(be), exact(size_t(dim)));
   }
+};
 
-  // Rotate-half at angle pos·θ^(−2i/D): y_a = a c − b s, y_b = b c + a s with c, s rounded to fp32 once (1 each)
-  // and two products and a sum (3): n = 4 on M = |a c| + |b s|; an odd head_dim's last dim passes through (n = 0).
-  // Backward (+=) rotates by −angle: one more operation for the accumulation, M += |init|.
-  static void rope_ref(const Vec& x, const Vec& init, const std::vector<int32_t>& pos, int rows, int heads, int D,
-                       double theta, double sign, Vec& ref, Vec& mag) {
-    const int half = D / 2;
-    ref = init, mag.assign(x.size(), 0);
-    for (size_t i = 0; i < x.size(); ++i) mag[i] = std::fabs(init[i]);
-    for (int r = 0; r < rows; ++r)
-      for (int h = 0; h < heads; ++h) {
-        const size_t base = (size_t(r) * heads + h) * D;
-        for (int i = 0; i < half; ++i) {
-          const double ang = double(pos[size_t(r)]) * std::pow(theta, -2.0 * i / D), c = std::cos(ang),
-                       s = sign * std::sin(ang);
-          const double a = x[base + i], b = x[base + i + half];
-          ref[base + i] += a * c - b * s, ref[base + i + half] += b * c + a * s;
-          mag[base + i] += std::fabs(a * c) + std::fabs(b * s), mag[base + i + half] += std::fabs(b * c) + std::fabs(a * s);
-        }
-        if (D % 2) ref[base + D - 1] += x[base + D - 1], mag[base + D - 1] += std::fabs(x[base + D - 1]);
-      }
-  }
-  static std::vector<int32_t> positions(int rows) {
-    std::vector<int32_t> p(static_cast<size_t>(rows));
-    for (int r = 0; r < rows; ++r) p[size_t(r)] = int32_t((r * 7919) % 40961);  // up to 4e4: long-context angles
-    return p;
-  }
-  DevArray<int32_t> upload_pos(const std::vector<int32_t>& p) {
-    Vec v(p.begin(), p.end());
-    return DevArray<int32_t>(be, v);
-  }
 
-  void rope(const OpCase& k) {
-    const int rows = k.a, heads = k.b, D = k.c;
+struct Rope : Case<Rope> {
+  int rows;
+  int heads;
+  int head_dim;
+  Rope(int rows_, int heads_, int head_dim_) : rows(rows_), heads(heads_), head_dim(head_dim_) {}
+  const char* op() const override { return "rope forward and backward"; }
+  std::string vars() const override { return fmt::format("rows {}, heads {}, head_dim {}", rows, heads, head_dim); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const int D = head_dim;
     const size_t n = size_t(rows) * heads * D;
     const double theta = 1e6;
     const auto pos = positions(rows);
-    DevArray<int32_t> dpos = upload_pos(pos);
+    DevArray<int32_t> dpos = upload_pos(be, pos);
     DevArray<T> x(be, randn(n, 13)), y(be, Vec(n, std::numeric_limits<double>::quiet_NaN())), dx(be, randn(n, 14));
     be.rope_forward(be.context(), y.p(), x.p(), dpos.p(), rows, heads, D, theta);
     Vec ref, mag;
     rope_ref(x.host, Vec(n), pos, rows, heads, D, theta, +1, ref, mag);
-    check("y", y.get(be), ref, bounds(ref, mag, 4, uc, us));
+    chk.check("y", y.get(be), ref, bounds(ref, mag, 4, uc, us));
+    DevArray<T> xa(be, x.host);  // y may alias x: in place, the same bits
+    be.rope_forward(be.context(), xa.p(), xa.p(), dpos.p(), rows, heads, D, theta);
+    chk.check("y aliasing x", xa.get(be), y.get(be), exact(n));
     be.rope_backward(be.context(), dx.p(), x.p(), dpos.p(), rows, heads, D, theta);
     rope_ref(x.host, dx.host, pos, rows, heads, D, theta, -1, ref, mag);
-    check("dx", dx.get(be), ref, bounds(ref, mag, 5, uc, us));
+    chk.check("dx", dx.get(be), ref, bounds(ref, mag, 5, uc, us));
   }
+};
 
-  // The fused per-head RMSNorm + RoPE: rmsnorm's forward (d/2 + 8) then the rotation (4) on the normed values
-  // (M from the rotation of n̂ w); backward: the rotation back (4) then rmsnorm's backward (d + 8), M as rmsnorm's
-  // with g = Rᵀ dy, |g| bounded by the rotation's M.
-  void head_norm_rope(const OpCase& k) {
-    const int rows = k.a, heads = k.b, D = k.c, nr = rows * heads;
+// The fused per-head RMSNorm + RoPE: rmsnorm's forward (d/2 + 8) then the rotation (4) on the normed values
+// (M from the rotation of n̂ w); backward: the rotation back (4) then rmsnorm's backward (d + 8), M as rmsnorm's
+// with g = Rᵀ dy, |g| bounded by the rotation's M.
+struct HeadNormRope : Case<HeadNormRope> {
+  int rows;
+  int heads;
+  int head_dim;
+  HeadNormRope(int rows_, int heads_, int head_dim_) : rows(rows_), heads(heads_), head_dim(head_dim_) {}
+  const char* op() const override { return "head_norm_rope forward and backward"; }
+  std::string vars() const override { return fmt::format("rows {}, heads {}, head_dim {}", rows, heads, head_dim); }
+  // the CUDA backend's fused kernel takes an even head_dim up to 256 (Backend::supports says so)
+  template <typename T>
+  bool supported_by(const Backend<T>& be) const {
+    return be.supports(kernels::Feature::head_norm_rope, head_dim);
+  }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const int D = head_dim, nr = rows * heads;
     const size_t n = size_t(nr) * D;
     const double eps = 1e-6, theta = 1e4;
     const auto pos = positions(rows);
-    DevArray<int32_t> dpos = upload_pos(pos);
+    DevArray<int32_t> dpos = upload_pos(be, pos);
     DevArray<T> x(be, randn(n, 15, 2.0)), w(be, randn(size_t(D), 16, 0.5, 1.0)), y(be, Vec(n)), dy(be, randn(n, 17));
     DevArray<T> dx(be, randn(n, 18));
     DevArray<A> rstd(be, Vec(static_cast<size_t>(nr))), dw(be, randn(size_t(D), 19));
@@ -469,10 +413,10 @@ struct Runner {
       for (int i = 0; i < D; ++i) normed[size_t(q) * D + i] = x.host[size_t(q) * D + i] * rr[size_t(q)] * w.host[size_t(i)];
       head_pos[size_t(q)] = pos[size_t(q / heads)];
     }
-    check("rstd", rstd_got, rr, bounds(rr, rr, D / 2.0 + 6, uc, uc));
+    chk.check("rstd", rstd_got, rr, bounds(rr, rr, D / 2.0 + 6, uc, uc));
     Vec ry, my;
     rope_ref(normed, Vec(n), head_pos, nr, 1, D, theta, +1, ry, my);
-    check("y", y.get(be), ry, bounds(ry, my, D / 2.0 + 12, uc, us));
+    chk.check("y", y.get(be), ry, bounds(ry, my, D / 2.0 + 12, uc, us));
 
     be.head_norm_rope_backward(be.context(), dx.p(), dw.p(), dy.p(), x.p(), w.p(), rstd.p(), dpos.p(), rows, heads, D,
                                theta);
@@ -497,26 +441,50 @@ struct Runner {
         mdw[size_t(i)] += mg[o] * std::fabs(x.host[o] * s);
       }
     }
-    check("dx", dx.get(be), rdx, bounds(rdx, mdx, D + 12, uc, us));
-    check("dw", dw.get(be), rdw, bounds(rdw, mdw, nr + 7, uc, uc));
+    chk.check("dx", dx.get(be), rdx, bounds(rdx, mdx, D + 12, uc, us));
+    chk.check("dw", dw.get(be), rdw, bounds(rdw, mdw, nr + 7, uc, uc));
+    // y may alias x; dw is deterministic; a null dw leaves dx as it was with one
+    DevArray<T> xa(be, x.host), dx2(be, dx.host), dx3(be, dx.host);
+    DevArray<A> rstd2(be, Vec(static_cast<size_t>(nr))), dw2(be, dw.host);
+    be.head_norm_rope_forward(be.context(), xa.p(), rstd2.p(), xa.p(), w.p(), dpos.p(), rows, heads, D, eps, theta);
+    chk.check("y aliasing x", xa.get(be), y.get(be), exact(n));
+    be.head_norm_rope_backward(be.context(), dx2.p(), dw2.p(), dy.p(), x.p(), w.p(), rstd.p(), dpos.p(), rows, heads,
+                               D, theta);
+    chk.check("dw run to run", dw2.get(be), dw.get(be), exact(size_t(D)));
+    be.head_norm_rope_backward(be.context(), dx3.p(), nullptr, dy.p(), x.p(), w.p(), rstd.p(), dpos.p(), rows, heads,
+                               D, theta);
+    chk.check("dx without dw", dx3.get(be), dx.get(be), exact(n));
   }
+};
 
-  // The vocab loss rows (kernels/math/loss_rows.h). Statistics and values are doubles formed from fp32 exponentials
-  // summed in double. With R the row's logit range (max − min of z and of u) and τ: each exponential's argument is
-  // ≤ 3 fp32 operations on values ≤ R/τ (absolute error 3 u_c R/τ) and the exp is within 4 u_c, so every term of a
-  // sum has relative error ε = u_c (4 + 3 R max(1, 1/τ)); a log of a sum of such terms is within ε (absolute).
-  // CE = log-sum + (z_max − z_y): ε. CAP, a difference of two log-sums: 2ε. KL = τ acc/su − τ² (log su − log szτ):
-  // acc/su is a mean of d_v = (u_v − u_max) − (z_v − z_max) (|d| ≤ 2R, 3 fp32 operations) under weights with
-  // relative error ε: within 4 R ε + 6 u_c R; so KL within τ (4 R ε + 6 u_c R) + 2 τ² ε. Doubled.
-  // The gradient: each element is Σ_j a_j e_j (p, p_τ, q_τ, the CAP term) with the statistics rounded to fp32
-  // (log-sums ≤ L in magnitude: argument error u_c (3 R max(1, 1/τ) + 2 L)) and carrying their own ε; the exp 4 u_c,
-  // a_j's rounding u_c, three adds: relative u_c (8 + 3R max(1, 1/τ) + 2L) + ε on M = Σ|a_j e_j| (+ |c λ_ce| at the
-  // label, whose value comes from 1 − p_y), stored in T: + u_s |y|. Doubled.
-  void vocab_loss_rows(const OpCase& k) {
-    const int rows = k.a, V = k.b;
+// The vocab loss rows (kernels/math/loss_rows.h). Statistics and values are doubles formed from fp32 exponentials
+// summed in double. With R the row's logit range (max − min of z and of u) and τ: each exponential's argument is
+// ≤ 3 fp32 operations on values ≤ R/τ (absolute error 3 u_c R/τ) and the exp is within 4 u_c, so every term of a
+// sum has relative error ε = u_c (4 + 3 R max(1, 1/τ)); a log of a sum of such terms is within ε (absolute).
+// CE = log-sum + (z_max − z_y): ε. CAP, a difference of two log-sums: 2ε. KL = τ acc/su − τ² (log su − log szτ):
+// acc/su is a mean of d_v = (u_v − u_max) − (z_v − z_max) (|d| ≤ 2R, 3 fp32 operations) under weights with
+// relative error ε: within 4 R ε + 6 u_c R; so KL within τ (4 R ε + 6 u_c R) + 2 τ² ε. Doubled.
+// The gradient: each element is Σ_j a_j e_j (p, p_τ, q_τ, the CAP term) with the statistics rounded to fp32
+// (log-sums ≤ L in magnitude: argument error u_c (3 R max(1, 1/τ) + 2 L)) and carrying their own ε; the exp 4 u_c,
+// a_j's rounding u_c, three adds: relative u_c (8 + 3R max(1, 1/τ) + 2L) + ε on M = Σ|a_j e_j| (+ |c λ_ce| at the
+// label, whose value comes from 1 − p_y), stored in T: + u_s |y|. Doubled.
+struct VocabLossRows : Case<VocabLossRows> {
+  int rows;
+  int V;
+  double tau;
+  bool with_u;
+  VocabLossRows(int rows_, int V_, double tau_, bool with_u_) : rows(rows_), V(V_), tau(tau_), with_u(with_u_) {}
+  const char* op() const override { return "vocab_loss row_stats and row_grad"; }
+  std::string vars() const override {
+    return fmt::format("rows {}, V {}, tau {}, {}", rows, V, tau, with_u ? "with u" : "no u");
+  }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
     const size_t n = size_t(rows) * V;
-    const double tau = k.tau;
-    const kernels::VocabLossCoeffs coeffs{0.8, k.with_u ? 0.6 : 0.0, 0.3, tau};
+    const kernels::VocabLossCoeffs coeffs{0.8, with_u ? 0.6 : 0.0, 0.3, tau};
     Vec z0 = randn(n, 20, 3.0), u0 = randn(n, 21, 3.0);
     std::vector<int32_t> labels(static_cast<size_t>(rows));
     Vec weights(static_cast<size_t>(rows));
@@ -540,7 +508,7 @@ struct Runner {
     DevArray<A> dw(be, weights);
     Buffer rows_buf(be.memory(), sizeof(kernels::VocabLossRow) * size_t(rows));
     Buffer vals_buf(be.memory(), sizeof(kernels::VocabLossRowValues) * size_t(rows));
-    const T* up = k.with_u ? du.p() : nullptr;
+    const T* up = with_u ? du.p() : nullptr;
     be.vocab_loss_row_stats(be.context(), dz.p(), up, rows, V, dl.p(), dw.p(), tau, 5,
                             rows_buf.as<kernels::VocabLossRow>(), vals_buf.as<kernels::VocabLossRowValues>());
     std::vector<kernels::VocabLossRowValues> vals(static_cast<size_t>(rows));
@@ -576,13 +544,13 @@ struct Runner {
       const double Lx = m != y && V > 1 ? lse(zr, 1, m) : 0;
       const double ce = L - zr[y], cap = m != y ? L - Lx : 0;
       double kl = 0;
-      if (k.with_u)
+      if (with_u)
         for (int v = 0; v < V; ++v) {
           const double q = std::exp(ur[v] / tau - Lu);
           kl += q * ((ur[v] / tau - Lu) - (zr[v] / tau - Lt));
         }
       kl *= tau * tau;
-      const double R = std::max(zmax - zmin, k.with_u ? umax - umin : 0.0), rt = R * std::max(1.0, 1 / tau);
+      const double R = std::max(zmax - zmin, with_u ? umax - umin : 0.0), rt = R * std::max(1.0, 1 / tau);
       const double eps = uc * (4 + 3 * rt);
       const auto& gv = vals[size_t(r)];
       CHECK(gv.scored == 1);
@@ -603,7 +571,7 @@ struct Runner {
       for (int v = 0; v < V; ++v) {
         const double p = std::exp(zr[v] - L);
         double d = c * coeffs.ce * (p - (v == y)), M = std::fabs(c * coeffs.ce * p) + (v == y ? std::fabs(c * coeffs.ce) : 0);
-        if (k.with_u) {
+        if (with_u) {
           const double pt = std::exp(zr[v] / tau - Lt), qt = std::exp(ur[v] / tau - Lu);
           d += c * coeffs.kl * tau * (pt - qt);
           M += std::fabs(c * coeffs.kl * tau) * (pt + qt);
@@ -617,16 +585,25 @@ struct Runner {
         bg[size_t(r) * V + v] = 2 * (rel * M + us * std::fabs(d));
       }
     }
-    check("ce, cap, kl", got_v, ref_v, bnd_v);
-    check("d logits", grad, rg, bg);
+    chk.check("ce, cap, kl", got_v, ref_v, bnd_v);
+    chk.check("d logits", grad, rg, bg);
   }
+};
 
-  // AdamW on fp32 master weights (whatever T is): m' = β1 m + (1 − β1) g and v' = β2 v + (1 − β2) g²: 3 and 4
-  // operations on M = |β1 m| + |(1 − β1) g| (resp. for v); p' = p − λ p − s m' / (√v' c + ε): the update's
-  // quotient carries m' (3), √v' (4/2 + 2), the product, the sum and the division: 10 relative to |update|, the
-  // decay 2 relative to |λ p|, and the two subtractions 2 relative to |p'|. Stored in fp32.
-  void adamw(const OpCase& k) {
-    const size_t n = size_t(k.a);
+// AdamW on fp32 master weights (whatever T is): m' = β1 m + (1 − β1) g and v' = β2 v + (1 − β2) g²: 3 and 4
+// operations on M = |β1 m| + |(1 − β1) g| (resp. for v); p' = p − λ p − s m' / (√v' c + ε): the update carries the
+// error of m' (3 on its M, scaled by s / (√v' c + ε): m' may cancel to near 0) and its own √v' (4/2 + 2), product, sum
+// and division (7 relative to |update|), the decay 2 relative to |λ p|, and the two subtractions one each, relative
+// to their results |p − λ p| and |p'| (p' too may cancel). Stored in fp32.
+struct AdamW : Case<AdamW> {
+  int elements;
+  explicit AdamW(int elements_) : elements(elements_) {}
+  const char* op() const override { return "adamw_step"; }
+  std::string vars() const override { return fmt::format("n {}", elements); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const size_t n = size_t(elements);
     const double u32 = 0x1.0p-24;
     Vec v0 = randn(n, 25, 0.1);
     for (auto& x : v0) x = x * x;
@@ -646,68 +623,114 @@ struct Runner {
       rm[i] = b1 * m.host[i] + ob1 * gi, mm[i] = std::fabs(b1 * m.host[i]) + std::fabs(ob1 * gi);
       rv[i] = b2 * v.host[i] + ob2 * gi * gi, mv[i] = std::fabs(b2 * v.host[i]) + std::fabs(ob2 * gi * gi);
       const double decay = mask[i] != 0 ? double(c.decay) * p.host[i] : 0.0;
-      const double upd = double(c.step_size) * rm[i] / (std::sqrt(rv[i]) * double(c.inv_sqrt_bc2) + double(c.eps));
+      const double step = double(c.step_size) / (std::sqrt(rv[i]) * double(c.inv_sqrt_bc2) + double(c.eps));
+      const double upd = step * rm[i];
       rp[i] = p.host[i] - decay - upd;
-      mp[i] = 10 * std::fabs(upd) + 2 * std::fabs(decay) + 2 * std::fabs(rp[i]);
+      mp[i] = 7 * std::fabs(upd) + 3 * step * mm[i] + 2 * std::fabs(decay) + std::fabs(p.host[i] - decay) +
+              std::fabs(rp[i]);
     }
-    check("m", m.get(be), rm, bounds(rm, mm, 3, u32, u32));
-    check("v", v.get(be), rv, bounds(rv, mv, 4, u32, u32));
-    check("params", p.get(be), rp, bounds(rp, mp, 1, u32, u32));
+    chk.check("m", m.get(be), rm, bounds(rm, mm, 3, u32, u32));
+    chk.check("v", v.get(be), rv, bounds(rv, mv, 4, u32, u32));
+    chk.check("params", p.get(be), rp, bounds(rp, mp, 1, u32, u32));
   }
+};
 
-  // C = α op(A) op(B) + β C: a K-term dot (K operations, any order), α, β and the sum (3) on
-  // M = |α| Σ|a||b| + |β c|, stored in T.
-  void gemm(const OpCase& k) {
-    const int M = k.a, N = k.b, K = k.c;
-    const double alpha = 0.75, beta = k.beta;
-    const int lda = k.trans_a ? M : K, ldb = k.trans_b ? K : N, ldc = N;
-    DevArray<T> a(be, randn(size_t(M) * K, 27)), b(be, randn(size_t(K) * N, 28)), c(be, randn(size_t(M) * N, 29));
-    be.gemm(be.context(), k.trans_a, k.trans_b, M, N, K, alpha, a.p(), lda, b.p(), ldb, beta, c.p(), ldc);
-    Vec ref(size_t(M) * N), mag(size_t(M) * N);
+// C = α op(A) op(B) + β C: a K-term dot (K operations, any order), α, β and the sum (3) on
+// M = |α| Σ|a||b| + |β c|, stored in T. K = 0 leaves β C.
+struct Gemm : Case<Gemm> {
+  int M, N, K;
+  bool trans_a, trans_b;
+  double alpha, beta;
+  bool padded;  // rows of A, B, C padded by 3, 1, 2 elements: the strides are honoured and the padding untouched
+  Gemm(int M_, int N_, int K_, bool trans_a_, bool trans_b_, double alpha_, double beta_, bool padded_)
+      : M(M_), N(N_), K(K_), trans_a(trans_a_), trans_b(trans_b_), alpha(alpha_), beta(beta_), padded(padded_) {}
+  const char* op() const override { return "gemm"; }
+  std::string vars() const override {
+    return fmt::format("M {}, N {}, K {}{}{}, alpha {}, beta {}{}", M, N, K, trans_a ? ", Aᵀ" : "", trans_b ? ", Bᵀ" : "",
+                       alpha, beta, padded ? ", padded rows" : "");
+  }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const int a_rows = trans_a ? K : M, b_rows = trans_b ? N : K;
+    const int lda = (trans_a ? M : K) + (padded ? 3 : 0), ldb = (trans_b ? K : N) + (padded ? 1 : 0),
+              ldc = N + (padded ? 2 : 0);
+    DevArray<T> a(be, randn(size_t(a_rows) * lda, 27)), b(be, randn(size_t(b_rows) * ldb, 28)),
+        c(be, randn(size_t(M) * ldc, 29));
+    be.gemm(be.context(), trans_a, trans_b, M, N, K, alpha, a.p(), lda, b.p(), ldb, beta, c.p(), ldc);
+    Vec ref = c.host, mag(ref.size());  // the padding keeps its values (bound 0)
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
         double s = 0, sa = 0;
         for (int t = 0; t < K; ++t) {
-          const double av = k.trans_a ? a.host[size_t(t) * lda + i] : a.host[size_t(i) * lda + t];
-          const double bv = k.trans_b ? b.host[size_t(j) * ldb + t] : b.host[size_t(t) * ldb + j];
+          const double av = trans_a ? a.host[size_t(t) * lda + i] : a.host[size_t(i) * lda + t];
+          const double bv = trans_b ? b.host[size_t(j) * ldb + t] : b.host[size_t(t) * ldb + j];
           s += av * bv, sa += std::fabs(av * bv);
         }
         const size_t o = size_t(i) * ldc + j;
         ref[o] = alpha * s + (beta != 0 ? beta * c.host[o] : 0.0);
         mag[o] = std::fabs(alpha) * sa + std::fabs(beta * c.host[o]);
       }
-    check("C", c.get(be), ref, bounds(ref, mag, K + 3, uc, us));
+    chk.check("C", c.get(be), ref, bounds(ref, mag, K + 3, uc, us));
   }
+};
 
-  // y (+=) x: 1 operation on |y| + |x|; then x (=) x · s: s rounded to the compute type and the product, 2 on |x s|.
-  void accumulate_scale(const OpCase& k) {
-    const size_t n = size_t(k.a);
+// y (+=) x: 1 operation on |y| + |x|; then x (=) x · s: s rounded to the compute type and the product, 2 on |x s|.
+struct AccumulateScale : Case<AccumulateScale> {
+  int elements;
+  explicit AccumulateScale(int elements_) : elements(elements_) {}
+  const char* op() const override { return "accumulate and scale"; }
+  std::string vars() const override { return fmt::format("n {}", elements); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const size_t n = size_t(elements);
     const double sc = 0.3;
     DevArray<T> y(be, randn(n, 40)), x(be, randn(n, 41));
     be.accumulate(be.context(), y.p(), x.p(), n);
     Vec ry(n), my(n);
     for (size_t i = 0; i < n; ++i) ry[i] = y.host[i] + x.host[i], my[i] = std::fabs(y.host[i]) + std::fabs(x.host[i]);
-    check("accumulate", y.get(be), ry, bounds(ry, my, 1, uc, us));
+    chk.check("accumulate", y.get(be), ry, bounds(ry, my, 1, uc, us));
     be.scale(be.context(), x.p(), sc, n);
     Vec rx(n), mx(n);
     for (size_t i = 0; i < n; ++i) rx[i] = x.host[i] * sc, mx[i] = std::fabs(rx[i]);
-    check("scale", x.get(be), rx, bounds(rx, mx, 2, uc, us));
+    chk.check("scale", x.get(be), rx, bounds(rx, mx, 2, uc, us));
   }
+};
 
-  // x (=) x · σ(gate): σ's 6 operations (as swiglu's) and the product: 7 on |y|.
-  void sigmoid_gate(const OpCase& k) {
-    const size_t n = size_t(k.a);
+// x (=) x · σ(gate): σ's 6 operations (as swiglu's) and the product: 7 on |y|.
+struct SigmoidGate : Case<SigmoidGate> {
+  int elements;
+  explicit SigmoidGate(int elements_) : elements(elements_) {}
+  const char* op() const override { return "sigmoid_gate"; }
+  std::string vars() const override { return fmt::format("n {}", elements); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const size_t n = size_t(elements);
     DevArray<T> x(be, randn(n, 42)), g(be, randn(n, 43, 3.0));
     be.sigmoid_gate(be.context(), x.p(), g.p(), n);
     Vec r(n), m(n);
     for (size_t i = 0; i < n; ++i) r[i] = x.host[i] / (1 + std::exp(-g.host[i])), m[i] = std::fabs(r[i]);
-    check("x", x.get(be), r, bounds(r, m, 7, uc, us));
+    chk.check("x", x.get(be), r, bounds(r, m, 7, uc, us));
   }
+};
 
-  // x (= in place) x · scale / sqrt(Σx² + ε): the sum (d + 1), sqrt (2, halving the sum's part), the division and
-  // the product: d/2 + 6 on |y|.
-  void l2norm(const OpCase& k) {
-    const int rows = k.a, dim = k.b;
+// x (= in place) x · scale / sqrt(Σx² + ε): the sum (d + 1), sqrt (2, halving the sum's part), the division and
+// the product: d/2 + 6 on |y|.
+struct L2norm : Case<L2norm> {
+  int rows;
+  int dim;
+  L2norm(int rows_, int dim_) : rows(rows_), dim(dim_) {}
+  const char* op() const override { return "l2norm_forward"; }
+  std::string vars() const override { return fmt::format("rows {}, dim {}", rows, dim); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
     const size_t n = size_t(rows) * dim;
     const double eps = 1e-6, sc = 0.125;
     DevArray<T> x(be, randn(n, 44));
@@ -721,12 +744,21 @@ struct Runner {
         r[o] = x.host[o] * sc / std::sqrt(ss + eps), m[o] = std::fabs(r[o]);
       }
     }
-    check("x", x.get(be), r, bounds(r, m, dim / 2.0 + 6, uc, us));
+    chk.check("x", x.get(be), r, bounds(r, m, dim / 2.0 + 6, uc, us));
   }
+};
 
-  // y (=) w · (x · rstd) · silu(z): rstd as RMSNorm's (d/2 + 6), silu's 5, three products: d/2 + 14 on |y|.
-  void gated_rmsnorm(const OpCase& k) {
-    const int rows = k.a, dim = k.b;
+// y (=) w · (x · rstd) · silu(z): rstd as RMSNorm's (d/2 + 6), silu's 5, three products: d/2 + 14 on |y|.
+struct GatedRmsnorm : Case<GatedRmsnorm> {
+  int rows;
+  int dim;
+  GatedRmsnorm(int rows_, int dim_) : rows(rows_), dim(dim_) {}
+  const char* op() const override { return "gated_rmsnorm_forward"; }
+  std::string vars() const override { return fmt::format("rows {}, dim {}", rows, dim); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
     const size_t n = size_t(rows) * dim;
     const double eps = 1e-6;
     DevArray<T> x(be, randn(n, 45)), z(be, randn(n, 46, 2.0)), w(be, randn(size_t(dim), 47, 0.5, 1.0)), y(be, Vec(n));
@@ -742,14 +774,27 @@ struct Runner {
         r[o] = w.host[size_t(i)] * (x.host[o] * rstd) * (zz / (1 + std::exp(-zz))), m[o] = std::fabs(r[o]);
       }
     }
-    check("y", y.get(be), r, bounds(r, m, dim / 2.0 + 14, uc, us));
+    chk.check("y", y.get(be), r, bounds(r, m, dim / 2.0 + 14, uc, us));
+    DevArray<T> xa(be, x.host);  // y may alias x: in place, the same bits
+    be.gated_rmsnorm_forward(be.context(), xa.p(), xa.p(), z.p(), w.p(), rows, dim, eps);
+    chk.check("y aliasing x", xa.get(be), y.get(be), exact(n));
   }
+};
 
-  // β (=) σ(b): 6 on |β|. g (=) −exp(a_log) · softplus(a + dt): the sum's absolute error u(|a| + |dt|) moves
-  // log softplus by at most that (d log softplus / dx = σ(x) / softplus(x) ≤ 1), then exp, log1p, exp (2 each) and
-  // the product: relative 7 + (|a| + |dt|), counted as n = 7 on M = |g| (1 + (|a| + |dt|)/7). Both in A.
-  void deltanet_gates(const OpCase& k) {
-    const int rows = k.a, heads = k.b;
+// β (=) σ(b): 6 on |β|. g (=) −exp(a_log) · softplus(a + dt): the sum's absolute error u(|a| + |dt|) moves
+// log softplus by at most that (d log softplus / dx = σ(x) / softplus(x) ≤ 1), then exp, log1p, exp (2 each) and
+// the product: relative 7 + (|a| + |dt|), counted as n = 7 on M = |g| (1 + (|a| + |dt|)/7). Both in A.
+struct DeltanetGates : Case<DeltanetGates> {
+  int rows;
+  int heads;
+  DeltanetGates(int rows_, int heads_) : rows(rows_), heads(heads_) {}
+  const char* op() const override { return "deltanet_gates_forward"; }
+  std::string vars() const override { return fmt::format("rows {}, heads {}", rows, heads); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc;
     const size_t n = size_t(rows) * heads;
     Vec a0 = randn(n, 48, 4.0);
     if (n > 2) a0[1] = 25.0;  // softplus's linear branch
@@ -765,17 +810,28 @@ struct Runner {
       rg[i] = -std::exp(a_log.host[size_t(j)]) * sp;
       mg[i] = std::fabs(rg[i]) * (1 + (std::fabs(a.host[i]) + std::fabs(dt.host[size_t(j)])) / 7);
     }
-    check("beta", beta.get(be), rb, bounds(rb, mb, 6, uc, uc));
-    check("g", g.get(be), rg, bounds(rg, mg, 7, uc, uc));
+    chk.check("beta", beta.get(be), rb, bounds(rb, mb, 6, uc, uc));
+    chk.check("g", g.get(be), rg, bounds(rg, mg, 7, uc, uc));
   }
+};
 
-  // The first rot_dim dims rotate (rope's n = 4 with rot_dim as the period), the rest pass through exactly.
-  void rope_partial(const OpCase& k) {
-    const int rows = k.a, heads = 3, D = k.b, rot = k.c, half = rot / 2;
+// The first rot_dim dims rotate (rope's n = 4 with rot_dim as the period), the rest pass through exactly.
+struct RopePartial : Case<RopePartial> {
+  int rows;
+  int head_dim;
+  int rot_dim;
+  RopePartial(int rows_, int head_dim_, int rot_dim_) : rows(rows_), head_dim(head_dim_), rot_dim(rot_dim_) {}
+  const char* op() const override { return "rope_partial_forward"; }
+  std::string vars() const override { return fmt::format("rows {}, head_dim {}, rot_dim {}", rows, head_dim, rot_dim); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const int heads = 3, D = head_dim, rot = rot_dim, half = rot / 2;
     const size_t n = size_t(rows) * heads * D;
     const double theta = 1e7;
     const auto pos = positions(rows);
-    DevArray<int32_t> dpos = upload_pos(pos);
+    DevArray<int32_t> dpos = upload_pos(be, pos);
     DevArray<T> x(be, randn(n, 52)), y(be, Vec(n, std::numeric_limits<double>::quiet_NaN()));
     be.rope_partial_forward(be.context(), y.p(), x.p(), dpos.p(), rows, heads, D, rot, theta);
     Vec r = x.host, m(n);
@@ -790,18 +846,38 @@ struct Runner {
           m[base + i] = std::fabs(a * c) + std::fabs(b * s), m[base + i + half] = std::fabs(b * c) + std::fabs(a * s);
         }
       }
-    check("y", y.get(be), r, bounds(r, m, 4, uc, us));
+    chk.check("y", y.get(be), r, bounds(r, m, 4, uc, us));
+    DevArray<T> xa(be, x.host);  // y may alias x: in place, the same bits
+    be.rope_partial_forward(be.context(), xa.p(), xa.p(), dpos.p(), rows, heads, D, rot, theta);
+    chk.check("y aliasing x", xa.get(be), y.get(be), exact(n));
   }
+};
 
-  // y (=) x Wᵀ: an in-term dot (in + 1) on Σ|x||W|. Backward: dx (+=) dy W, an out-term dot and the accumulation
-  // (out + 2) on |init| + Σ|dy||W|; dW (+=, in A) dyᵀ x, an N-term dot (N + 2) on |init| + Σ|dy||x|.
-  void linear(const OpCase& k) {
-    const int N = k.a, in = k.b, out = k.c;
+// y (=) x Wᵀ: an in-term dot (in + 1) on Σ|x||W|. Backward: dx (+=) dy W, an out-term dot and the accumulation
+// (out + 2) on |init| + Σ|dy||W|; dW (+=, in A) dyᵀ x, an N-term dot (N + 2) on |init| + Σ|dy||x|. A null dx or dW
+// (a frozen weight) is skipped.
+struct Linear : Case<Linear> {
+  enum Grads { both, dx_only, dW_only };  // which gradients the backward forms (a null one is skipped: frozen)
+  int N, in, out;
+  Grads grads;
+  Linear(int N_, int in_, int out_, Grads grads_ = both) : N(N_), in(in_), out(out_), grads(grads_) {}
+  const char* op() const override { return "linear forward and backward"; }
+  std::string vars() const override {
+    return fmt::format("N {}, in {}, out {}{}", N, in, out,
+                       grads == dx_only ? ", dW null" : grads == dW_only ? ", dx null" : "");
+  }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
     DevArray<T> x(be, randn(size_t(N) * in, 53)), W(be, randn(size_t(out) * in, 54)), y(be, Vec(size_t(N) * out));
     DevArray<T> dy(be, randn(size_t(N) * out, 55)), dx(be, randn(size_t(N) * in, 56));
     DevArray<A> dW(be, randn(size_t(out) * in, 57));
+    const bool want_dx = grads != dW_only, want_dW = grads != dx_only;
     be.linear_forward(be.context(), y.p(), x.p(), W.p(), N, in, out);
-    be.linear_backward(be.context(), dx.p(), dW.p(), dy.p(), x.p(), W.p(), N, in, out);
+    be.linear_backward(be.context(), want_dx ? dx.p() : nullptr, want_dW ? dW.p() : nullptr, dy.p(), x.p(), W.p(), N,
+                       in, out);
     Vec ry(size_t(N) * out), my(ry.size()), rdx = dx.host, mdx(rdx.size()), rdW = dW.host, mdW(rdW.size());
     for (size_t i = 0; i < mdx.size(); ++i) mdx[i] = std::fabs(rdx[i]);
     for (size_t i = 0; i < mdW.size(); ++i) mdW[i] = std::fabs(rdW[i]);
@@ -815,28 +891,47 @@ struct Runner {
         ry[size_t(r) * out + o] = s, my[size_t(r) * out + o] = sa;
         const double g = dy.host[size_t(r) * out + o];
         for (int i = 0; i < in; ++i) {
-          rdx[size_t(r) * in + i] += g * W.host[size_t(o) * in + i];
+          if (want_dx) rdx[size_t(r) * in + i] += g * W.host[size_t(o) * in + i];
           mdx[size_t(r) * in + i] += std::fabs(g * W.host[size_t(o) * in + i]);
-          rdW[size_t(o) * in + i] += g * x.host[size_t(r) * in + i];
+          if (want_dW) rdW[size_t(o) * in + i] += g * x.host[size_t(r) * in + i];
           mdW[size_t(o) * in + i] += std::fabs(g * x.host[size_t(r) * in + i]);
         }
       }
-    check("y", y.get(be), ry, bounds(ry, my, in + 1, uc, us));
-    check("dx", dx.get(be), rdx, bounds(rdx, mdx, out + 2, uc, us));
-    check("dW", dW.get(be), rdW, bounds(rdW, mdW, N + 2, uc, uc));
+    chk.check("y", y.get(be), ry, bounds(ry, my, in + 1, uc, us));
+    // a skipped gradient keeps its values to the bit
+    chk.check("dx", dx.get(be), rdx, want_dx ? bounds(rdx, mdx, out + 2, uc, us) : Vec(rdx.size(), 0.0));
+    chk.check("dW", dW.get(be), rdW, want_dW ? bounds(rdW, mdW, N + 2, uc, uc) : Vec(rdW.size(), 0.0));
   }
+};
 
-  // out (=) softmax(q kᵀ / sqrt(D)) v per query row i (at position past + i, keys 0 .. past + i), Q head h on KV
-  // head h / (qh / kvh). A score s_j = scale·Σ_d q_d k_jd is off by δ_j ≤ (D + 2)·u·c_j, c_j = scale·Σ_d |q_d k_jd|;
-  // subtracting the row maximum adds u·|s|max to each; exp (2) moves each weight p_j relatively by the difference of
-  // two such errors plus 2u, and the normalisation and the keys-term sum of p_j v_j add (keys + 4)·u, all relative
-  // to P = Σ_j p_j |v_jd|: n·u_c·M with n = 2·(D + 2)·c_max + 2·|s|max + keys + 6 on M = P. The tensor-core
-  // kernels (bf16) round the weights p_j to the storage type for the P·V product: u_s·P more.
-  void cached_attention(const OpCase& k) {
-    const int n = k.a, past = k.b, qh = k.c, kvh = k.d, D = k.e, keys = past + n, g = qh / kvh;
+// out (=) softmax(q kᵀ / sqrt(D)) v per query row i (at position past + i, keys 0 .. past + i), Q head h on KV
+// head h / (qh / kvh). A score s_j = scale·Σ_d q_d k_jd is off by δ_j ≤ (D + 2)·u·c_j, c_j = scale·Σ_d |q_d k_jd|;
+// subtracting the row maximum adds u·|s|max to each; exp (2) moves each weight p_j relatively by the difference of
+// two such errors plus 2u, and the normalisation and the keys-term sum of p_j v_j add (keys + 4)·u, all relative
+// to P = Σ_j p_j |v_jd|: n·u_c·M with n = 2·(D + 2)·c_max + 2·|s|max + keys + 6 on M = P. The tensor-core
+// kernels (bf16) round the weights p_j to the storage type for the P·V product: u_s·P more.
+struct CachedAttention : Case<CachedAttention> {
+  int rows;
+  int past;
+  int q_heads;
+  int kv_heads;
+  int head_dim;
+  bool prefill;
+  CachedAttention(int rows_, int past_, int q_heads_, int kv_heads_, int head_dim_, bool prefill_)
+      : rows(rows_), past(past_), q_heads(q_heads_), kv_heads(kv_heads_), head_dim(head_dim_), prefill(prefill_) {}
+  const char* op() const override { return prefill ? "attention_causal_forward" : "attention_cached_forward"; }
+  std::string vars() const override {
+    return fmt::format("rows {}, past {}, q_heads {}, kv_heads {}, head_dim {}", rows, past, q_heads, kv_heads,
+                       head_dim);
+  }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const int n = rows, qh = q_heads, kvh = kv_heads, D = head_dim, keys = past + n, g = qh / kvh;
     DevArray<T> q(be, randn(size_t(n) * qh * D, 60)), kk(be, randn(size_t(keys) * kvh * D, 61)),
         v(be, randn(size_t(keys) * kvh * D, 62)), out(be, Vec(size_t(n) * qh * D));
-    if (k.op == Op::causal_attention)  // the prefill entry point: past = 0
+    if (prefill)  // the prefill entry point: past = 0
       be.attention_causal_forward(be.context(), out.p(), q.p(), kk.p(), v.p(), n, qh, kvh, D);
     else
       be.attention_cached_forward(be.context(), out.p(), q.p(), kk.p(), v.p(), n, past, qh, kvh, D);
@@ -869,14 +964,24 @@ struct Runner {
           r[o] = acc, b[o] = 2 * (nops * uc * P + us * P + us * std::fabs(acc));
         }
       }
-    check("out", out.get(be), r, b);
+    chk.check("out", out.get(be), r, b);
   }
+};
 
-  // y (=) silu(Σ_{j<K} w[c, j] · in[t + j, c]), in = [tail ; x], the sequence given in three calls (the middle one
-  // shorter than the tail) with the tail carried: a K-term sum (K + 1 on Σ|w x|, times |silu'| ≤ 1.1), then silu's
-  // exp, sum and division (5 on |y|). The tail is copied inputs: exact.
-  void causal_conv1d(const OpCase& k) {
-    const int S = k.a, C = k.b, K = k.c;
+// y (=) silu(Σ_{j<K} w[c, j] · in[t + j, c]), in = [tail ; x], the sequence given in three calls (the middle one
+// shorter than the tail) with the tail carried: a K-term sum (K + 1 on Σ|w x|, times |silu'| ≤ 1.1), then silu's
+// exp, sum and division (5 on |y|). The tail is copied inputs: exact.
+struct CausalConv1d : Case<CausalConv1d> {
+  int S;
+  int C;
+  int K;
+  CausalConv1d(int S_, int C_, int K_) : S(S_), C(C_), K(K_) {}
+  const char* op() const override { return "causal_conv1d_silu_forward"; }
+  std::string vars() const override { return fmt::format("S {}, C {}, K {}", S, C, K); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
     DevArray<T> x(be, randn(size_t(S) * C, 63)), w(be, randn(size_t(C) * K, 64, 0.5)), y(be, Vec(size_t(S) * C));
     DevArray<T> tail(be, Vec(size_t(std::max(K - 1, 0)) * C, 0.0));
     const int cut1 = S / 3, cut2 = std::min(S, cut1 + std::max(K - 2, 0));
@@ -902,18 +1007,35 @@ struct Runner {
         const int src = S - (K - 1) + j;
         rt[size_t(j) * C + c] = src >= 0 ? x.host[size_t(src) * C + c] : 0.0;
       }
-    check("y", y.get(be), r, b);
-    check("tail", tail.get(be), rt, Vec(rt.size(), 0.0));
+    chk.check("y", y.get(be), r, b);
+    chk.check("tail", tail.get(be), rt, Vec(rt.size(), 0.0));
   }
+};
 
-  // The recurrence per value head (kernels/cpu/gated_deltanet.h), a state carried in, the sequence in two calls.
-  // Each step's update M ← e^g M + k uᵀ, u = β(v − Mᵀk) with unit k, e^g ≤ 1, β ≤ 1 does not expand M, so the
-  // per-step roundings (two dk-term sums and the update: dk + 4) add up at most linearly over the S steps: n =
-  // S·(dk + 4) on M = the largest |o| (resp. |state|) of the sequence. The chunked kernels (64-position chunks)
-  // reorder the same sums through a triangular solve whose terms are bounded the same way (its matrix is unit
-  // lower triangular with |β e^{γ_i−γ_j} k_i·k_j| ≤ 1); their extra sums over a chunk add 64·(dk + 4).
-  void delta_rule(const OpCase& k) {
-    const int S = k.a, kh = k.b, vh = k.c, dk = k.d, dv = k.e, grp = vh / kh;
+// The recurrence per value head (kernels/cpu/gated_deltanet.h), a state carried in, the sequence in two calls.
+// Each step's update M ← e^g M + k uᵀ, u = β(v − Mᵀk) with unit k, e^g ≤ 1, β ≤ 1 does not expand M, so the
+// per-step roundings (two dk-term sums and the update: dk + 4) add up at most linearly over the S steps: n =
+// S·(dk + 4) on M = the largest |o| (resp. |state|) of the sequence. The chunked kernels (64-position chunks)
+// reorder the same sums through a triangular solve whose terms are bounded the same way (its matrix is unit
+// lower triangular with |β e^{γ_i−γ_j} k_i·k_j| ≤ 1); their extra sums over a chunk add 64·(dk + 4).
+struct DeltaRule : Case<DeltaRule> {
+  int S;
+  int k_heads;
+  int v_heads;
+  int dk;
+  int dv;
+  DeltaRule(int S_, int k_heads_, int v_heads_, int dk_, int dv_)
+      : S(S_), k_heads(k_heads_), v_heads(v_heads_), dk(dk_), dv(dv_) {}
+  const char* op() const override { return "gated_delta_rule_forward"; }
+  std::string vars() const override {
+    return fmt::format("S {}, k_heads {}, v_heads {}, dk {}, dv {}", S, k_heads, v_heads, dk, dv);
+  }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const int kh = k_heads, vh = v_heads, grp = vh / kh;
     const size_t qn = size_t(S) * kh * dk, vn = size_t(S) * vh * dv, gn = size_t(S) * vh;
     auto unit_rows = [&](Vec x, double scale) {
       for (size_t r = 0; r < x.size() / size_t(dk); ++r) {
@@ -960,14 +1082,23 @@ struct Runner {
         for (size_t i = 0; i < size_t(dk) * dv; ++i) smax = std::max(smax, std::fabs(Mh[i]));
       }
     const double nops = double(S + 64) * (dk + 4);
-    check("out", out.get(be), r, bounds(r, Vec(vn, omax), nops, uc, us));
-    check("state", state.get(be), M, bounds(M, Vec(M.size(), smax), nops, uc, uc));
+    chk.check("out", out.get(be), r, bounds(r, Vec(vn, omax), nops, uc, us));
+    chk.check("state", state.get(be), M, bounds(M, Vec(M.size(), smax), nops, uc, uc));
   }
+};
 
-  // index (=) the first column of the row's largest value, NaNs never winning (−1 when all are NaN), value (=) it:
-  // comparisons only, so both exact (the bound is 0). Ties, a NaN first, an all-NaN row, an all −inf row, +inf last.
-  void argmax(const OpCase& k) {
-    const int rows = k.a, cols = k.b;
+// index (=) the first column of the row's largest value, NaNs never winning (−1 when all are NaN), value (=) it:
+// comparisons only, so both exact (the bound is 0). Ties, a NaN first, an all-NaN row, an all −inf row, +inf last.
+struct Argmax : Case<Argmax> {
+  int rows;
+  int cols;
+  Argmax(int rows_, int cols_) : rows(rows_), cols(cols_) {}
+  const char* op() const override { return "argmax_rows"; }
+  std::string vars() const override { return fmt::format("rows {}, cols {}", rows, cols); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
     Vec x0 = randn(size_t(rows) * cols, 70, 3.0);
     const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
     if (rows > 1) x0[size_t(cols) - 1] = x0[size_t(cols) / 2] = x0[0] = 50;  // ties in row 0: column 0 wins
@@ -988,38 +1119,52 @@ struct Runner {
     Vec gv = value.get(be);
     for (size_t i = 0; i < gv.size(); ++i)
       if (gv[i] == rv[i]) gv[i] = rv[i] = 0;  // equal infinities compare as equal
-    check("index", index.get(be), ri, Vec(ri.size(), 0.0));
-    check("value", gv, rv, Vec(rv.size(), 0.0));
+    chk.check("index", index.get(be), ri, Vec(ri.size(), 0.0));
+    chk.check("value", gv, rv, Vec(rv.size(), 0.0));
   }
+};
 
-  // DFlash attention (kernels/attention_shape.h) forward, then backward from the backend's own out and lse (as the
-  // drafter runs it) into randomly initialised gradients (+=). Per (row, head): the visible keys K_r (context
-  // [lo, hi), block [0, nb)), s_j = scale·q·k_j, p = softmax(s), out = Σ p_j v_j, lse = log Σ e^{s_j}.
-  // Forward bounds as the cached attention's (n = 2·(D + 2)·c_max + 2·|s|max + keys + 6 on P = Σ p_j |v_j|, + u_s·P
-  // for the tensor-core P·V); lse: the score errors (D + 2)·u·c_max, the sum and log (keys + 4), plus u·|lse|.
-  // Backward: the kernel's weights p_j = e^{s_j − lse} are off relatively by e_p = 2·(its score and lse errors),
-  // dP_j = dO·v_j by (D + 1)·u·Σ|dO v_j|, delta = dO·O by (D + 1)·u·Σ|dO O| + Σ_d |dO_d|·ε(O_d) (ε: the forward's
-  // bound of the output it reads); so dS_j = p_j (dP_j − delta) is off by E_j = p_j·(e_p·(|dP_j| + |delta|) +
-  // ΔdP_j + Δdelta) + u_s·|dS_j| (the tensor-core kernels round dS and P to the storage type for their products).
-  // Each gradient element is a sum of such terms (dq: over the row's keys; dk, dv: over every (row, head) that sees
-  // the key, at most Q of them) plus its initial value: Σ (E·|x|) + (terms + 2)·u·(Σ|term| + |initial|) +
-  // u_s·|result|, ×2.
-  void dflash_attention(const OpCase& k) {
-    kernels::DFlashAttentionShape sh;
-    sh.n_blocks = k.a, sh.block = k.b, sh.ctx_len = k.c, sh.heads = k.d, sh.kv_heads = k.e, sh.head_dim = k.f;
-    sh.window = k.g;
+// DFlash attention (kernels/attention_shape.h) forward, then backward from the backend's own out and lse (as the
+// drafter runs it) into randomly initialised gradients (+=). Per (row, head): the visible keys K_r (context
+// [lo, hi), block [0, nb)), s_j = scale·q·k_j, p = softmax(s), out = Σ p_j v_j, lse = log Σ e^{s_j}.
+// Forward bounds as the cached attention's (n = 2·(D + 2)·c_max + 2·|s|max + keys + 6 on P = Σ p_j |v_j|, + u_s·P
+// for the tensor-core P·V); lse: the score errors (D + 2)·u·c_max, the sum and log (keys + 4), plus u·|lse|.
+// Backward: the kernel's weights p_j = e^{s_j − lse} are off relatively by e_p = 2·(its score and lse errors),
+// dP_j = dO·v_j by (D + 1)·u·Σ|dO v_j|, delta = dO·O by (D + 1)·u·Σ|dO O| + Σ_d |dO_d|·ε(O_d) (ε: the forward's
+// bound of the output it reads); so dS_j = p_j (dP_j − delta) is off by E_j = p_j·(e_p·(|dP_j| + |delta|) +
+// ΔdP_j + Δdelta) + u_s·|dS_j| (the tensor-core kernels round dS and P to the storage type for their products).
+// Each gradient element is a sum of such terms (dq: over the row's keys; dk, dv: over every (row, head) that sees
+// the key, at most Q of them) plus its initial value: Σ (E·|x|) + (terms + 2)·u·(Σ|term| + |initial|) +
+// u_s·|result|, ×2.
+struct DflashAttention : Case<DflashAttention> {
+  kernels::DFlashAttentionShape shape;
+  std::vector<int32_t> anchors;
+  DflashAttention(kernels::DFlashAttentionShape shape_, std::vector<int32_t> anchors_)
+      : shape(shape_), anchors(std::move(anchors_)) {}
+  const char* op() const override { return "dflash_attention forward and backward"; }
+  std::string vars() const override {
+    return fmt::format("n_blocks {}, block {}, ctx_len {}, heads {}, kv_heads {}, head_dim {}, window {}, "
+                       "anchors [{}]", shape.n_blocks, shape.block, shape.ctx_len, shape.heads, shape.kv_heads,
+                       shape.head_dim, shape.window, fmt::join(anchors, ", "));
+  }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const kernels::DFlashAttentionShape& sh = shape;
     const int NB = sh.n_blocks * sh.block, NH = sh.heads, KVH = sh.kv_heads, D = sh.head_dim, S = sh.ctx_len;
     const int G = NH / KVH;
     const size_t qn = size_t(NB) * NH * D, cn = size_t(S) * KVH * D, bn = size_t(NB) * KVH * D;
     DevArray<T> q(be, randn(qn, 80)), kc(be, randn(cn, 81)), vc(be, randn(cn, 82)), kb(be, randn(bn, 83)),
         vb(be, randn(bn, 84)), dout(be, randn(qn, 85)), out(be, Vec(qn));
     DevArray<A> lse(be, Vec(size_t(NB) * NH));
-    DevArray<int32_t> anchors(be, Vec(k.anchors.begin(), k.anchors.end()));
+    DevArray<int32_t> danchors(be, Vec(anchors.begin(), anchors.end()));
     DevArray<T> dq(be, randn(qn, 86)), dkc(be, randn(cn, 87)), dvc(be, randn(cn, 88)), dkb(be, randn(bn, 89)),
         dvb(be, randn(bn, 90));
-    be.dflash_attention_forward(be.context(), out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(), vb.p(), anchors.p(), sh);
+    be.dflash_attention_forward(be.context(), out.p(), lse.p(), q.p(), kc.p(), vc.p(), kb.p(), vb.p(), danchors.p(), sh);
     be.dflash_attention_backward(be.context(), dq.p(), dkc.p(), dvc.p(), dkb.p(), dvb.p(), dout.p(), out.p(), lse.p(),
-                                 q.p(), kc.p(), vc.p(), kb.p(), vb.p(), anchors.p(), sh);
+                                 q.p(), kc.p(), vc.p(), kb.p(), vb.p(), danchors.p(), sh);
     const double scale = 1 / std::sqrt(double(D));
     // r*: the exact results; m*: the Σ E·|x| parts of the bounds; a*: the Σ |term| parts
     Vec ro(qn), bo(qn), rl(size_t(NB) * NH), bl(rl.size());
@@ -1036,7 +1181,7 @@ struct Runner {
         for (int h = 0; h < NH; ++h) {
           const int row = b * sh.block + j, g = h / G;
           int lo, hi;
-          kernels::dflash_ctx_range(sh, k.anchors[size_t(b)], j, lo, hi);
+          kernels::dflash_ctx_range(sh, anchors[size_t(b)], j, lo, hi);
           std::vector<Key> keys;
           for (int t = lo; t < hi; ++t) {
             const size_t o = (size_t(t) * KVH + g) * D;
@@ -1115,70 +1260,343 @@ struct Runner {
         b[i] = 2 * (m[i] + (terms + 2) * uc * (a[i] + std::fabs(init[i])) + us * std::fabs(r[i]));
       return b;
     };
-    check("out", out.get(be), ro, bo);
-    check("lse", lse.get(be), rl, bl);
-    check("dq", dq.get(be), rdq, grad_bound(rdq, mdq, adq, dq.host, keys_max));
-    check("dk_ctx", dkc.get(be), rdkc, grad_bound(rdkc, mdkc, adkc, dkc.host, qmax));
-    check("dv_ctx", dvc.get(be), rdvc, grad_bound(rdvc, mdvc, advc, dvc.host, qmax));
-    check("dk_blk", dkb.get(be), rdkb, grad_bound(rdkb, mdkb, adkb, dkb.host, qmax));
-    check("dv_blk", dvb.get(be), rdvb, grad_bound(rdvb, mdvb, advb, dvb.host, qmax));
+    chk.check("out", out.get(be), ro, bo);
+    chk.check("lse", lse.get(be), rl, bl);
+    chk.check("dq", dq.get(be), rdq, grad_bound(rdq, mdq, adq, dq.host, keys_max));
+    chk.check("dk_ctx", dkc.get(be), rdkc, grad_bound(rdkc, mdkc, adkc, dkc.host, qmax));
+    chk.check("dv_ctx", dvc.get(be), rdvc, grad_bound(rdvc, mdvc, advc, dvc.host, qmax));
+    chk.check("dk_blk", dkb.get(be), rdkb, grad_bound(rdkb, mdkb, adkb, dkb.host, qmax));
+    chk.check("dv_blk", dvb.get(be), rdvb, grad_bound(rdvb, mdvb, advb, dvb.host, qmax));
   }
+};
 
-  void run(const OpCase& k) {
-    switch (k.op) {
-      case Op::residual: return residual(k);
-      case Op::swiglu: return swiglu(k);
-      case Op::rmsnorm: return rmsnorm(k);
-      case Op::rope: return rope(k);
-      case Op::head_norm_rope: return head_norm_rope(k);
-      case Op::vocab_loss_rows: return vocab_loss_rows(k);
-      case Op::adamw: return adamw(k);
-      case Op::gemm: return gemm(k);
-      case Op::accumulate_scale: return accumulate_scale(k);
-      case Op::sigmoid_gate: return sigmoid_gate(k);
-      case Op::l2norm: return l2norm(k);
-      case Op::gated_rmsnorm: return gated_rmsnorm(k);
-      case Op::deltanet_gates: return deltanet_gates(k);
-      case Op::rope_partial: return rope_partial(k);
-      case Op::linear: return linear(k);
-      case Op::cached_attention:
-      case Op::causal_attention: return cached_attention(k);
-      case Op::causal_conv1d: return causal_conv1d(k);
-      case Op::delta_rule: return delta_rule(k);
-      case Op::argmax: return argmax(k);
-      case Op::dflash_attention: return dflash_attention(k);
+// ---- copies and row moves: exact (bound 0) ----
+// Row ids for `rows` rows of a table of `vocab`: both ends of the table, a repeat, the rest spread out; distinct
+// (a permutation's first rows) when `distinct`.
+inline std::vector<int32_t> row_ids(int rows, int vocab, bool distinct) {
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) ids[size_t(r)] = int32_t(distinct ? (int64_t(r) * 7 + 3) % vocab : (r * 13) % vocab);
+  if (!distinct && rows > 2) ids[0] = vocab - 1, ids[2] = ids[1];
+  return ids;
+}
+
+// out[r, :] (=) table[ids[r], :] (embedding_forward) or in[ids[r], :] (gather_rows): copies.
+struct GatherRows : Case<GatherRows> {
+  int rows, dim, vocab;
+  bool embedding;  // embedding_forward (ids checked against vocab by the caller) or gather_rows
+  GatherRows(int rows_, int dim_, int vocab_, bool embedding_)
+      : rows(rows_), dim(dim_), vocab(vocab_), embedding(embedding_) {}
+  const char* op() const override { return embedding ? "embedding_forward" : "gather_rows"; }
+  std::string vars() const override { return fmt::format("rows {}, dim {}, table rows {}", rows, dim, vocab); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const std::vector<int32_t> ids = row_ids(rows, vocab, false);
+    DevArray<T> table(be, randn(size_t(vocab) * dim, 91)), out(be, Vec(size_t(rows) * dim, -1.0));
+    DevArray<int32_t> dids(be, Vec(ids.begin(), ids.end()));
+    if (embedding)
+      be.embedding_forward(be.context(), out.p(), table.p(), dids.p(), rows, dim, vocab);
+    else
+      be.gather_rows(be.context(), out.p(), table.p(), dids.p(), rows, dim);
+    Vec ref(out.host.size());
+    for (int r = 0; r < rows; ++r)
+      for (int d = 0; d < dim; ++d) ref[size_t(r) * dim + d] = table.host[size_t(ids[size_t(r)]) * dim + d];
+    chk.check("out", out.get(be), ref, exact(ref.size()));
+  }
+};
+
+// out[ids[i], :] (=) in[i, :] (scatter_rows) or (+=) weight[i] · in[i, :] (scatter_add_rows: the product and the sum
+// in A, one rounding to T: 2 operations on |out| + |w in|), ids distinct; the rows no id names keep their bits.
+struct ScatterRows : Case<ScatterRows> {
+  int rows, dim, out_rows;
+  bool add;  // scatter_add_rows (the MoE's weighted add back) or scatter_rows
+  ScatterRows(int rows_, int dim_, int out_rows_, bool add_) : rows(rows_), dim(dim_), out_rows(out_rows_), add(add_) {}
+  const char* op() const override { return add ? "scatter_add_rows" : "scatter_rows"; }
+  std::string vars() const override { return fmt::format("rows {}, dim {}, into {} rows", rows, dim, out_rows); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    const std::vector<int32_t> ids = row_ids(rows, out_rows, true);
+    Vec w0 = randn(size_t(rows), 92, 1.5);
+    if (rows > 3) w0[3] = 0.0;
+    DevArray<T> in(be, randn(size_t(rows) * dim, 93)), out(be, randn(size_t(out_rows) * dim, 94));
+    DevArray<A> weight(be, w0);
+    DevArray<int32_t> dids(be, Vec(ids.begin(), ids.end()));
+    if (add)
+      be.scatter_add_rows(be.context(), out.p(), in.p(), dids.p(), weight.p(), rows, dim);
+    else
+      be.scatter_rows(be.context(), out.p(), in.p(), dids.p(), rows, dim);
+    Vec ref = out.host, b = exact(ref.size());
+    for (int i = 0; i < rows; ++i)
+      for (int d = 0; d < dim; ++d) {
+        const size_t o = size_t(ids[size_t(i)]) * dim + d, src = size_t(i) * dim + d;
+        if (!add) {
+          ref[o] = in.host[src];
+          continue;
+        }
+        const double term = weight.host[size_t(i)] * in.host[src];
+        b[o] = 2 * (2 * uc * (std::fabs(ref[o]) + std::fabs(term)) + us * std::fabs(ref[o] + term));
+        ref[o] += term;
+      }
+    chk.check("out", out.get(be), ref, b);
+  }
+};
+
+// x[i, :] (*=) weight[i] in A, one rounding: 1 operation on |y| (the shared-expert gate).
+struct ScaleRows : Case<ScaleRows> {
+  int rows, dim;
+  ScaleRows(int rows_, int dim_) : rows(rows_), dim(dim_) {}
+  const char* op() const override { return "scale_rows"; }
+  std::string vars() const override { return fmt::format("rows {}, dim {}", rows, dim); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    using A = acc_t<T>;
+    Backend<T>& be = chk.be;
+    const double uc = chk.uc, us = chk.us;
+    DevArray<T> x(be, randn(size_t(rows) * dim, 95));
+    DevArray<A> weight(be, randn(size_t(rows), 96, 2.0));
+    be.scale_rows(be.context(), x.p(), weight.p(), rows, dim);
+    Vec ref(x.host.size()), mag(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] = x.host[i] * weight.host[i / size_t(dim)], mag[i] = std::fabs(ref[i]);
+    chk.check("x", x.get(be), ref, bounds(ref, mag, 1, uc, us));
+  }
+};
+
+// dst[r, 0:cols] (=) src[r, 0:cols] with row strides (copy_strided: fused projections split per head), or the same
+// widened to fp32 (convert_to_float_strided: a tap into its columns of the taps): copies, exact; the columns of dst
+// outside [0, cols) keep their bits.
+struct CopyStrided : Case<CopyStrided> {
+  int rows, cols, ld_dst, ld_src, src_offset;
+  bool to_float;
+  CopyStrided(int rows_, int cols_, int ld_dst_, int ld_src_, int src_offset_, bool to_float_)
+      : rows(rows_), cols(cols_), ld_dst(ld_dst_), ld_src(ld_src_), src_offset(src_offset_), to_float(to_float_) {}
+  const char* op() const override { return to_float ? "convert_to_float_strided" : "copy_strided"; }
+  std::string vars() const override {
+    return fmt::format("rows {}, cols {}, ld_dst {}, ld_src {}, from column {}", rows, cols, ld_dst, ld_src,
+                       src_offset);
+  }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    DevArray<T> src(be, randn(size_t(rows) * ld_src, 97));
+    auto expected = [&](const Vec& initial) {
+      Vec ref = initial;
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          const double v = src.host[size_t(r) * ld_src + src_offset + c];
+          ref[size_t(r) * ld_dst + c] = to_float ? double(float(v)) : v;  // fp32 of T's value (double: rounded)
+        }
+      return ref;
+    };
+    if (to_float) {
+      DevArray<float> dst(be, randn(size_t(rows) * ld_dst, 98));
+      be.convert_to_float_strided(be.context(), dst.p(), ld_dst, src.p() + src_offset, ld_src, rows, cols);
+      chk.check("dst", dst.get(be), expected(dst.host), exact(dst.host.size()));
+    } else {
+      DevArray<T> dst(be, randn(size_t(rows) * ld_dst, 98));
+      be.copy_strided(be.context(), dst.p(), ld_dst, src.p() + src_offset, ld_src, rows, cols);
+      chk.check("dst", dst.get(be), expected(dst.host), exact(dst.host.size()));
     }
   }
 };
 
-// Every case of the table the backend takes, each output within its bound; prints one line per op with the worst
-// measured |got − ref| / bound of its cases.
+// dst[n] (=) src[n] rounded to T (convert_from_float: bf16 to nearest even, float a copy, double exact) or widened to
+// fp32 (convert_to_float: exact for bf16 and float): the reference is the host conversion, to the bit.
+struct Convert : Case<Convert> {
+  int elements;
+  bool from_float;
+  Convert(int elements_, bool from_float_) : elements(elements_), from_float(from_float_) {}
+  const char* op() const override { return from_float ? "convert_from_float" : "convert_to_float"; }
+  std::string vars() const override { return fmt::format("n {}", elements); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const size_t n = size_t(elements);
+    Vec x = randn(n, 99, 3.0);
+    if (n > 2) x[1] = 0.0, x[2] = -1.0 + 1.0 / 512;  // zero, and halfway between two bf16 values: ties to even
+    if (from_float) {
+      DevArray<float> src(be, x);
+      DevArray<T> dst(be, Vec(n, -7.0));
+      be.convert_from_float(be.context(), dst.p(), src.p(), n);
+      Vec ref(n);
+      for (size_t i = 0; i < n; ++i) ref[i] = widen(store<T>(src.host[i]));
+      chk.check("dst", dst.get(be), ref, exact(n));
+    } else {
+      DevArray<T> src(be, x);
+      DevArray<float> dst(be, Vec(n, -7.0));
+      be.convert_to_float(be.context(), dst.p(), src.p(), n);
+      Vec ref(n);
+      for (size_t i = 0; i < n; ++i) ref[i] = double(float(src.host[i]));  // T's value as fp32 (double: rounded)
+      chk.check("dst", dst.get(be), ref, exact(n));
+    }
+  }
+};
+
+// ---- the optimizer's reductions on fp32 master gradients ----
+// Σ x² accumulated in double in a fixed order: n + 1 double operations on Σ x² (u = 2^-53 whatever T is), and the
+// same bits run to run. Then x (=) x · s in fp32: s rounded and the product, 2 on |y|.
+struct SumSquaresScale : Case<SumSquaresScale> {
+  int elements;
+  explicit SumSquaresScale(int elements_) : elements(elements_) {}
+  const char* op() const override { return "sum_squares and scale_master"; }
+  std::string vars() const override { return fmt::format("n {}", elements); }
+  template <typename T>
+  void eval(Check<T>& chk) const {
+    Backend<T>& be = chk.be;
+    const size_t n = size_t(elements);
+    const double u32 = 0x1.0p-24, u64 = 0x1.0p-53;
+    DevArray<float> g(be, randn(n, 100));
+    const double s1 = be.sum_squares(be.context(), g.p(), n), s2 = be.sum_squares(be.context(), g.p(), n);
+    double ref = 0;
+    for (double v : g.host) ref += v * v;
+    chk.check("sum_squares", {s1}, {ref}, {2 * (double(n) + 1) * u64 * ref});
+    chk.check("sum_squares run to run", {s2}, {s1}, exact(1));
+    const double sc = 0.125 + 1.0 / 3;
+    be.scale_master(be.context(), g.p(), sc, n);
+    Vec r(n), m(n);
+    for (size_t i = 0; i < n; ++i) r[i] = g.host[i] * sc, m[i] = std::fabs(r[i]);
+    chk.check("scale_master", g.get(be), r, bounds(r, m, 2, u32, u32));
+  }
+};
+
+// ---- the table: one line per case ----
+// Partial tiles and odd sizes: 1, primes, one past a power of two (the CUDA kernels' 256-thread blocks, 16-byte
+// packs of 4 / 8 elements, 32-key tiles, 64-row dw chunks).
+inline std::vector<std::unique_ptr<OpCase>> op_cases() {
+  std::vector<std::unique_ptr<OpCase>> c;
+  const auto add = [&](OpCase* k) { c.emplace_back(k); };
+  for (int n : {1, 7, 257, 4099, 70001}) add(new Residual(n));
+  for (int n : {1, 13, 1031, 70001}) add(new Swiglu(n));
+  // dims on both sides of the CUDA warp-per-row kernels' limit (512) and the block-per-row ones above it; 4100 rows:
+  // more than 64 dw chunks
+  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{7, 33}, std::pair{130, 96}, std::pair{3, 1027}, std::pair{9, 512},
+                           std::pair{5, 513}, std::pair{300, 1000}, std::pair{4100, 64}})
+    add(new Rmsnorm(rows, dim));
+  for (auto [rows, heads, hd] : {std::array{1, 1, 2}, std::array{5, 3, 8}, std::array{9, 2, 64}, std::array{3, 4, 128},
+                                 std::array{40, 3, 128}})
+    add(new Rope(rows, heads, hd));
+  for (int hd : {1, 5, 9}) add(new Rope(4, 2, hd));  // an odd head_dim's last dim passes through
+  // CUDA: 1 to 4 rotate-half pairs a lane, a quarter warp (16), 17 pairs (34), warps of 8 items that cross rows,
+  // 4100 x 8 items (a warp's dw partial row takes 9); odd head dims: the CPU's (the CUDA backend does not take them)
+  for (auto [rows, heads, hd] : {std::array{1, 1, 2}, std::array{5, 3, 8}, std::array{7, 2, 64}, std::array{3, 2, 256},
+                                 std::array{2, 3, 30}, std::array{5, 3, 16}, std::array{7, 1, 34}, std::array{9, 12, 64},
+                                 std::array{6, 3, 128}, std::array{4100, 8, 16}, std::array{3, 2, 5}, std::array{3, 2, 9}})
+    add(new HeadNormRope(rows, heads, hd));
+  for (int V : {2, 301, 4099})
+    for (double tau : {1.0, 2.0})
+      for (bool with_u : {false, true}) add(new VocabLossRows(6, V, tau, with_u));
+  add(new VocabLossRows(6, 32003, 2.0, true));  // a vocabulary of the size the row passes stream in chunks
+  for (int n : {1, 5, 1025, 3000017}) add(new AdamW(n));
+  for (int n : {1, 1000, 3000017}) add(new SumSquaresScale(n));
+  for (auto [M, N, K] : {std::array{1, 1, 1}, std::array{7, 5, 3}, std::array{33, 17, 65}, std::array{64, 48, 129}})
+    for (int t = 0; t < 4; ++t) add(new Gemm(M, N, K, t & 1, t & 2, 0.75, t == 3 ? 0.5 : 0.0, false));
+  // padded rows (strides honoured, padding untouched), α 1 β 0 and α 0.5 β 1.5, and K = 0 (C = β C)
+  for (auto [M, N, K] : {std::array{17, 33, 65}, std::array{128, 96, 256}, std::array{5, 300, 7}, std::array{64, 64, 0}})
+    for (int t = 0; t < 4; ++t)
+      for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.5}})
+        add(new Gemm(M, N, K, t & 1, t & 2, alpha, beta, true));
+  for (int n : {1, 9, 1029, 70001}) add(new AccumulateScale(n));
+  for (int n : {1, 9, 1029}) add(new SigmoidGate(n));
+  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{5, 33}, std::pair{3, 257}, std::pair{300, 128}, std::pair{7, 1000}}) {
+    add(new L2norm(rows, dim));
+    add(new GatedRmsnorm(rows, dim));
+  }
+  for (auto [rows, heads] : {std::pair{1, 1}, std::pair{7, 6}, std::pair{33, 32}}) add(new DeltanetGates(rows, heads));
+  // Qwen3.5's quarter of head_dim 256, and the whole head
+  for (auto [rows, hd, rot] : {std::array{3, 8, 8}, std::array{5, 64, 16}, std::array{4, 10, 6}, std::array{2, 256, 64},
+                               std::array{40, 256, 64}, std::array{40, 256, 256}})
+    add(new RopePartial(rows, hd, rot));
+  for (auto [N, in, out] : {std::array{1, 1, 1}, std::array{7, 33, 5}, std::array{65, 48, 17}, std::array{70, 96, 40}})
+    add(new Linear(N, in, out));
+  for (Linear::Grads g : {Linear::dx_only, Linear::dW_only}) add(new Linear(37, 48, 20, g));  // a frozen weight
+  // the embedding and the MoE's row moves: repeated ids and both ends of the table; scatters into more rows
+  for (bool embedding : {true, false}) {
+    add(new GatherRows(1, 1, 1, embedding));
+    add(new GatherRows(9, 300, 50, embedding));
+  }
+  for (bool weighted : {false, true}) {
+    add(new ScatterRows(1, 1, 1, weighted));
+    add(new ScatterRows(9, 300, 11, weighted));
+  }
+  for (auto [rows, dim] : {std::pair{1, 1}, std::pair{9, 300}}) add(new ScaleRows(rows, dim));
+  // fused projections split per head (Qwen3.5's query | gate rows; a q | k | v channel split), and one tap written
+  // into its columns of the taps
+  add(new CopyStrided(37, 256, 256, 512, 0, false));
+  add(new CopyStrided(37, 256, 256, 512, 256, false));
+  add(new CopyStrided(9, 96, 96, 192, 96, false));
+  add(new CopyStrided(20, 30, 40, 30, 0, true));
+  add(new CopyStrided(3, 7, 9, 8, 1, true));
+  for (int n : {1, 7, 1003}) {
+    add(new Convert(n, /*from_float=*/true));
+    add(new Convert(n, /*from_float=*/false));
+  }
+  // the target's attention: prefill (past 0), a cached chunk, decode steps (n 1: the split-K path on CUDA), GQA
+  // groups 1 to 6, head dims the tensor-core kernels take (64/128/256) and ones they do not (4, 33)
+  for (auto [n, past, qh, kvh, D] :
+       {std::array{100, 0, 8, 2, 128}, std::array{1, 300, 6, 1, 256}, std::array{17, 70, 3, 3, 33},
+        std::array{1, 0, 2, 1, 4}, std::array{5, 37, 4, 2, 64}})
+    add(new CachedAttention(n, past, qh, kvh, D, /*prefill=*/false));
+  // the prefill entry point of the same attention (keys = the S rows themselves)
+  for (auto [S, qh, kvh, D] : {std::array{1, 2, 1, 4}, std::array{100, 8, 2, 128}, std::array{65, 3, 3, 33}})
+    add(new CachedAttention(S, 0, qh, kvh, D, /*prefill=*/true));
+  for (auto [S, C, K] : {std::array{1, 1, 1}, std::array{9, 33, 4}, std::array{66, 300, 4}, std::array{5, 7, 2}})
+    add(new CausalConv1d(S, C, K));
+  // the delta rule: value heads over key heads (groups 1 to 3), dv not a multiple of 32, S across chunk sizes
+  for (auto [S, kh, vh, dk, dv] : {std::array{70, 2, 6, 128, 80}, std::array{3, 1, 3, 256, 32},
+                                   std::array{1, 4, 4, 16, 7}, std::array{65, 1, 1, 33, 5}})
+    add(new DeltaRule(S, kh, vh, dk, dv));
+  for (auto [rows, cols] : {std::pair{1, 1}, std::pair{7, 257}, std::pair{6, 49664}}) add(new Argmax(rows, cols));
+  // the drafter's attention {n_blocks, block, ctx_len, heads, kv_heads, head_dim, window} + anchors: full
+  // (bidirectional block) and sliding (causal block) layers, GQA 1 to 6, anchors at 0 and at S and unsorted,
+  // ragged head dims (CUDA cores) and 64/128/256 (bf16: the tensor-core kernels), partial key tiles and warps
+  using Shape = kernels::DFlashAttentionShape;
+  for (auto& [s, anchors] : std::vector<std::pair<Shape, std::vector<int32_t>>>{
+           {{4, 3, 9, 4, 2, 4, 0}, {0, 4, 5, 9}}, {{4, 3, 9, 4, 2, 4, 4}, {0, 4, 5, 9}}, {{3, 4, 8, 2, 1, 5, 1}, {2, 7, 1}},
+           {{3, 16, 130, 8, 2, 128, 0}, {0, 129, 130}}, {{3, 16, 130, 8, 2, 128, 40}, {1, 70, 130}},
+           {{3, 7, 77, 6, 3, 33, 0}, {76, 13, 40}}, {{3, 16, 130, 2, 2, 64, 0}, {130, 64, 65}},
+           {{3, 8, 100, 12, 2, 64, 20}, {0, 50, 100}}, {{3, 7, 77, 8, 2, 64, 16}, {76, 13, 40}},
+           {{2, 32, 100, 4, 1, 256, 0}, {40, 100}}})
+    add(new DflashAttention(s, anchors));
+  return c;
+}
+
+// Every case of the table the backend runs (Backend::supports decides), each output within its bound; prints one
+// line per op with the worst measured |got − ref| / bound of its cases, and the cases the backend does not run.
 template <typename T>
-void run_table(Backend<T>& be, bool is_cuda) {
-  std::vector<std::pair<Op, double>> worst_by_op;
-  int ran = 0;
-  for (const OpCase& k : op_cases()) {
-    if (is_cuda && !k.cuda) continue;
-    Runner<T> r{be, {}};
-    r.run(k);
+void run_table(Backend<T>& be) {
+  std::vector<std::pair<std::string, double>> worst_by_op;
+  int ran = 0, not_run = 0;
+  for (const std::unique_ptr<OpCase>& k : op_cases()) {
+    if (!k->supported(be)) {
+      ++not_run;
+      continue;
+    }
+    Check<T> chk{be, {}};
+    k->run(chk);
     ++ran;
     double case_worst = 0;
-    for (const auto& [what, w] : r.results) {
-      INFO(be.name() << " " << type_name<T>() << ": " << k.describe() << ", " << what << ": element " << w.at << " got "
-                     << w.got << " ref " << w.ref << " bound " << w.bound);
+    for (const auto& [what, w] : chk.results) {
+      // one std::string: doctest prints a const char* it captures as a pointer
+      const std::string where = std::string(be.name()) + " " + type_name<T>() + ": " + k->op() + " [" + k->vars() +
+                                "], " + what;
+      INFO(where << ": element " << w.at << " got " << w.got << " ref " << w.ref << " bound " << w.bound);
       CHECK_FALSE(w.nan);
       CHECK(w.ratio <= 1.0);
       case_worst = std::max(case_worst, w.ratio);
     }
-    auto it = std::find_if(worst_by_op.begin(), worst_by_op.end(), [&](const auto& p) { return p.first == k.op; });
+    auto it = std::find_if(worst_by_op.begin(), worst_by_op.end(), [&](const auto& p) { return p.first == k->op(); });
     if (it == worst_by_op.end())
-      worst_by_op.push_back({k.op, case_worst});
+      worst_by_op.push_back({k->op(), case_worst});
     else
       it->second = std::max(it->second, case_worst);
   }
   CHECK(ran > 0);
   for (const auto& [op, w] : worst_by_op)
-    std::printf("backend ops %s %s: %-36s worst |got - ref| / bound %.3g\n", be.name(), type_name<T>(), op_name(op), w);
+    std::printf("backend ops %s %s: %-36s worst |got - ref| / bound %.3g\n", be.name(), type_name<T>(), op.c_str(), w);
+  std::printf("backend ops %s %s: %d cases run, %d the backend does not take\n", be.name(), type_name<T>(), ran,
+              not_run);
 }
 
 }  // namespace dflash::test::ops

@@ -9,10 +9,10 @@ using namespace dflash;
 
 TEST_CASE("backend ops: every op case of the table on the CPU backend in float, within its derived bound") {
   auto be = kernels::make_backend<float>(kernels::Device::cpu);
-  test::ops::run_table<float>(*be, false);
+  test::ops::run_table<float>(*be);
 }
 
 TEST_CASE("backend ops: every op case of the table on the CPU backend in double, within its derived bound") {
   auto be = kernels::make_backend<double>(kernels::Device::cpu);
-  test::ops::run_table<double>(*be, false);
+  test::ops::run_table<double>(*be);
 }

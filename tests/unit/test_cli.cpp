@@ -11,6 +11,7 @@
 #include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/job/cli.h"
+#include "lib/state/export_command.h"
 
 using namespace dflash;
 
@@ -167,12 +168,12 @@ TEST_CASE("cli: dflash_mpi options: config, repeated --set, --stop-after-steps, 
         }).find("--set optim.lr: expected key=value") != std::string::npos);
 
   Argv ex({"dflash_mpi", "--export", "ckpt/step_00000002", "out", "--dtype", "f32"});
-  const auto e = job::parse_export_options(ex.argc(), ex.argv());
+  const auto e = state::parse_export_options(ex.argc(), ex.argv());
   REQUIRE(e);
   CHECK(e->source == "ckpt/step_00000002");
   CHECK(e->dtype == "f32");
   Argv bad_dtype({"dflash_mpi", "--export", "a", "b", "--dtype", "f16"});
-  CHECK(error_of([&] { job::parse_export_options(bad_dtype.argc(), bad_dtype.argv()); }).find("--dtype") !=
+  CHECK(error_of([&] { state::parse_export_options(bad_dtype.argc(), bad_dtype.argv()); }).find("--dtype") !=
         std::string::npos);
 }
 

@@ -44,11 +44,11 @@ std::string error_of(const std::string& yaml, const std::vector<std::string>& se
 TEST_CASE("config: defaults come from the struct and the required keys must be given") {
   TrainConfig c = load_config_text(kRequired, {}, "config.yaml");
   CHECK(c.run.name == "dflash");
-  CHECK(c.run.device == "cpu");
+  CHECK(c.run.device == kernels::Device::cpu);
   CHECK(c.layout.target_tp == 5);
   CHECK(c.layout.target_groups == 1);
   CHECK(c.layout.drafter_dp == 3);
-  CHECK(c.layout.transport == "auto");
+  CHECK(c.layout.transport == comm::TransportChoice::automatic);
   CHECK(c.layout.packets_in_flight == 2);
   CHECK(c.target.n_taps == 5);
   CHECK(c.target.target_layer_ids.empty());
@@ -92,10 +92,10 @@ TEST_CASE("config: file values of every type are parsed") {
       {}, "config.yaml");
   CHECK(c.run.name == "tiny");
   CHECK(c.run.seed == 1234);
-  CHECK(c.run.device == "cuda");
+  CHECK(c.run.device == kernels::Device::cuda);
   CHECK(c.run.steps == 300);
   CHECK(c.layout.target_tp == 2);
-  CHECK(c.layout.transport == "nccl");
+  CHECK(c.layout.transport == comm::TransportChoice::nccl);
   CHECK(c.target.target_layer_ids == std::vector<int>{1, 17, 33});
   CHECK(c.drafter.layer_types == std::vector<std::string>{"sliding", "full"});
   CHECK(c.drafter.rope_theta == 1e7);
@@ -148,6 +148,11 @@ TEST_CASE("config: wrong types, enum values, ranges and cross-key rules are erro
   CHECK_HAS(error_of(kRequired + "optim: 3\n"), "'optim' is a section: expected a map");
   CHECK_HAS(error_of(kRequired + "run:\n  device: gpu\n"), "key 'run.device' is 'gpu'; allowed: cpu, cuda");
   CHECK_HAS(error_of(kRequired + "loss:\n  mode: fast\n"), "key 'loss.mode' is 'fast'; allowed: recompute, fused");
+  // a typo of a name is named back (a word that only looks like one is not: 'gpu' above)
+  CHECK_HAS(error_of(kRequired + "run:\n  device: cdua\n"), "key 'run.device' is 'cdua' (did you mean 'cuda'?); allowed: cpu, cuda");
+  CHECK_HAS(error_of(kRequired + "layout:\n  transport: NCCL\n"), "is 'NCCL' (did you mean 'nccl'?); allowed: auto, mpi, nccl");
+  // which device computes in which precision is the backend factory's answer (kernels/device.h)
+  CHECK_HAS(error_of(kRequired + "run:\n  precision: bf16\n"), "run.precision is bf16 but run.device is cpu: precision bf16 needs the CUDA backend");
   CHECK_HAS(error_of(kRequired + "drafter:\n  layers: 2\n  layer_types: [full, local]\n"), "element 'drafter.layer_types[1]' is 'local'; allowed: full, sliding");
   CHECK_HAS(error_of(kRequired + "drafter:\n  block_size: 0\n"), "key 'drafter.block_size' must be in [2, 1024], got 0");
   CHECK_HAS(error_of(kRequired + "optim:\n  lr: 0\n"), "key 'optim.lr' must be > 0, got 0");

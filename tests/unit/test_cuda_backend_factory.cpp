@@ -38,6 +38,15 @@ TEST_CASE("backend factory: make_backend gives the CPU backend in float and doub
   CHECK(std::string(f->name()) == "cpu");
   CHECK(std::string(d->name()) == "cpu");
   CHECK(f->supports(kernels::Feature::tree_attention));
+  for (int head_dim : {1, 5, 64, 300}) CHECK(f->supports(kernels::Feature::head_norm_rope, head_dim));  // any
+  // the pairs that exist, written once (kernels/device.h): what make_backend refuses, the config refuses too
+  CHECK(kernels::backend_refusal(kernels::Device::cpu, kernels::Precision::fp32).empty());
+  CHECK(kernels::backend_refusal(kernels::Device::cpu, kernels::Precision::fp64).empty());
+  CHECK(kernels::backend_refusal(kernels::Device::cuda, kernels::Precision::bf16).empty());
+  CHECK_FALSE(kernels::backend_refusal(kernels::Device::cpu, kernels::Precision::bf16).empty());
+  CHECK_FALSE(kernels::backend_refusal(kernels::Device::cuda, kernels::Precision::fp64).empty());
+  CHECK(kernels::default_precision(kernels::Device::cpu) == kernels::Precision::fp32);
+  CHECK(kernels::default_precision(kernels::Device::cuda) == kernels::Precision::bf16);
   CHECK_THROWS_WITH_AS((void)kernels::make_backend<kernels::bf16>(kernels::Device::cpu),
                        doctest::Contains("bf16 needs the CUDA backend"), Error);
   CHECK_THROWS_WITH_AS((void)kernels::make_backend<double>(kernels::Device::cuda),
@@ -49,6 +58,10 @@ TEST_CASE("backend factory: make_backend gives the CPU backend in float and doub
     auto b = kernels::make_backend<kernels::bf16>(kernels::Device::cuda);
     CHECK(std::string(b->name()) == "cuda");
     CHECK_FALSE(b->supports(kernels::Feature::tree_attention));
+    CHECK(b->supports(kernels::Feature::head_norm_rope, 64));
+    CHECK(b->supports(kernels::Feature::head_norm_rope, 256));
+    CHECK_FALSE(b->supports(kernels::Feature::head_norm_rope, 5));    // odd: the fused kernel rotates pairs
+    CHECK_FALSE(b->supports(kernels::Feature::head_norm_rope, 258));  // past 4 pairs a lane
   }
 }
 

@@ -14,13 +14,14 @@
 #include "lib/state/checkpoint.h"
 #include "lib/io/dataset.h"
 #include "lib/model/random_target.h"
-#include "lib/preflight/data_facts.h"
+#include "lib/train/data_facts.h"
 #include "lib/preflight/target_check.h"
 #include "test_util.h"
 
 using namespace dflash;
 using namespace dflash::state;
 using namespace dflash::preflight;
+using namespace dflash::train;
 namespace fs = std::filesystem;
 
 namespace {
@@ -61,16 +62,16 @@ TEST_CASE("data checks: counts of trained tokens and anchor candidates, per sequ
   SmallData d;
   const std::string path = d.write("counts");
   io::Dataset data(path, 100, false);
-  preflight::DataFacts f = scan_data_facts(data, 99, 0);
+  train::DataFacts f = scan_data_facts(data, 99, 0);
   CHECK(f.sequences == 2);
   CHECK(f.tokens == 10);
   CHECK(f.longest == 6);
   CHECK(f.trained_tokens == 6);
   CHECK(f.anchor_candidates == 4);  // (2,3) (3,4) (4,5) in the first; (1,2) in the second; none across sequences
   CHECK(f.mask_token_trained == 0);
-  CHECK_NOTHROW(preflight::check_data_facts(f, config_for(path, 4, 99)));
+  CHECK_NOTHROW(train::check_data_facts(f, config_for(path, 4, 99)));
   // max_seq_len 3: the first sequence streams 1 2 3 (mask 0 0 1), the second 7 8 9 (mask 0 1 1)
-  f = preflight::scan_data_facts(data, 99, 3);
+  f = train::scan_data_facts(data, 99, 3);
   CHECK(f.longest == 3);
   CHECK(f.trained_tokens == 3);
   CHECK(f.anchor_candidates == 1);
@@ -83,7 +84,7 @@ TEST_CASE("data checks: an all-zero loss mask is an error (nothing would be trai
   io::Dataset data(path, 100, false);
   const DataFacts f = scan_data_facts(data, 99, 0);
   CHECK(f.trained_tokens == 0);
-  CHECK(error_of([&] { preflight::check_data_facts(f, config_for(path, 4, 99)); })
+  CHECK(error_of([&] { train::check_data_facts(f, config_for(path, 4, 99)); })
             .find(path + ": 0 of 10 tokens have loss_mask 1 and no trained token follows another: no anchor can be "
                          "drawn, nothing would be trained") != std::string::npos);
   // isolated trained tokens (1 0 1 0 ...) cannot anchor either
@@ -92,7 +93,7 @@ TEST_CASE("data checks: an all-zero loss mask is an error (nothing would be trai
   const std::string alt_path = alt.write("isolated_mask");
   io::Dataset alt_data(alt_path, 100, false);
   CHECK(error_of([&] {
-          preflight::check_data_facts(preflight::scan_data_facts(alt_data, 99, 0), config_for(alt_path, 4, 99));
+          train::check_data_facts(train::scan_data_facts(alt_data, 99, 0), config_for(alt_path, 4, 99));
         }).find("5 of 10 tokens have loss_mask 1") != std::string::npos);
 }
 
@@ -107,7 +108,7 @@ TEST_CASE("data checks: the mask token id at trained positions is an error namin
   CHECK(f.first_mask_seq == 1);
   CHECK(f.first_mask_pos == 2);
   CHECK(error_of([&] {
-          preflight::check_data_facts(f, config_for(path, 4, 99));
+          train::check_data_facts(f, config_for(path, 4, 99));
         }).find("1 trained position(s) hold drafter.mask_token_id = 99 (first: sequence 1, position 2)") !=
         std::string::npos);
 }
@@ -117,20 +118,20 @@ TEST_CASE("data checks: block_size longer than every sequence is an error") {
   const std::string path = d.write("block");
   io::Dataset data(path, 100, false);
   const DataFacts f = scan_data_facts(data, 99, 0);
-  CHECK_NOTHROW(preflight::check_data_facts(f, config_for(path, 6, 99)));
+  CHECK_NOTHROW(train::check_data_facts(f, config_for(path, 6, 99)));
   CHECK(error_of([&] {
-          preflight::check_data_facts(f, config_for(path, 7, 99));
+          train::check_data_facts(f, config_for(path, 7, 99));
         }).find("drafter.block_size = 7 is longer than every sequence of " + path + " (longest: 6 tokens)") !=
         std::string::npos);
   CHECK(error_of([&] {
-          preflight::check_data_facts(preflight::scan_data_facts(data, 99, 5), config_for(path, 6, 99, 5));
+          train::check_data_facts(train::scan_data_facts(data, 99, 5), config_for(path, 6, 99, 5));
         }).find("(longest after data.max_seq_len: 5 tokens)") != std::string::npos);
 }
 
 TEST_CASE("data checks: the identity follows the content, not the path, one token or mask bit changes it") {
   SmallData d;
   io::Dataset a(d.write("id_a"), 100, false), b(d.write("id_b"), 100, false);
-  const std::string id = preflight::scan_data_facts(a, 99, 0).identity();
+  const std::string id = train::scan_data_facts(a, 99, 0).identity();
   CHECK(id.rfind("2 sequences, 10 tokens, content 0x", 0) == 0);
   CHECK(scan_data_facts(b, 99, 0).identity() == id);
   SmallData token = d, mask = d, split = d;

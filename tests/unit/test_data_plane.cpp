@@ -9,10 +9,11 @@
 
 using namespace dflash;
 using comm::DataPlane;
+using comm::TransportChoice;
 
 namespace {
 
-std::string refusal(const std::string& requested, bool cuda, bool built, comm::NodeShape node) {
+std::string refusal(comm::TransportChoice requested, bool cuda, bool built, comm::NodeShape node) {
   try {
     comm::choose_data_plane(requested, cuda, built, node);
   } catch (const Error& e) {
@@ -24,31 +25,29 @@ std::string refusal(const std::string& requested, bool cuda, bool built, comm::N
 }  // namespace
 
 TEST_CASE("data plane: mpi is taken as asked, anywhere") {
-  CHECK(comm::choose_data_plane("mpi", false, false, {8, 0}) == DataPlane::Mpi);
-  CHECK(comm::choose_data_plane("mpi", true, true, {8, 8}) == DataPlane::Mpi);
+  CHECK(comm::choose_data_plane(TransportChoice::mpi, false, false, {8, 0}) == DataPlane::Mpi);
+  CHECK(comm::choose_data_plane(TransportChoice::mpi, true, true, {8, 8}) == DataPlane::Mpi);
 }
 
 TEST_CASE("data plane: auto is nccl only with cuda, NCCL built and a GPU per rank") {
-  CHECK(comm::choose_data_plane("auto", true, true, {8, 8}) == DataPlane::Nccl);
-  CHECK(comm::choose_data_plane("auto", true, true, {4, 8}) == DataPlane::Nccl);
-  CHECK(comm::choose_data_plane("auto", true, true, {8, 1}) == DataPlane::Mpi);   // the tiny job on one GPU
-  CHECK(comm::choose_data_plane("auto", false, true, {8, 8}) == DataPlane::Mpi);  // run.device cpu
-  CHECK(comm::choose_data_plane("auto", true, false, {8, 8}) == DataPlane::Mpi);  // a build without NCCL
-  CHECK(comm::choose_data_plane("auto", true, true, {1, 0}) == DataPlane::Mpi);   // no GPU visible
+  CHECK(comm::choose_data_plane(TransportChoice::automatic, true, true, {8, 8}) == DataPlane::Nccl);
+  CHECK(comm::choose_data_plane(TransportChoice::automatic, true, true, {4, 8}) == DataPlane::Nccl);
+  CHECK(comm::choose_data_plane(TransportChoice::automatic, true, true, {8, 1}) == DataPlane::Mpi);   // the tiny job on one GPU
+  CHECK(comm::choose_data_plane(TransportChoice::automatic, false, true, {8, 8}) == DataPlane::Mpi);  // run.device cpu
+  CHECK(comm::choose_data_plane(TransportChoice::automatic, true, false, {8, 8}) == DataPlane::Mpi);  // a build without NCCL
+  CHECK(comm::choose_data_plane(TransportChoice::automatic, true, true, {1, 0}) == DataPlane::Mpi);   // no GPU visible
 }
 
 TEST_CASE("data plane: nccl is refused with the reason and the fix") {
-  CHECK(comm::choose_data_plane("nccl", true, true, {8, 8}) == DataPlane::Nccl);
-  const std::string cpu = refusal("nccl", false, true, {8, 8});
+  CHECK(comm::choose_data_plane(TransportChoice::nccl, true, true, {8, 8}) == DataPlane::Nccl);
+  const std::string cpu = refusal(TransportChoice::nccl, false, true, {8, 8});
   CHECK(cpu.find("run.device is cpu") != std::string::npos);
   CHECK(cpu.find("layout.transport: mpi") != std::string::npos);
-  CHECK(refusal("nccl", true, false, {8, 8}).find("this build has no CUDA/NCCL") != std::string::npos);
-  const std::string shared = refusal("nccl", true, true, {8, 1});
+  CHECK(refusal(TransportChoice::nccl, true, false, {8, 8}).find("this build has no CUDA/NCCL") != std::string::npos);
+  const std::string shared = refusal(TransportChoice::nccl, true, true, {8, 1});
   CHECK(shared.find("a node runs 8 ranks on 1 GPU(s)") != std::string::npos);
   CHECK(shared.find("NCCL refuses two ranks on one GPU") != std::string::npos);
-  CHECK(refusal("nccl", true, true, {2, 0}).find("a node shows no GPU") != std::string::npos);
-  CHECK(refusal("gloo", true, true, {8, 8}).find("layout.transport = gloo: use auto, mpi or nccl") !=
-        std::string::npos);
+  CHECK(refusal(TransportChoice::nccl, true, true, {2, 0}).find("a node shows no GPU") != std::string::npos);
 }
 
 TEST_CASE("data plane: the plane's name") {

@@ -314,7 +314,7 @@ TEST_CASE("moe target: make-target qwen3_5_moe loads and matches the fp64 target
   std::vector<float> f64(size_t(S) * H);
   comm::SelfTransport self;
   TargetOptions o64;
-  o64.precision = "fp64";
+  o64.precision = kernels::Precision::fp64;
   TargetModel t64(dir, self, o64);
   t64.forward(tokens.data(), S, {}, nullptr, f64.data());
   for (const int tp : {1, 3}) {
@@ -580,7 +580,7 @@ TEST_CASE("moe target: make-target qwen3_moe, per-expert and fused layouts of th
     std::vector<float> f64(size_t(S) * H);
     comm::SelfTransport self;
     TargetOptions o64;
-    o64.precision = "fp64";
+    o64.precision = kernels::Precision::fp64;
     TargetModel t64(a, self, o64);
     t64.forward(tokens.data(), S, {}, nullptr, f64.data());
     CHECK(diff(out[0].data(), f64.data(), f64.size()).rel <= 1e-5);

@@ -8,6 +8,7 @@
 
 #include "lib/comm/layout.h"
 #include "lib/comm/transport.h"
+#include "lib/core/error.h"
 #include "lib/eval/evals.h"
 #include "lib/eval/heldout_eval.h"
 #include "lib/eval/spec_eval.h"
@@ -128,37 +129,47 @@ TEST_CASE("orchestration: speculative eval due every eval.spec_every steps, also
 }
 
 TEST_CASE("orchestration: the evals registered per rank and the best checkpoint's metric") {
-  const std::string path = write_numbered_dataset("orch_registry", 5);
-  const io::Dataset eval_data(path, 1000);
   TrainConfig cfg;
   cfg.layout.target_tp = 1;
   cfg.layout.target_groups = 1;
   cfg.layout.drafter_dp = 2;
+  cfg.eval.data = write_numbered_dataset("orch_registry", 5);
+  cfg.eval.prompts = cfg.eval.data;  // every sequence has a prompt: its first token (loss_mask 0)
   train::RunPlan plan;
   plan.drafter.block_size = 4;
-  eval::EvalInputs inputs;
+  plan.target.vocab = 1000;
   auto names = [&](int dp_rank) {
+    const eval::TrainingEvals evals = eval::make_training_evals(cfg, plan, /*scan_tokens=*/false);
     const comm::RankLayout layout = comm::make_rank_layout(1, 1, 2, 3, 1 + dp_rank);
     std::vector<std::string> out;
-    for (const auto& e : eval::make_drafter_evals(cfg, plan, layout, inputs)) out.push_back(e->name());
+    for (const auto& e : eval::make_drafter_evals(evals, layout)) out.push_back(e->name());
     return out;
   };
+  auto metric = [&] { return eval::best_checkpoint_metric(eval::make_training_evals(cfg, plan, false)); };
   CHECK(names(0).empty());
-  CHECK(eval::best_checkpoint_metric(cfg).empty());
+  CHECK_FALSE(metric().has_value());
   cfg.eval.every = 2;
-  inputs.data = &eval_data;
   CHECK(names(0) == std::vector<std::string>{"held-out eval"});
-  CHECK(eval::best_checkpoint_metric(cfg) == "eval_tau");
+  CHECK(metric() == state::TauMetric::eval_tau);
   cfg.eval.spec_every = 5;
   CHECK(names(0) == std::vector<std::string>{"held-out eval", "speculative eval"});
   CHECK(names(1) == std::vector<std::string>{"held-out eval"});  // only drafter rank 0 talks to the target
-  CHECK(eval::best_checkpoint_metric(cfg) == "spec_tau");
+  CHECK(metric() == state::TauMetric::spec_tau);  // the speculative τ, whatever the registration order
+  // each says what --check prints of it
+  const eval::TrainingEvals evals = eval::make_training_evals(cfg, plan, false);
+  REQUIRE(evals.size() == 2);
+  CHECK(evals[0]->check_item().name == "eval data");
+  CHECK(evals[0]->check_item().lines[0] == cfg.eval.data + ": 5 of 5 sequences every 2 steps (held-out loss, acc, tau)");
+  CHECK(evals[1]->check_item().lines[0] == cfg.eval.prompts + ": 5 prompts x 64 new tokens every 5 steps (speculative tau)");
+  // an input file that is not there is refused by name, with the switch that turns the eval off
+  cfg.eval.prompts = cfg.eval.data + ".missing";
+  CHECK_THROWS_WITH_AS(eval::make_training_evals(cfg, plan, false), doctest::Contains("eval.prompts = "), dflash::Error);
 }
 
 TEST_CASE("orchestration: the stream plan gives each drafter its training packets, then the held-out ones") {
   const std::string train_path = write_numbered_dataset("orch_stream_train", 12);
   const std::string eval_path = write_numbered_dataset("orch_stream_eval", 5);
-  const io::Dataset data(train_path, 10000), eval(eval_path, 10000);
+  const io::Dataset data(train_path, 10000);
   TrainConfig cfg;
   cfg.layout.drafter_dp = 2;
   cfg.optim.micro_batches = 2;
@@ -168,9 +179,10 @@ TEST_CASE("orchestration: the stream plan gives each drafter its training packet
   train::RunPlan plan;
   plan.num_sequences = data.size();
   plan.total_steps = 3;
-  eval::EvalInputs inputs;
-  inputs.data = &eval;
-  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, data, inputs);
+  plan.target.vocab = 10000;
+  cfg.eval.data = eval_path;
+  const eval::TrainingEvals evals = eval::make_training_evals(cfg, plan, /*scan_tokens=*/false);
+  const train::StreamPlan stream = eval::make_stream_plan(cfg, plan, data, evals);
   const io::SequenceSchedule schedule(12, 2, 2, uint64_t(cfg.run.seed), false);
 
   // drafter rank 1 from step 0: steps 0, 1 (then held-out 1, 3: eval after 2 steps), 2, end
@@ -219,7 +231,7 @@ TEST_CASE("orchestration: the stream plan gives each drafter its training packet
   CHECK(t.tokens[0] == 100 * int(schedule.sequence(0, 1, 1)));
 
   // without eval.data: no extras at all
-  const train::StreamPlan plain = eval::make_stream_plan(cfg, plan, data, {});
+  const train::StreamPlan plain = eval::make_stream_plan(cfg, plan, data, eval::TrainingEvals{});
   CHECK(plain.extras(1, 0).empty());
   train::StreamCursor c(plain, 0, 0);
   int m = 0;

@@ -12,20 +12,20 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
 #include "lib/config/config.h"
 #include "lib/core/error.h"
-#include "lib/state/drafter_source.h"
 #include "lib/eval/spec_decode.h"
 #include "lib/io/dataset.h"
 #include "lib/model/drafter_export.h"
 #include "lib/model/generate.h"
 #include "lib/model/random_target.h"
+#include "lib/model/target_identity.h"
 #include "lib/preflight/memory_plan.h"
-#include "lib/preflight/target_identity.h"
 #include "lib/state/best_checkpoint.h"
 #include "lib/state/checkpoint.h"
+#include "lib/state/drafter_source.h"
 #include "lib/state/out_dir_guard.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace dflash;
@@ -118,7 +118,7 @@ TEST_CASE("out_dir guard: a requeue with ckpt.resume auto and no step checkpoint
   CHECK(state::earlier_run_files(config_for(out, "auto")).empty());
   CHECK(state::guard_out_dir(config_for(out, "auto")).empty());
   // the best checkpoint object reads it as the value to beat and never deletes it
-  const BestCheckpoint best(out, "spec_tau");
+  const BestCheckpoint best(out, TauMetric::spec_tau);
   CHECK(fs::exists(fs::path(out) / "ckpt" / "best" / "DONE"));
   CHECK(best.notice().find("another metric") != std::string::npos);
   // with ckpt.resume none it is an earlier run's best: refused
@@ -224,9 +224,9 @@ TEST_CASE("target identity: equal for a copy, different when one weight changes,
   const fs::path a = test::scratch_dir("ident_a"), b = test::scratch_dir("ident_b");
   model::write_random_target(a.string(), test::small_random_target(false, 2, 11));
   fs::copy(a, b, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-  const std::string ia = preflight::target_identity(a.string());
+  const std::string ia = model::target_identity(a.string());
   CHECK(ia.find("sampled content 0x") != std::string::npos);
-  CHECK(target_identity(b.string()) == ia);
+  CHECK(model::target_identity(b.string()) == ia);
   // one byte of the first tensor's data: the safetensors data section starts after the 8-byte length + header
   {
     std::fstream f(b / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -236,6 +236,6 @@ TEST_CASE("target identity: equal for a copy, different when one weight changes,
     const char flipped = 0x5a;
     f.write(&flipped, 1);
   }
-  CHECK(target_identity(b.string()) != ia);
-  CHECK(target_identity(a.string()) == ia);
+  CHECK(model::target_identity(b.string()) != ia);
+  CHECK(model::target_identity(a.string()) == ia);
 }

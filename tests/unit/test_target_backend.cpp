@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "lib/comm/transport.h"
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 #include "lib/core/rng.h"
 #include "lib/model/random_target.h"
 #include "lib/model/target.h"
@@ -76,7 +77,7 @@ TEST_CASE("target backend: an explicit CPU backend equals the default, the arena
 
 namespace {
 
-model::TargetOptions with_precision(const std::string& precision) {
+model::TargetOptions with_precision(kernels::Precision precision) {
   model::TargetOptions o;
   o.precision = precision;
   return o;
@@ -97,7 +98,7 @@ TEST_CASE("target precision: the fp64 target is the fp32 target's reference (for
     const auto dir = test::scratch_dir(hybrid ? "precision_hybrid" : "precision_dense");
     model::write_random_target(dir.string(), spec);
     comm::SelfTransport s32, s64;
-    model::TargetModel f32(dir.string(), s32), f64(dir.string(), s64, with_precision("fp64"));
+    model::TargetModel f32(dir.string(), s32), f64(dir.string(), s64, with_precision(kernels::Precision::fp64));
     CHECK(std::string(f64.precision()) == "fp64");
     CHECK(std::string(f64.backend_name()) == "cpu");
     CHECK(f64.weight_bytes() == 2 * f32.weight_bytes());
@@ -152,8 +153,8 @@ TEST_CASE("target outputs in backend memory: on the CPU the MemoryKind forward e
     std::vector<int32_t> tokens(50);
     Rng rng(5);
     for (auto& t : tokens) t = int32_t(rng.below(uint64_t(spec.vocab)));
-    for (const char* precision : {"fp32", "fp64"}) {
-      CAPTURE(precision);
+    for (const kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::fp64}) {
+      CAPTURE(name_of(precision));
       comm::SelfTransport self;
       model::TargetModel t(dir.string(), self, with_precision(precision));
       REQUIRE(t.memory() == MemoryKind::host);
@@ -175,24 +176,22 @@ TEST_CASE("target outputs in backend memory: on the CPU the MemoryKind forward e
   }
 }
 
-TEST_CASE("target precision options: unknown names, bf16 without CUDA, fp64 on CUDA and a non-fp32 injected backend") {
+TEST_CASE("target precision options: bf16 without CUDA, fp64 on CUDA and a non-fp32 injected backend") {
   const model::RandomTargetSpec spec = test::small_random_target(false, 1, 2);
   const auto dir = test::scratch_dir("precision_options");
   model::write_random_target(dir.string(), spec);
   comm::SelfTransport self;
-  CHECK_THROWS_WITH_AS(model::TargetModel(dir.string(), self, with_precision("fp16")),
-                       doctest::Contains("'fp16' is not one of fp32, bf16"), Error);
-  CHECK_THROWS_WITH_AS(model::TargetModel(dir.string(), self, with_precision("bf16")),
+  CHECK_THROWS_WITH_AS(model::TargetModel(dir.string(), self, with_precision(kernels::Precision::bf16)),
                        doctest::Contains("bf16 needs the CUDA backend"), Error);
-  model::TargetOptions fp64_cuda = with_precision("fp64");
-  fp64_cuda.cuda = true;
+  model::TargetOptions fp64_cuda = with_precision(kernels::Precision::fp64);
+  fp64_cuda.device = kernels::Device::cuda;
   CHECK_THROWS_WITH_AS(model::TargetModel(dir.string(), self, fp64_cuda), doctest::Contains("CPU backend only"), Error);
-  model::TargetOptions injected = with_precision("fp64");
+  model::TargetOptions injected = with_precision(kernels::Precision::fp64);
   injected.backend = kernels::make_cpu_backend<float>();
   CHECK_THROWS_WITH_AS(model::TargetModel(dir.string(), self, injected), doctest::Contains("injected backend"), Error);
   if (!kernels::cuda_available()) {  // here CUDA fp32 is refused with the fix (a GPU run: tests/cuda)
-    model::TargetOptions cuda = with_precision("fp32");
-    cuda.cuda = true;
+    model::TargetOptions cuda = with_precision(kernels::Precision::fp32);
+    cuda.device = kernels::Device::cuda;
     CHECK_THROWS_AS(model::TargetModel(dir.string(), self, cuda), Error);
   }
 }

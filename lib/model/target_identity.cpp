@@ -1,4 +1,4 @@
-#include "lib/preflight/target_identity.h"
+#include "lib/model/target_identity.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -10,7 +10,7 @@
 #include "lib/core/error.h"
 #include "lib/io/safetensors.h"
 
-namespace dflash::preflight {
+namespace dflash::model {
 
 namespace {
 
@@ -59,4 +59,4 @@ std::string target_identity(const std::string& target_dir) {
   return fmt::format("{} tensors, {} parameters, sampled content 0x{:016x}", tensors, parameters, h);
 }
 
-}  // namespace dflash::preflight
+}  // namespace dflash::model

@@ -1,10 +1,10 @@
-#include "lib/preflight/data_facts.h"
+#include "lib/train/data_facts.h"
 
 #include <fmt/format.h>
 
 #include "lib/core/error.h"
 
-namespace dflash::preflight {
+namespace dflash::train {
 
 namespace {
 constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL, kFnvPrime = 0x100000001b3ULL;
@@ -75,4 +75,4 @@ void check_data_facts(const DataFacts& f, const TrainConfig& cfg) {
                     f.longest);
 }
 
-}  // namespace dflash::preflight
+}  // namespace dflash::train

@@ -5,7 +5,7 @@
 // --experts --experts-per-tok --moe-intermediate --norm-topk-prob 1|0 --mlp-only-layers 0,2 --expert-layout
 // per-expert|fused; qwen3_5_moe: the hybrid options, the MoE ones and --shared-intermediate) on a CLI::App, for the
 // programs that write random targets (dflash_data make-target, dflash_bench target, tests/integration/target_tp_check).
-// Kept out of lib/model, which knows the spec, not the command line.
+// Beside the spec it fills (lib/model/random_target.h), so every program that writes one takes the same options.
 #include <optional>
 #include <string>
 
@@ -13,14 +13,14 @@
 
 #include "lib/model/random_target.h"
 
-namespace dflash::job {
+namespace dflash::model {
 
 class RandomTargetOptions {
  public:
   explicit RandomTargetOptions(CLI::App& app);  // adds the options to app (app must outlive this object's use)
   // The options given override spec's values (a program's own defaults stay where nothing was given); throws
   // UsageError for a combination no target has (an MoE option without an MoE --arch).
-  void apply(model::RandomTargetSpec& spec) const;
+  void apply(RandomTargetSpec& spec) const;
   const std::optional<std::string>& arch() const { return arch_; }
 
  private:
@@ -34,4 +34,4 @@ class RandomTargetOptions {
   bool tie_ = false;
 };
 
-}  // namespace dflash::job
+}  // namespace dflash::model

@@ -1,10 +1,10 @@
-#include "lib/job/random_target_options.h"
+#include "lib/model/random_target_options.h"
 
 #include <algorithm>
 
 #include "lib/core/cli_app.h"
 
-namespace dflash::job {
+namespace dflash::model {
 
 RandomTargetOptions::RandomTargetOptions(CLI::App& app) {
   const std::string g = "random target";  // one group in --help
@@ -47,7 +47,7 @@ RandomTargetOptions::RandomTargetOptions(CLI::App& app) {
       ->group(m)->check(positive_number());
 }
 
-void RandomTargetOptions::apply(model::RandomTargetSpec& s) const {
+void RandomTargetOptions::apply(RandomTargetSpec& s) const {
   if (arch_) {
     const std::string& arch = *arch_;
     if (arch != "qwen3" && arch != "qwen3_5" && arch != "qwen3_moe" && arch != "qwen3_5_moe")
@@ -106,4 +106,4 @@ void RandomTargetOptions::apply(model::RandomTargetSpec& s) const {
   if (dtype_) s.dtype = *dtype_ == "bf16" ? io::DType::BF16 : io::DType::F32;
 }
 
-}  // namespace dflash::job
+}  // namespace dflash::model

@@ -6,9 +6,9 @@
 // weight, so different weights give different samples), plus config.json byte for byte.
 #include <string>
 
-namespace dflash::preflight {
+namespace dflash::model {
 
 // "N tensors, P parameters, sampled content 0x<16 hex digits>"; throws dflash::Error for an unreadable folder.
 std::string target_identity(const std::string& target_dir);
 
-}  // namespace dflash::preflight
+}  // namespace dflash::model

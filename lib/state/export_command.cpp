@@ -1,4 +1,4 @@
-#include "lib/job/export_command.h"
+#include "lib/state/export_command.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -7,12 +7,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lib/core/cli_app.h"
 #include "lib/core/error.h"
 #include "lib/state/drafter_source.h"
 #include "lib/model/drafter_export.h"
 #include "lib/state/checkpoint.h"
 
-namespace dflash::job {
+namespace dflash::state {
 
 namespace fs = std::filesystem;
 
@@ -159,4 +160,71 @@ std::string export_command(const ExportOptions& o) {
                      model::kExportModelingFile, model::kExportWeightsFile, model::kExportConfigFile, o.out_dir);
 }
 
-}  // namespace dflash::job
+namespace {
+
+// --target-layer-ids 1,9,17: whole numbers separated by commas.
+std::vector<int> parse_layer_ids(const std::string& text) {
+  std::vector<int> ids;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    size_t used = 0;
+    int v = -1;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DFLASH_USER_CHECK(used == item.size() && !item.empty(),
+                      "--target-layer-ids: '{}' is not a comma-separated list of layer numbers (e.g. 1,9,17,25,33)",
+                      text);
+    ids.push_back(v);
+    if (comma == std::string::npos) return ids;
+    start = comma + 1;
+  }
+}
+
+}  // namespace
+
+std::optional<ExportOptions> parse_export_command(int argc, char** argv, const std::string& program,
+                                                  bool print_help) {
+  ExportOptions o;
+  std::string ids;
+  CliApp app(program + ": writes a trained drafter for serving: model.safetensors + config.json + "
+                             "modeling_dflash.py, loadable with transformers' AutoModel.from_pretrained(OUT_DIR, "
+                             "trust_remote_code=True) (docs/export.md); no MPI needed. `dflash_mpi --export` and "
+                             "`dflash_data export` are the same command.",
+             program);
+  // not ->required(): an unknown option is then reported before a missing positional, naming it
+  app.add_option("SOURCE", o.source,
+                 "a run folder (its newest complete checkpoint: ckpt/step_* with DONE), a checkpoint step folder "
+                 "(ckpt/step_XXXXXXXX, ckpt/best) or an exported drafter folder")
+      ->type_name("DIR");
+  app.add_option("OUT_DIR", o.out_dir,
+                 "the folder to write: new, empty, or a previous export (never one holding other files)")
+      ->type_name("DIR");
+  app.add_flag("--best", o.best, "export SOURCE/ckpt/best (the step with the best eval tau) instead of the newest");
+  app.add_option("--dtype", o.dtype, "bf16 (default; rounded to nearest even) or f32 (the master weights bit-exact)")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--target-layer-ids", ids,
+                 "the tapped target layers, e.g. 1,9,17,25,33 (default: the checkpoint's state.json extra.export)")
+      ->type_name("LIST");
+  app.add_option("--num-target-layers", o.num_target_layers,
+                 "the target's num_hidden_layers (default: the checkpoint's)")
+      ->check(positive_number());
+  app.add_option("--max-position-embeddings", o.max_position_embeddings,
+                 "the target's max_position_embeddings (default: the checkpoint's)")
+      ->check(positive_number());
+  if (!parse_command_line(app, argc, argv, print_help)) return std::nullopt;
+  DFLASH_USER_CHECK(!o.source.empty() && !o.out_dir.empty(),
+                    "expected SOURCE and OUT_DIR; `{} --help` lists the options", program);
+  if (!ids.empty()) o.target_layer_ids = parse_layer_ids(ids);
+  return o;
+}
+
+std::optional<ExportOptions> parse_export_options(int argc, char** argv, bool print_help) {
+  return parse_export_command(argc - 1, argv + 1, "dflash_mpi --export", print_help);
+}
+
+}  // namespace dflash::state

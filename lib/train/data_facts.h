@@ -11,7 +11,7 @@
 #include "lib/config/config.h"
 #include "lib/io/dataset.h"
 
-namespace dflash::preflight {
+namespace dflash::train {
 
 struct DataFacts {
   int64_t sequences = 0, tokens = 0;
@@ -32,4 +32,4 @@ DataFacts scan_data_facts(const io::Dataset& data, int mask_token_id, int64_t ma
 // Throws a dflash::Error naming data.path and the key to change for each problem listed above.
 void check_data_facts(const DataFacts& facts, const TrainConfig& cfg);
 
-}  // namespace dflash::preflight
+}  // namespace dflash::train
