@@ -53,7 +53,8 @@ class Backend {
   // Whether this backend runs `f` (at head_dim, for the ops whose support depends on it).
   virtual bool supports(Feature f, int head_dim = 0) const { return true; }
   virtual MemoryKind memory() const = 0;
-  // The backend's own execution context (CUDA: its stream, cuBLASLt handle and workspace; the CPU: host_exec_context()).
+  // The backend's own execution context (CUDA: its stream, cuBLASLt handle and workspace; the CPU:
+  // host_exec_context(), which has no state).
   virtual ExecContext& context() = 0;
 
   // ---- data movement ----

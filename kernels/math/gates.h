@@ -1,8 +1,9 @@
 #pragma once
 // Element formulas of the target's Gated DeltaNet and gated attention, host and device: the only copy. The CPU
-// kernels (kernels/cpu/gated_deltanet.cpp, elementwise.cpp; F = float or double) and the CUDA kernels (kernels/cuda/deltanet.cu,
-// elementwise.cu; F = float) call these. The recurrence itself is not here: the CPU runs it per token or
-// in chunks, CUDA in register slices (target_math.h), and the two are compared in tests/unit/test_cuda_math_target.cpp.
+// kernels (kernels/cpu/gated_deltanet.cpp, elementwise.cpp; F = float or double) and the CUDA kernels
+// (kernels/cuda/deltanet.cu, elementwise.cu; F = float) call these. The recurrence itself is not here: the CPU runs
+// it per token or in chunks, CUDA in register slices (kernels/cuda/target_math.h), and the two are compared in
+// tests/unit/test_cuda_math_target.cpp.
 #include <math.h>
 
 #include "kernels/math/hd.h"

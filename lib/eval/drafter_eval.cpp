@@ -156,6 +156,14 @@ std::string DrafterEval::describe() const {
                      m.so.max_new_tokens);
 }
 
+// What the decoding of every prompt added up to.
+struct DrafterEval::Totals {
+  SpecSummary sum, sum_tree;        // chain decoding; tree decoding (--tree-budget)
+  double greedy_seconds = 0;        // plain greedy decoding of the same prompts (--check-greedy)
+  Mean forced_all, forced_visited;  // --teacher-forced: over every anchor, over the anchors speculative decoding used
+  explicit Totals(int block_size) : sum(block_size), sum_tree(block_size) {}
+};
+
 DrafterEvalResult DrafterEval::run() {
   Impl& m = *impl_;
   const DrafterEvalOptions& a = m.a;
@@ -164,25 +172,25 @@ DrafterEvalResult DrafterEval::run() {
   g.max_new_tokens = m.so.max_new_tokens;
   g.eos_id = m.so.eos_id;
   g.vocab_limit = m.so.vocab_limit;
-  SpecSummary sum(m.so.block_size), sum_tree(m.so.block_size);
-  double greedy_seconds = 0;  // plain greedy decoding of the same prompts (--check-greedy)
-  Mean forced_all, forced_visited;  // --teacher-forced: over every anchor, over the anchors speculative decoding used
+  Totals t(m.so.block_size);
+  SpecSummary &sum = t.sum, &sum_tree = t.sum_tree;
+  Mean &forced_all = t.forced_all, &forced_visited = t.forced_visited;
   for (int64_t i = 0; i < m.n; ++i) {
     const std::vector<int32_t> prompt = model::prompt_of(m.prompts->read(i), m.prompts->path());
     const SpecResult r = speculative_generate(m.target, m.head, m.tp, m.drafter.get(), prompt, m.so);
     if (a.check_greedy) {
       Timer greedy_timer;
       const std::vector<int32_t> greedy = model::greedy_generate(m.target, m.head, prompt, g);
-      greedy_seconds += greedy_timer.seconds();
+      t.greedy_seconds += greedy_timer.seconds();
       DFLASH_CHECK(greedy == r.tokens, "{}: prompt {}: speculative output differs from plain greedy decoding "
                    "(a bug: please report it with this prompt)", m.prompts->path(), i);
     }
     sum.add(r);
     if (with_tree) {
-      const SpecResult t = speculative_generate_tree(m.target, m.head, m.tp, m.drafter.get(), prompt, m.so, m.tree);
-      DFLASH_CHECK(t.tokens == r.tokens, "{}: prompt {}: tree decoding differs from chain decoding (a bug: please "
+      const SpecResult tr = speculative_generate_tree(m.target, m.head, m.tp, m.drafter.get(), prompt, m.so, m.tree);
+      DFLASH_CHECK(tr.tokens == r.tokens, "{}: prompt {}: tree decoding differs from chain decoding (a bug: please "
                    "report it with this prompt)", m.prompts->path(), i);
-      sum_tree.add(t);
+      sum_tree.add(tr);
     }
     if (a.teacher_forced) {
       std::vector<int32_t> sequence = prompt;
@@ -198,8 +206,16 @@ DrafterEvalResult DrafterEval::run() {
       }
     }
   }
+  return m.root ? summarize(t) : DrafterEvalResult{};
+}
+
+DrafterEvalResult DrafterEval::summarize(const Totals& t) const {
+  const Impl& m = *impl_;
+  const DrafterEvalOptions& a = m.a;
+  const bool with_tree = a.tree_budget.has_value();
+  const SpecSummary &sum = t.sum, &sum_tree = t.sum_tree;
+  const double greedy_seconds = t.greedy_seconds;
   DrafterEvalResult out;
-  if (!m.root) return out;
   nlohmann::ordered_json& j = out.json;
   j["drafter"] = m.src.dir;
   j["drafter_kind"] = m.src.kind;
@@ -212,13 +228,13 @@ DrafterEvalResult DrafterEval::run() {
   const nlohmann::ordered_json totals = sum.to_json();
   for (auto& [k, v] : totals.items()) j[k] = v;
   if (with_tree) {
-    const nlohmann::ordered_json t = sum_tree.to_json();
+    const nlohmann::ordered_json tree = sum_tree.to_json();
     j["tree_budget"] = m.tree.budget;
     j["tree_topk"] = m.tree.topk;
     for (const char* k : {"tau", "kept_histogram", "acceptance_by_position", "verify_forwards", "target_forwards",
                           "target_forwards_per_token", "tokens_per_second", "seconds"})
-      j[std::string(k) + "_tree"] = t[k];
-    j["tree_nodes_per_verify"] = t["tree_nodes_per_verify"];
+      j[std::string(k) + "_tree"] = tree[k];
+    j["tree_nodes_per_verify"] = tree["tree_nodes_per_verify"];
   }
   j["drafter_seconds"] = m.drafter->seconds();
   if (a.check_greedy) {
@@ -226,9 +242,9 @@ DrafterEvalResult DrafterEval::run() {
     j["speedup_vs_greedy"] = sum.seconds > 0 ? greedy_seconds / sum.seconds : 0.0;
   }
   if (a.teacher_forced) {
-    j["teacher_forced_tau"] = forced_all.json();
-    j["teacher_forced_anchors"] = forced_all.n;
-    j["teacher_forced_tau_visited"] = forced_visited.json();
+    j["teacher_forced_tau"] = t.forced_all.json();
+    j["teacher_forced_anchors"] = t.forced_all.n;
+    j["teacher_forced_tau_visited"] = t.forced_visited.json();
   }
   const nlohmann::json tt = training_tau(m.src);
   j["training_tau"] = tt.is_null() ? nlohmann::json(nullptr) : tt["tau"];
@@ -253,8 +269,8 @@ DrafterEvalResult DrafterEval::run() {
   if (a.teacher_forced)
     out.lines.push_back(fmt::format(
         "eval: teacher-forced tau on the generated sequences {:.3f} over all {} anchors, {:.3f} over the {} anchors "
-        "speculative decoding visited (docs/eval.md: why these differ)", forced_all.value(), forced_all.n,
-        forced_visited.value(), forced_visited.n));
+        "speculative decoding visited (docs/eval.md: why these differ)", t.forced_all.value(), t.forced_all.n,
+        t.forced_visited.value(), t.forced_visited.n));
   return out;
 }
 

@@ -58,6 +58,8 @@ class DrafterEval {
 
  private:
   struct Impl;
+  struct Totals;
+  DrafterEvalResult summarize(const Totals& t) const;  // rank 0: the JSON and the lines
   std::unique_ptr<Impl> impl_;
 };
 

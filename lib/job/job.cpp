@@ -83,7 +83,8 @@ void check_node_memory(const Job& job) {
   if (cfg.run.device == kernels::Device::cuda) return;
   const io::Dataset& data = job.dataset();
   int64_t longest = 0;
-  for (size_t i = 1; i < data.offsets().size(); ++i) longest = std::max(longest, data.offsets()[i] - data.offsets()[i - 1]);
+  for (size_t i = 1; i < data.offsets().size(); ++i)
+    longest = std::max(longest, data.offsets()[i] - data.offsets()[i - 1]);
   const preflight::GpuMemoryPlan mem =
       preflight::gpu_memory_plan(preflight::memory_plan_inputs(cfg, job.plan, longest));
   double need = job.is_target() ? mem.target.total() : mem.drafter.total();

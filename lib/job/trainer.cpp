@@ -136,7 +136,8 @@ int dflash_mpi_main(int argc, char** argv) {
       abort_now(job->lock ? &*job->lock : nullptr);
     });
     const std::string& out_dir = job->cfg.run.out_dir;
-    if (job->rank == 0) write_run_status(out_dir, {RunOutcome::running, job->resume.start_step, job->plan.total_steps, 0});
+    const RunStatus running{RunOutcome::running, job->resume.start_step, job->plan.total_steps, 0};
+    if (job->rank == 0) write_run_status(out_dir, running);
     const RunStatus mine = job->is_target() ? run_target_worker(*job) : run_drafter_worker(*job);
     const RunStatus end = gather_run_status(mine, job->layout, *job->world);
     if (job->rank == 0) write_run_status(out_dir, end);

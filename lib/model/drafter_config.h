@@ -27,7 +27,8 @@ struct DrafterConfig {
 };
 
 // Every field once: f(name, member) with the name checkpoints (state.json) use. The one list every serialisation
-// and comparison of a DrafterConfig goes through (the exported config.json maps these names, lib/model/drafter_export.cpp).
+// and comparison of a DrafterConfig goes through (the exported config.json maps these names,
+// lib/model/drafter_export.cpp).
 template <class Config, class F>
 void for_each_drafter_field(Config& c, F&& f) {
   f("hidden", c.hidden);

@@ -33,8 +33,8 @@ report::CheckItem ranks_item(const TrainConfig& cfg) {
 
 report::CheckItem drafter_item(const train::RunPlan& plan) {
   const model::DrafterConfig& d = plan.drafter;
-  return {"drafter", {fmt::format("{} layers, {} Q / {} KV heads x {}, I {}, block {}: {} parameters", d.layers, d.heads,
-                                  d.kv_heads, d.head_dim, d.intermediate, d.block_size,
+  return {"drafter", {fmt::format("{} layers, {} Q / {} KV heads x {}, I {}, block {}: {} parameters", d.layers,
+                                  d.heads, d.kv_heads, d.head_dim, d.intermediate, d.block_size,
                                   model::drafter_param_count(d))}};  // counted, not allocated
 }
 
@@ -92,7 +92,8 @@ Preflight::Preflight(const TrainConfig& c)
   evals = eval::make_training_evals(cfg, plan, /*scan_tokens=*/true);  // their files, as the job checks them
   for (const auto& e : evals) e->check_on_start();
   tokenizer = read_tokenizer_facts(cfg.target.path);
-  tokenizer_check = check_tokenizer(tokenizer, cfg.target.path, target.vocab, facts.max_token, plan.drafter.mask_token_id);
+  tokenizer_check =
+      check_tokenizer(tokenizer, cfg.target.path, target.vocab, facts.max_token, plan.drafter.mask_token_id);
   DFLASH_USER_CHECK(tokenizer_check.errors.empty(), "tokenizer, target and data disagree:\n  {}",
                     fmt::format("{}", fmt::join(tokenizer_check.errors, "\n  ")));
 }

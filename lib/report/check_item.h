@@ -4,6 +4,7 @@
 // verdict other than ok says why the job cannot run as configured; the worst one decides the report's first line
 // and --check's exit code.
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dflash::report {
@@ -19,6 +20,9 @@ struct CheckItem {
   std::vector<std::string> lines;  // the first beside the name (none: the name alone), the rest below as they are
   Verdict verdict = Verdict::ok;
   std::string why;                 // verdict not ok: the reason (the report's first line, stderr)
+
+  CheckItem(std::string name_, std::vector<std::string> lines_, Verdict verdict_ = Verdict::ok, std::string why_ = "")
+      : name(std::move(name_)), lines(std::move(lines_)), verdict(verdict_), why(std::move(why_)) {}
 };
 
 // The items as the report prints them: "  " + the name in 15 columns + its first line, then its other lines.

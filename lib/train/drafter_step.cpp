@@ -402,8 +402,10 @@ StepResult EngineT<T>::evaluate(const FeaturePacket& packet, const AnchorKey& ke
 std::unique_ptr<DrafterStep::Engine> make_engine(const TrainConfig& cfg, const RunPlan& plan, const float* embed,
                                                  const float* lm_head, int dp_rank, comm::Transport& dp) {
   switch (cfg.run.compute_precision()) {
-    case kernels::Precision::bf16: return std::make_unique<EngineT<kernels::bf16>>(cfg, plan, embed, lm_head, dp_rank, dp);
-    case kernels::Precision::fp32: return std::make_unique<EngineT<float>>(cfg, plan, embed, lm_head, dp_rank, dp);
+    case kernels::Precision::bf16:
+      return std::make_unique<EngineT<kernels::bf16>>(cfg, plan, embed, lm_head, dp_rank, dp);
+    case kernels::Precision::fp32:
+      return std::make_unique<EngineT<float>>(cfg, plan, embed, lm_head, dp_rank, dp);
     case kernels::Precision::fp64: break;  // the config never asks for it (a CPU reference for tests)
   }
   DFLASH_FAIL("drafter step: precision {} (run.precision {})", name_of(cfg.run.compute_precision()),

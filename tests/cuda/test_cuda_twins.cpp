@@ -103,12 +103,6 @@ void require_within(const std::vector<float>& got, const std::vector<float>& wan
     }
   }
 }
-void require_rel(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol,
-                 const char* what) {
-  std::vector<double> tol(want.size());
-  for (size_t i = 0; i < want.size(); ++i) tol[i] = atol + rtol * std::fabs(double(want[i]));
-  require_within(got, want, tol, what);
-}
 
 std::vector<bf16> to_bf16(const std::vector<float>& x) {
   std::vector<bf16> y(x.size());

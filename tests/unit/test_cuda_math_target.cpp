@@ -1,9 +1,10 @@
-// The per-element / per-column math of the target's CUDA kernels (kernels/cuda/target_math.h,
-// attention_math.h, and the kernels/math formulas they call; __host__ __device__) run on the CPU in the order the kernels walk it, against kernels/cpu and
-// the CPU backend: causal attention over a KV cache (prefill and decode), partial RoPE, the causal conv1d with a
-// carried tail, l2norm, gated RMSNorm, the DeltaNet gates, the sigmoid output gate, the gated delta rule (one state
-// column per lane, the state carried across calls) and the row argmax (256 strided partials merged in the block's
-// tree). What only a GPU can check (thread mapping, memory access) is in tests/cuda (cuda twin target: ...).
+// The per-element / per-column math of the target's CUDA kernels (kernels/cuda/target_math.h, attention_math.h, and
+// the kernels/math formulas they call; __host__ __device__) run on the CPU in the order the kernels walk it, against
+// kernels/cpu and the CPU backend: causal attention over a KV cache (prefill and decode), partial RoPE, the causal
+// conv1d with a carried tail, l2norm, gated RMSNorm, the DeltaNet gates, the sigmoid output gate, the gated delta
+// rule (one state column per lane, the state carried across calls) and the row argmax (256 strided partials merged
+// in the block's tree). What only a GPU can check (thread mapping, memory access) is in tests/cuda: the op table on
+// CUDA (cuda twin ops) and the whole target forward (cuda twin target_model).
 #include <doctest/doctest.h>
 
 #include <algorithm>
