@@ -687,11 +687,6 @@ constexpr int key_tile_for(int D) { return D > 128 ? 32 : 64; }
 size_t key_stream_smem(int D) { return size_t(4) * key_tile_for(D) * D * sizeof(bf16); }  // K, V × 2 stages
 size_t query_chunk_smem(int D) { return size_t(4) * kQueryChunk * D * sizeof(bf16) + 4 * kQueryChunk * sizeof(float); }
 
-template <typename Kernel>
-void allow_smem(Kernel* k, size_t bytes) {
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(k),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -701,8 +696,7 @@ void forward_tc(cudaStream_t st, bf16* out, float* lse, const bf16* q, const bf1
   constexpr int BC = key_tile_for(D);
   const int warps = (s.block * (s.heads / s.kv_heads) + 15) / 16;
   const size_t smem = key_stream_smem(D);
-  auto* kernel = &flash_forward_tc_kernel<D, BC, DFlashTiles, DFlashFwdParams>;
-  allow_smem(kernel, smem);
+  allow_dynamic_smem<flash_forward_tc_kernel<D, BC, DFlashTiles, DFlashFwdParams>>(smem, "dflash_attention_forward");
   DFLASH_LAUNCH(dim3(unsigned(s.n_blocks), unsigned(s.kv_heads)), warps * kWarp, smem, st,
                 flash_forward_tc_kernel<D, BC, DFlashTiles, DFlashFwdParams>)(
       out, lse, q, DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s});
@@ -733,8 +727,7 @@ void causal_tc(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const b
   const int G = NH / KVH, R = causal_rows_per_block(G, n);
   const int warps = (R * G + 15) / 16;
   const size_t smem = key_stream_smem(D);
-  auto* kernel = &flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>;
-  allow_smem(kernel, smem);
+  allow_dynamic_smem<flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>>(smem, "attention_causal_forward");
   // splits covering the longest query tile's key tiles with none empty there (e.g. 7 tiles asked in 4: 2 a split)
   const int per_split = tiles_per_split(n, past, D, splits);
   splits = (causal_key_tiles(n, past, D) + per_split - 1) / per_split;
@@ -764,14 +757,14 @@ void backward_tc(cudaStream_t st, bf16* dq, bf16* dk_ctx, bf16* dv_ctx, bf16* dk
                 dflash_delta_kernel)(delta, dout, out, queries, D);
   const int warps = (s.block * (s.heads / s.kv_heads) + 15) / 16;
   const size_t smem_q = key_stream_smem(D);
-  allow_smem(&dflash_backward_dq_tc_kernel<D, BC>, smem_q);
+  allow_dynamic_smem<dflash_backward_dq_tc_kernel<D, BC>>(smem_q, "dflash_attention_backward (dQ)");
   DFLASH_LAUNCH(dim3(unsigned(s.n_blocks), unsigned(s.kv_heads)), warps * kWarp, smem_q, st,
                 dflash_backward_dq_tc_kernel<D, BC>)(dq, dout, lse, delta, q,
                                                      DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s});
   const int n_kv_tiles = (s.ctx_len + kKeyTileKV - 1) / kKeyTileKV +
                          s.n_blocks * ((s.block + kKeyTileKV - 1) / kKeyTileKV);
   const size_t smem_kv = query_chunk_smem(D);
-  allow_smem(&dflash_backward_dkv_tc_kernel<D>, smem_kv);
+  allow_dynamic_smem<dflash_backward_dkv_tc_kernel<D>>(smem_kv, "dflash_attention_backward (dK, dV)");
   DFLASH_LAUNCH(dim3(unsigned(n_kv_tiles), unsigned(s.kv_heads)), (kKeyTileKV / 16) * kWarp, smem_kv, st,
                 dflash_backward_dkv_tc_kernel<D>)(dk_ctx, dv_ctx, dk_blk, dv_blk, dout, lse, delta, q, k_ctx, v_ctx,
                                                    k_blk, v_blk, anchors, s);

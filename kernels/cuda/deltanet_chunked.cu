@@ -19,6 +19,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/device_limits.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -377,8 +378,7 @@ template <int DK>
 void launch_chunked(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const bf16* v, const float* g,
                     const float* beta, float* state, int S, int KH, int VH, int dv) {
   const size_t smem = ChunkSmem<DK>::bytes;
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_rule_chunked_kernel<DK>),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem<delta_rule_chunked_kernel<DK>>(smem, "gated_delta_rule_forward (chunked)");
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v)) & 15) == 0;
   const dim3 grid(unsigned(VH), unsigned(dv / kCols));
@@ -389,9 +389,15 @@ void launch_chunked(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, co
 }  // namespace
 
 bool gated_delta_rule_chunked_supports(int k_heads, int v_heads, int dk, int dv) {
-  return (dk == 64 || dk == 128) && dv > 0 && dv % kCols == 0 && k_heads >= 1 && v_heads >= k_heads &&
-         v_heads % k_heads == 0;
+  if (!((dk == 64 || dk == 128) && dv > 0 && dv % kCols == 0 && k_heads >= 1 && v_heads >= k_heads &&
+        v_heads % k_heads == 0))
+    return false;
+  // the block's tiles must fit the device's shared memory (dk 128: 139 KiB, over sm_120's 99 KiB): else the
+  // per-token kernel runs instead of a launch the device refuses
+  return gated_delta_rule_chunked_smem(dk) <= current_device_limits().smem_per_block_optin;
 }
+
+size_t gated_delta_rule_chunked_smem(int dk) { return dk == 64 ? ChunkSmem<64>::bytes : ChunkSmem<128>::bytes; }
 
 void launch_gated_delta_rule_chunked(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const bf16* v,
                                      const float* g, const float* beta, float* state, int S, int k_heads, int v_heads,

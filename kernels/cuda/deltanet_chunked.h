@@ -8,10 +8,15 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 namespace dflash::kernels::cuda {
 
-// The chunked kernel's shapes: dk ∈ {64, 128}, dv a positive multiple of 64, k_heads ≥ 1 dividing v_heads.
+// The chunked kernel's shapes: dk ∈ {64, 128}, dv a positive multiple of 64, k_heads ≥ 1 dividing v_heads, and its
+// shared memory (98 KiB at dk 64, 139 KiB at dk 128) within the current device's per-block limit.
 bool gated_delta_rule_chunked_supports(int k_heads, int v_heads, int dk, int dv);
+// The chunked kernel's dynamic shared memory for key head dim dk (64 or 128).
+size_t gated_delta_rule_chunked_smem(int dk);
 
 // Chunks of 64 tokens in the WY / UT form (kernels/cpu/gated_delta_chunked.h, its CPU twin). Throws dflash::Error
 // naming the numbers for a shape gated_delta_rule_chunked_supports refuses.

@@ -67,7 +67,7 @@ template <auto K>
 const char* kernel_id() {
 #if defined(DFLASH_CUDA_EMULATED)
   static const std::string id = [] {
-    std::string n = kernel_name_of<K>();
+    std::string n = ::dflash_kernel_name::of<K>();
     ::dflash::emu::register_kernel(reinterpret_cast<const void*>(K), n.c_str());
     return n;
   }();

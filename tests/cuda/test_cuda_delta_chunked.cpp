@@ -32,6 +32,7 @@
 #include "kernels/cpu/gated_deltanet.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/deltanet_chunked.h"
+#include "kernels/cuda/device_limits.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
 
@@ -189,6 +190,13 @@ TEST_CASE("cuda twin delta_chunked: tensor-core chunked delta rule against the d
                   Shape{129, 1, 1, 64, 192, true, 0}, Shape{100, 1, 1, 64, 64, true, 0, true}}) {
     INFO("S " << c.S << " KH " << c.KH << " VH " << c.VH << " dk " << c.dk << " dv " << c.dv << " state "
               << c.with_state << " split " << c.split);
+    if (cuda::gated_delta_rule_chunked_smem(c.dk) > cuda::current_device_limits().smem_per_block_optin) {
+      // sm_120 (99 KiB a block): dk 128 does not fit; launch_gated_delta_rule sends it to the per-token kernel
+      CHECK(!cuda::gated_delta_rule_chunked_supports(c.KH, c.VH, c.dk, c.dv));
+      MESSAGE("dk " << c.dk << ": " << cuda::gated_delta_rule_chunked_smem(c.dk) << " bytes of shared memory, over "
+                    << cuda::current_device_limits().smem_per_block_optin << " on this device: not this kernel's");
+      continue;
+    }
     REQUIRE(cuda::gated_delta_rule_chunked_supports(c.KH, c.VH, c.dk, c.dv));
     const Inputs in(c, uint64_t(1000 + c.S * 7 + c.dk + c.dv));
     const size_t vn = size_t(c.S) * c.VH * c.dv;
@@ -280,7 +288,8 @@ TEST_CASE("cuda twin delta_chunked: shapes the chunked kernel does not take are 
   CHECK(!cuda::gated_delta_rule_chunked_supports(1, 1, 256, 64));
   CHECK(!cuda::gated_delta_rule_chunked_supports(1, 1, 64, 80));
   CHECK(!cuda::gated_delta_rule_chunked_supports(2, 3, 64, 64));
-  CHECK(cuda::gated_delta_rule_chunked_supports(2, 6, 128, 128));
+  CHECK(cuda::gated_delta_rule_chunked_supports(2, 6, 128, 128) ==
+        (cuda::gated_delta_rule_chunked_smem(128) <= cuda::current_device_limits().smem_per_block_optin));
   std::vector<dbf16> none(1);
   DevBuf<dbf16> d(none);
   DevBuf<float> f(std::vector<float>(1));

@@ -74,6 +74,27 @@ std::string canonical_kernel_name(std::string_view name) {
       break;
     }
   }
+  // Inside the template arguments, qualifiers go: the host compiler spells a type argument relative to where it
+  // prints it (CausalTiles), nvcc in full (dflash::kernels::cuda::(anonymous namespace)::CausalTiles).
+  const size_t args = s.find('<');
+  if (args != std::string::npos) {
+    std::string t;
+    size_t i = args;
+    while (i < s.size()) {
+      size_t j = i;
+      while (j < s.size() && (std::isalnum(static_cast<unsigned char>(s[j])) || s[j] == '_' || s[j] == '{' ||
+                              s[j] == '}'))
+        ++j;
+      if (j > i && s.compare(j, 2, "::") == 0) {  // a qualifier: drop it with its "::"
+        i = j + 2;
+        continue;
+      }
+      if (j == i) ++j;
+      t.append(s, i, j - i);
+      i = j;
+    }
+    s = s.substr(0, args) + t;
+  }
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];

@@ -26,15 +26,19 @@ const KernelRecord* find_kernel_record(std::string_view canonical, int sm);
 
 // A kernel's name with everything that differs between nvcc's demangled entry names and the host compiler's
 // spelling of the same function removed: "void " and the parameter list, anonymous namespaces as "{anon}",
-// integer suffixes (128u → 128), spaces. E.g. "dflash::kernels::cuda::{anon}::attention_causal_kernel<float>".
+// qualifiers inside the template arguments, integer suffixes (128u → 128), spaces. E.g.
+// "dflash::kernels::cuda::{anon}::flash_forward_tc_kernel<128,64,CausalTiles,CausalParams>".
 std::string canonical_kernel_name(std::string_view name);
 
-// The host compiler's name of kernel K (for the emulated GPU's launches), canonical.
+}  // namespace dflash::kernels::cuda
+
+// The host compiler's name of kernel K (for the emulated GPU's launches), canonical. In a namespace of its own:
+// the host compiler spells a name relative to the namespace of the function that prints it.
+namespace dflash_kernel_name {
 template <auto K>
-std::string kernel_name_of() {
+std::string of() {
   std::string_view p = __PRETTY_FUNCTION__;  // "... [with auto K = ns::kernel<args>; ...]"
-  const auto at = p.find("K = ");
-  p = p.substr(at + 4);
+  p = p.substr(p.find("K = ") + 4);
   int depth = 0;
   size_t end = 0;
   for (; end < p.size(); ++end) {
@@ -43,7 +47,6 @@ std::string kernel_name_of() {
     else if (c == '>' || c == ')') --depth;
     else if ((c == ';' || c == ']') && depth == 0) break;
   }
-  return canonical_kernel_name(p.substr(0, end));
+  return dflash::kernels::cuda::canonical_kernel_name(p.substr(0, end));
 }
-
-}  // namespace dflash::kernels::cuda
+}  // namespace dflash_kernel_name
