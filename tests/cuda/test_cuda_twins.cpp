@@ -1021,6 +1021,21 @@ TEST_CASE("cuda twin attention_tc: DFlash forward/backward on tensor cores (D 64
   dflash_tc_twin({{2, 32, 100, 4, 1, 256, 0}, {40, 100}});               // D 256, 128 rows (8 warps)
 }
 
+// The shapes the published drafters and the shipped configs use, per kv head (the launch depends on G, head_dim and
+// the block, not on the head count): 32 Q / 8 KV heads (G 4) at head_dim 128 with block 16 (the shipped configs)
+// and 32 (the seed's recipe), a 2048 sliding window (the Qwen3.6 drafter's 4 sliding layers: causal within the
+// block), and G 8 (64 / 8 heads) where block 32 makes 256 query rows: more warps than 255 registers (dQ) or 174
+// (forward) leave a thread block on any GPU, so the tile is cut into slices of blockIdx.z (row_slices). Under
+// DFLASH_EMU_ARCH=sm_120 and sm_90 alike (ctest runs both): a launch the register file refuses fails here.
+TEST_CASE("cuda twin attention_tc: the published drafters' shapes, query tiles wider than a thread block sliced") {
+  dflash_tc_twin({{2, 16, 96, 4, 1, 128, 0}, {40, 96}});     // G 4, block 16: 64 rows
+  dflash_tc_twin({{2, 32, 96, 4, 1, 128, 0}, {10, 96}});     // G 4, block 32: 128 rows, 8 warps
+  dflash_tc_twin({{2, 16, 96, 4, 1, 128, 2048}, {40, 96}});  // the 2048 window (past the context: causal block keys)
+  dflash_tc_twin({{2, 16, 96, 8, 1, 128, 0}, {40, 96}});     // G 8, block 16: 128 rows
+  dflash_tc_twin({{2, 32, 96, 8, 1, 128, 0}, {40, 96}});     // G 8, block 32: 256 rows, sliced
+  dflash_tc_twin({{2, 32, 64, 8, 1, 256, 64}, {20, 64}});    // head_dim 256, 256 rows: two slices of 8 warps
+}
+
 TEST_CASE("cuda twin attention_tc: what the tensor-core kernels take, and the fallback for the rest") {
   CHECK(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 128, 0}, {}));
   CHECK_FALSE(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 96, 0}, {}));    // head_dim
@@ -1103,6 +1118,31 @@ TEST_CASE("cuda twin attention_tc: causal attention of the target on tensor core
   CHECK_FALSE(cuda::attention_causal_tc_supports(8, 2, 80, {}));
 }
 
+
+TEST_CASE("cuda twin attention_tc: the published targets' causal shapes (G 4 to 16, head_dim 128 and 256)") {
+  struct Case {
+    int n, past, NH, KVH, D;
+  };
+  // G 8 (Qwen3-30B-A3B: 32 / 4 heads), G 16 (Qwen3-235B-A22B: 64 / 4 at 128; 32 / 2 at 256): a tile of 128 / G
+  // positions × G heads, 8 warps, prefill and decode
+  for (const Case c : {Case{40, 0, 8, 1, 128}, Case{17, 0, 16, 1, 128}, Case{1, 90, 16, 1, 128},
+                       Case{9, 30, 16, 1, 256}}) {
+    INFO("n " << c.n << " past " << c.past << " NH " << c.NH << " KVH " << c.KVH << " D " << c.D);
+    REQUIRE(cuda::attention_causal_tc_supports(c.NH, c.KVH, c.D, {}));
+    const int keys = c.past + c.n;
+    const auto q = bf16_round(randn(size_t(c.n) * c.NH * c.D, 180)),
+               k = bf16_round(randn(size_t(keys) * c.KVH * c.D, 181)),
+               v = bf16_round(randn(size_t(keys) * c.KVH * c.D, 182));
+    std::vector<double> want, mag;
+    cached_reference({c.n, c.past, c.NH, c.KVH, c.D}, q, k, v, want, mag);
+    Dev<bf16> gq(to_bf16(q)), gk(to_bf16(k)), gv(to_bf16(v)), tc(std::vector<bf16>(q.size()));
+    const cudaStream_t st = static_cast<cudaStream_t>(gpu().ex().stream);
+    cuda::launch_attention_cached_forward_tc(st, dev(tc.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()), c.n, c.past, c.NH,
+                                             c.KVH, c.D);
+    require_bound(to_f32(tc.get()), want, mag, 0x1.0p-9, "causal out, tensor cores");
+  }
+  CHECK_FALSE(cuda::attention_causal_tc_supports(256, 1, 128, {}));  // one position's heads beyond 8 warps
+}
 
 TEST_CASE("cuda twin attention_tc: split-K cached attention (decode, verify, past 0) vs the reference and 1 split") {
   struct Case {
