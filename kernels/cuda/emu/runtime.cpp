@@ -965,7 +965,18 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
 }
 
 // ---- memory ----
-cudaError_t cudaMalloc(void** p, size_t bytes) { return malloc_impl(p, bytes, true, false); }
+// DFLASH_EMU_FAIL_MALLOC=N: the N-th cudaMalloc of the process fails (out of memory), to test the clean-up of
+// what was made before it.
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  static const int fail_at = env_int("DFLASH_EMU_FAIL_MALLOC", 0);
+  static std::atomic<int> calls{0};
+  if (fail_at > 0 && ++calls == fail_at) {
+    if (p) *p = nullptr;
+    return api_error(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(bytes) + " bytes): call " +
+                                                    std::to_string(fail_at) + " refused (DFLASH_EMU_FAIL_MALLOC)");
+  }
+  return malloc_impl(p, bytes, true, false);
+}
 cudaError_t cudaFree(void* p) { return fail(free_impl(p, true, "cudaFree")); }
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return malloc_impl(p, bytes, false, true); }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return malloc_impl(p, bytes, false, true); }
