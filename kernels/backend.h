@@ -263,6 +263,8 @@ template <typename T>
 std::unique_ptr<Backend<T>> make_backend(Device device, const CpuBackendOptions& cpu_options = {});
 // True when this build has the CUDA backend and a CUDA device is visible.
 bool cuda_available();
+// The name of the calling thread's current CUDA device ("NVIDIA H200"); "" without one.
+std::string cuda_device_name();
 // Makes GPU (node_local_rank mod visible devices) current on the calling thread and returns its ordinal: ranks of
 // one node spread over its GPUs, and share them when there are more ranks than GPUs. Throws (a user error naming
 // the fix) without the CUDA backend or without a device.

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "kernels/backend.h"
 #include "lib/core/error.h"
 #include "lib/eval/spec_eval.h"
 #include "lib/io/dataset.h"
@@ -18,6 +19,7 @@
 #include "lib/model/target_shard.h"
 #include "lib/preflight/data_facts.h"
 #include "lib/preflight/memory_plan.h"
+#include "lib/preflight/pipeline_balance.h"
 #include "lib/preflight/signal_margin.h"
 #include "lib/preflight/target_check.h"
 #include "lib/preflight/target_identity.h"
@@ -37,7 +39,7 @@ void check_eval_file(const char* key, const std::string& path, const char* switc
 }
 
 // --check: everything that can be validated without the MPI job, and what the job would need.
-int run_check(const TrainConfig& cfg) {
+int run_check(const TrainConfig& cfg, const std::vector<std::string>& gpus) {
   const int world = cfg.layout.target_tp * cfg.layout.target_groups + cfg.layout.drafter_dp;
   const model::QwenConfig target = model::load_qwen_config(cfg.target.path);
   // a target folder with config.json only (planning a run before downloading the weights): the plan is printed,
@@ -162,6 +164,24 @@ int run_check(const TrainConfig& cfg) {
                 "(this machine has %.2f GB); #SBATCH --mem=%.0fG for single_node.sbatch\n",
                 target_ranks, mem.target.total() / 1e9, cfg.layout.drafter_dp, mem.drafter.total() / 1e9, node / 1e9,
                 here / 1e9, std::ceil(node * 1.15 / (1024.0 * 1024 * 1024)) + 1);
+  }
+  {  // the balance of the pipeline on GPUs, predicted at the data's mean sequence length (capped by max_seq_len)
+    std::vector<std::string> keys = gpus;
+    if (keys.empty()) {
+      keys = {"h200", "rtx-pro-6000"};
+      if (const GpuSpec* here_gpu = kernels::cuda_available() ? gpu_spec_for_device(kernels::cuda_device_name()) : nullptr;
+          here_gpu && std::find(keys.begin(), keys.end(), here_gpu->key) == keys.end())
+        keys.push_back(here_gpu->key);
+    }
+    const int64_t mean = facts.tokens / std::max<int64_t>(data.size(), 1);
+    const int S = int(cfg.data.max_seq_len > 0 ? std::min<int64_t>(mean, cfg.data.max_seq_len) : mean);
+    const BalanceInputs in = balance_inputs(cfg, plan, S);
+    std::vector<BalancePrediction> rows;
+    for (const std::string& k : keys) rows.push_back(predict_balance(in, gpu_spec(k)));
+    // the warnings are for a GPU run: a CPU run's config shows the table as what its GPUs would do
+    std::string table = format_balance(in, rows);
+    if (cfg.run.device != "cuda" && gpus.empty()) table = table.substr(0, table.find("  warning: "));
+    std::printf("%s", table.c_str());
   }
   const SignalMargin margin = recommend_signal_margin(cfg.run.out_dir);
   if (margin.measured) {

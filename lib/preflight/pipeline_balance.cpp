@@ -1,0 +1,319 @@
+// The pipeline-balance prediction of --check (lib/preflight/pipeline_balance.h). Each role's time is a sum of
+// parts, each part counted work over the GPU's rate at an efficiency written next to it; docs/benchmarks.md says
+// where each efficiency comes from and, once a GPU has run, how far the prediction was off.
+#include "lib/preflight/pipeline_balance.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "kernels/attention_shape.h"
+#include "kernels/gpu_arch.h"
+#include "lib/core/error.h"
+#include "lib/model/drafter.h"
+#include "lib/model/target.h"
+#include "lib/model/target_shard.h"
+#include "lib/preflight/memory_plan.h"
+
+namespace dflash::preflight {
+
+namespace {
+
+// Fractions of the data-sheet rates a part reaches (docs/benchmarks.md, "The pipeline-balance model").
+constexpr double kGemmEfficiency = 0.70;       // cuBLASLt bf16 GEMMs of thousands of rows: 60–75 % of dense peak
+constexpr double kAttentionEfficiency = 0.35;  // mma.sync FlashAttention-2-style kernels: FA2's share on Hopper
+constexpr double kBandwidthEfficiency = 0.75;  // elementwise passes and the loss's row passes: streaming
+
+// The delta-rule kernels (kernels/cuda/deltanet_chunked.cu, kernels/cuda/deltanet.cu) as the dispatcher chooses
+// them: the chunked tensor-core kernel where its shared memory fits the GPU's block limit (a test in
+// tests/cuda pins these bytes to the kernel's), else the per-token recurrence.
+constexpr int kChunk = 64;
+size_t chunked_delta_smem(int dk) { return dk == 64 ? 100608 : dk == 128 ? 142592 : 0; }
+// One chunk of the serial chunked kernel: the forward substitution is one thread's chain of 63·62/2 = 1953
+// dependent FMAs through shared memory (~10 cycles a step), plus the chunk's loads, five barriers and its mma
+// work (~2500 cycles): 12.6 µs at 1.755 GHz, 77 ms per 8192-token forward of the seed's 48 layers on an H200.
+constexpr double kChunkCycles = 1953 * 10.0 + 2500;
+// One token of the per-token kernel: three block barriers and the dk-long state products of a 4-warp block.
+constexpr double kTokenCycles = 620;
+
+double gemm_seconds(double flops, const GpuSpec& g) { return flops / (kGemmEfficiency * g.bf16_flops); }
+double attention_seconds(double flops, const GpuSpec& g) { return flops / (kAttentionEfficiency * g.bf16_flops); }
+double stream_seconds(double bytes, const GpuSpec& g) { return bytes / (kBandwidthEfficiency * g.memory_bw); }
+// Ring all-reduce of `bytes` over n GPUs: each sends and receives 2(n−1)/n of it.
+double allreduce_seconds(double bytes, int n, const GpuSpec& g) {
+  return n <= 1 ? 0.0 : 2.0 * (n - 1) / n * bytes / g.link_bw + g.link_latency;
+}
+
+struct DeltaCost {
+  double seconds = 0;
+  std::string kernel;
+};
+// One Gated DeltaNet layer's delta rule over S tokens for a rank's value heads.
+DeltaCost delta_rule_layer(const model::QwenConfig& c, int v_heads, int S, const GpuSpec& g) {
+  const kernels::GpuArch* arch = kernels::find_gpu_arch(g.sm);
+  const int dk = c.linear_k_dim, dv = c.linear_v_dim;
+  const size_t smem = chunked_delta_smem(dk);
+  if (smem > 0 && dv % 64 == 0 && arch && smem <= arch->smem_per_block_optin) {
+    const int per_sm = int(arch->smem_per_sm / (smem + arch->reserved_smem_per_block));
+    const double blocks = double(v_heads) * (dv / 64), waves = std::ceil(blocks / (double(g.sms) * per_sm));
+    const double chunks = std::ceil(double(S) / kChunk);
+    return {waves * chunks * kChunkCycles / g.clock,
+            fmt::format("chunked, serial over chunks: {:.0f} blocks", blocks)};
+  }
+  const double blocks = double(v_heads) * std::ceil(dv / 32.0), waves = std::ceil(blocks / (4.0 * g.sms));
+  return {waves * S * kTokenCycles / g.clock,
+          smem > 0 ? fmt::format("per token: the chunked kernel's {} KiB do not fit {}", smem / 1024,
+                                 arch ? arch->name : "this GPU")
+                   : "per token"};
+}
+
+struct RankTime {
+  std::vector<TimePart> parts;
+  std::string delta_kernel;
+  double total() const {
+    double t = 0;
+    for (const auto& p : parts) t += p.second;
+    return t;
+  }
+};
+
+// One sequence's forward on TP rank `rank`.
+RankTime target_rank_time(const BalanceInputs& in, int rank, const GpuSpec& g) {
+  const model::QwenConfig& c = in.target;
+  const model::TargetShard shard =
+      model::plan_target_shard(c, in.target_tp, rank, model::TargetOptions{}.mlp_grain);
+  const model::ShardCost cost = model::shard_cost(c, shard, in.seq_len);
+  const double S = in.seq_len, H = c.hidden, I = double(shard.mlp_end - shard.mlp_begin);
+  double attention = 0, delta = 0;
+  std::string delta_kernel;
+  for (int l = 0; l < c.layers; ++l) {
+    if (c.is_linear(l)) {
+      const DeltaCost d = delta_rule_layer(c, shard.linear.member_count, in.seq_len, g);
+      delta += d.seconds;
+      delta_kernel = d.kernel;
+    } else {
+      attention += attention_seconds(4.0 * c.head_dim * shard.q_count * S * S / 2, g);  // causal: S²/2 pairs
+    }
+  }
+  // norms, residuals, SwiGLU, RoPE, conv, gates: about 12 [S, H] and 3 [S, I] bf16 passes a layer
+  const double elementwise = stream_seconds(c.layers * S * (12 * H + 3 * I) * 2, g);
+  // two all-reduces a layer (attention or DeltaNet out, MLP down) of [S, H]
+  const double allreduce =
+      2.0 * c.layers * allreduce_seconds(S * H * (in.bf16_allreduce ? 2 : 4), in.target_tp, g);
+  RankTime t;
+  t.parts = {{"GEMMs", gemm_seconds(2 * cost.weight_params * S, g)},
+             {"attention", attention},
+             {"delta rule", delta},
+             {"elementwise", elementwise},
+             {"TP all-reduce", allreduce}};
+  t.delta_kernel = delta_kernel;
+  return t;
+}
+
+// Anchors spread evenly over the sequence (what a uniform draw averages to), sorted.
+std::vector<int> even_anchors(int S, int n, int block) {
+  std::vector<int> a;
+  const int span = std::max(1, S - block);
+  for (int i = 0; i < n; ++i) a.push_back(int(int64_t(i) * span / std::max(1, n)));
+  return a;
+}
+
+std::vector<TimePart> drafter_time(const BalanceInputs& in, int anchors, const GpuSpec& g) {
+  const model::DrafterConfig& d = in.drafter;
+  const int S = in.seq_len, B = d.block_size;
+  const std::vector<int> a = even_anchors(S, anchors, B);
+  const model::DrafterFlops f = model::drafter_flops(d, S, a);
+  double pairs = 0;
+  for (int l = 0; l < d.layers; ++l)
+    pairs += double(kernels::dflash_attention_pairs(a.data(), model::drafter_attention_shape(d, l, S, int(a.size()))));
+  const double attention_flops = 14.0 * d.head_dim * pairs;  // forward 4·D, backward 10·D a pair
+  const double gemm_flops = f.forward + f.backward - attention_flops;
+  const double T = double(anchors) * (B - 1), H = d.hidden, V = d.vocab, F = 2 * T * H * V;
+  const double loss_gemm = (in.fused_loss ? 2 : 3) * F + (in.kl ? (in.fused_loss ? 1 : 2) * F : 0.0);
+  // the row passes over the chunk's logits (max, Σexp, the gradient; the KL's over the target's): bf16 logits
+  const double loss_rows = stream_seconds(T * V * 2 * (in.kl ? 6 : 4), g);
+  const double NB = double(anchors) * B, I = d.intermediate;
+  const double elementwise = stream_seconds(3.0 * d.layers * NB * (12 * H + 3 * I) * 2, g);
+  // per step, shared by its micro-steps: the fp32 gradient all-reduce over the drafter ranks and AdamW (master
+  // weights, moments, gradient, the bf16 copy: ~30 bytes a parameter)
+  const double params = double(d.layers) * (H * (2.0 * d.heads * d.head_dim + 2.0 * d.kv_heads * d.head_dim) +
+                                            3 * H * I + 4 * H) +
+                        double(d.n_taps) * H * H + 2 * H;
+  const double step = (allreduce_seconds(params * 4, in.drafter_dp, g) + stream_seconds(params * 30, g)) /
+                      std::max(1, in.micro_batches);
+  return {{"layers", gemm_seconds(gemm_flops, g) + elementwise},
+          {"attention", attention_seconds(attention_flops, g)},
+          {"vocab loss", gemm_seconds(loss_gemm, g) + loss_rows},
+          {"step share", step}};
+}
+
+double sum(const std::vector<TimePart>& parts) {
+  double t = 0;
+  for (const auto& p : parts) t += p.second;
+  return t;
+}
+
+}  // namespace
+
+BalanceInputs balance_inputs(const TrainConfig& cfg, const train::RunPlan& plan, int seq_len) {
+  BalanceInputs in;
+  in.target = plan.target;
+  in.drafter = plan.drafter;
+  in.target_tp = cfg.layout.target_tp;
+  in.target_groups = cfg.layout.target_groups;
+  in.drafter_dp = cfg.layout.drafter_dp;
+  in.micro_batches = cfg.optim.micro_batches;
+  in.seq_len = std::max(seq_len, plan.drafter.block_size + 1);
+  in.anchors_per_seq = std::max(1, std::min(cfg.loss.anchors_per_seq, in.seq_len / 2));
+  in.fused_loss = plan.loss.mode == model::VocabLossMode::fused;
+  in.kl = plan.loss.kl_weight > 0;
+  in.bf16_allreduce = cfg.layout.tp_allreduce == "bf16";
+  return in;
+}
+
+namespace {
+struct Cycle {
+  double idle = 0, rate = 0;  // the drafters' idle share; sequences a second
+};
+// The drafters' idle share and the job's rate alone (no suggestions: what predict_balance compares alternatives by).
+Cycle predict_cycle(const BalanceInputs& in, const GpuSpec& gpu) {
+  double target = 0;
+  for (int r = 0; r < in.target_tp; ++r) target = std::max(target, target_rank_time(in, r, gpu).total());
+  const double drafter = sum(drafter_time(in, in.anchors_per_seq, gpu));
+  const double period = double((in.drafter_dp + in.target_groups - 1) / in.target_groups) * target;
+  const double cycle = std::max(period, drafter);
+  return {1.0 - drafter / cycle, in.drafter_dp / cycle};
+}
+double predict_balance_fixed(const BalanceInputs& in, const GpuSpec& gpu) { return predict_cycle(in, gpu).idle; }
+}  // namespace
+
+BalancePrediction predict_balance(const BalanceInputs& in, const GpuSpec& gpu) {
+  BalancePrediction p;
+  p.gpu = gpu.key;
+  RankTime heaviest;
+  for (int r = 0; r < in.target_tp; ++r) {
+    RankTime t = target_rank_time(in, r, gpu);
+    if (r == 0 || t.total() > heaviest.total()) heaviest = std::move(t);
+  }
+  p.target = heaviest.parts;
+  p.delta_kernel = heaviest.delta_kernel;
+  p.drafter = drafter_time(in, in.anchors_per_seq, gpu);
+  p.target_seq = heaviest.total();
+  p.drafter_step = sum(p.drafter);
+  p.drafters_per_group = (in.drafter_dp + in.target_groups - 1) / in.target_groups;
+  p.group_period = p.drafters_per_group * p.target_seq;
+  const double cycle = std::max(p.group_period, p.drafter_step);
+  p.drafter_idle = cycle > 0 ? 1.0 - p.drafter_step / cycle : 0.0;
+  p.rate = cycle > 0 ? in.drafter_dp / cycle : 0.0;
+  p.target_idle = cycle > 0 ? 1.0 - p.group_period / cycle : 0.0;
+  if (p.drafter_idle > 0) {
+    for (int g = in.target_groups + 1; g <= in.drafter_dp; ++g)
+      if (1.0 - p.drafter_step / std::max((in.drafter_dp + g - 1) / g * p.target_seq, p.drafter_step) <=
+          kIdleWarning) {
+        p.balanced_groups = g;
+        break;
+      }
+    // the same target GPUs in other TP groups: fewer ranks a group, more groups (a target that fits fewer GPUs)
+    const int gpus = in.target_tp * in.target_groups;
+    for (int tp = 1; tp <= gpus; ++tp) {
+      if (gpus % tp != 0 || tp == in.target_tp) continue;
+      if (2.0 * double(target_rank_params(in.target, tp)) > 0.8 * gpu.memory) continue;
+      BalanceInputs other = in;
+      other.target_tp = tp;
+      other.target_groups = gpus / tp;
+      double idle = 1;
+      try {
+        idle = predict_balance_fixed(other, gpu);
+      } catch (const Error&) {
+        continue;  // a split the target's heads do not allow
+      }
+      if (idle <= kIdleWarning && (p.regrouped_tp == 0 || idle < p.regrouped_idle)) {
+        p.regrouped_tp = tp;
+        p.regrouped_groups = gpus / tp;
+        p.regrouped_idle = idle;
+      }
+    }
+    // the best split of the whole world by the model: every target_tp × target_groups + drafter_dp = world
+    const int world = in.target_tp * in.target_groups + in.drafter_dp;
+    for (int tp = 1; tp < world; ++tp) {
+      if (2.0 * double(target_rank_params(in.target, tp)) > 0.8 * gpu.memory) continue;
+      for (int groups = 1; tp * groups < world; ++groups) {
+        BalanceInputs other = in;
+        other.target_tp = tp;
+        other.target_groups = groups;
+        other.drafter_dp = world - tp * groups;
+        Cycle c;
+        try {
+          c = predict_cycle(other, gpu);
+        } catch (const Error&) {
+          continue;  // a split the target's heads do not allow
+        }
+        if (c.rate > p.best_rate) {
+          p.best_rate = c.rate;
+          p.best_tp = tp;
+          p.best_groups = groups;
+          p.best_dp = other.drafter_dp;
+        }
+      }
+    }
+    // the drafter's time is affine in the anchors: a + b·N; N' fills the group's period
+    const int n0 = in.anchors_per_seq, n1 = std::max(1, n0 / 2);
+    const double t0 = p.drafter_step, t1 = sum(drafter_time(in, n1, gpu));
+    const double b = n0 > n1 ? (t0 - t1) / (n0 - n1) : 0;
+    if (b > 0) p.balanced_anchors = int((p.group_period - (t0 - b * n0)) / b) / 64 * 64;
+  }
+  return p;
+}
+
+std::string format_balance(const BalanceInputs& in, const std::vector<BalancePrediction>& rows) {
+  auto parts = [](const std::vector<TimePart>& ps) {
+    std::string s;
+    for (const auto& [what, t] : ps) s += fmt::format("{}{} {:.3f}", s.empty() ? "" : ", ", what, t);
+    return s;
+  };
+  std::string out = fmt::format(
+      "  pipeline balance (predicted from counted work at data-sheet rates, docs/benchmarks.md; unverified on GPU):\n"
+      "                 S {} tokens a sequence, {} anchors x block {}, {} loss{}; TP {} x {} group(s) feeding {} "
+      "drafter rank(s), {} micro-batch(es) a step\n",
+      in.seq_len, in.anchors_per_seq, in.drafter.block_size, in.fused_loss ? "fused" : "recompute",
+      in.kl ? " + KL" : "", in.target_tp, in.target_groups, in.drafter_dp, in.micro_batches);
+  std::string warnings;
+  for (const BalancePrediction& p : rows) {
+    const GpuSpec& g = gpu_spec(p.gpu);
+    out += fmt::format("    {:<13} target {:.3f} s a sequence [{}]{}\n", p.gpu, p.target_seq, parts(p.target),
+                       p.delta_kernel.empty() ? "" : fmt::format("; delta rule {}", p.delta_kernel));
+    out += fmt::format("    {:<13} drafter {:.3f} s a micro-step [{}]; the group needs {} x {:.3f} = {:.3f} s: "
+                       "drafters idle {:.0f} %, target idle {:.0f} %; {:.2f} sequences a second\n",
+                       "", p.drafter_step, parts(p.drafter), p.drafters_per_group, p.target_seq, p.group_period,
+                       100 * p.drafter_idle, 100 * p.target_idle, p.rate);
+    if (p.drafter_idle > kIdleWarning) {
+      std::string fix;
+      if (p.balanced_groups > 0)
+        fix = fmt::format("layout.target_groups {} ({} ranks)", p.balanced_groups,
+                          in.target_tp * p.balanced_groups + in.drafter_dp);
+      else if (in.target_groups < in.drafter_dp)  // even a group per drafter leaves them waiting: say how much
+        fix = fmt::format("layout.target_groups {} ({} ranks: still {:.0f} % idle)", in.drafter_dp,
+                          in.target_tp * in.drafter_dp + in.drafter_dp, 100 * (1 - p.drafter_step / p.target_seq));
+      if (p.regrouped_tp > 0)
+        fix += fmt::format("{}layout.target_tp {} x target_groups {} (the same {} target GPUs: {:.0f} % idle)",
+                           fix.empty() ? "" : ", or ", p.regrouped_tp, p.regrouped_groups,
+                           in.target_tp * in.target_groups, 100 * p.regrouped_idle);
+      if (p.balanced_anchors > in.anchors_per_seq && p.balanced_anchors <= in.seq_len / 2)
+        fix += fmt::format("{}loss.anchors_per_seq {} (more drafter work a sequence; check its memory with --set)",
+                           fix.empty() ? "" : ", or ", p.balanced_anchors);
+      if (fix.empty()) fix = "a faster target (more TP ranks per group) or a larger drafter.block_size";
+      warnings += fmt::format("  warning: on {} ({}) the drafters would wait {:.0f} % of the time for features: {} "
+                              "would balance it\n",
+                              p.gpu, g.name, 100 * p.drafter_idle, fix);
+      if (p.best_rate > 1.1 * p.rate && (p.best_tp != in.target_tp || p.best_groups != in.target_groups))
+        warnings += fmt::format("           the same {} ranks train the most sequences a second, by the model, as "
+                                "layout.target_tp {} x target_groups {} + drafter_dp {}: {:.2f} against {:.2f} now\n",
+                                in.target_tp * in.target_groups + in.drafter_dp, p.best_tp, p.best_groups, p.best_dp,
+                                p.best_rate, p.rate);
+    }
+  }
+  return out + warnings;
+}
+
+}  // namespace dflash::preflight
