@@ -645,7 +645,8 @@ int delta_bench(ExecContext& ctx, const CudaBenchOptions& args) {
               t16 / best, kFigureNote);
   std::printf("  per-token (fp32): %.3f ms a layer, %.2f ms a forward (%.1fx the chunked)%s\n", t32, t32 * layers,
               t32 / best, kFigureNote);
-  std::printf("  model (docs/benchmarks.md, H200, unverified): chunked 0.10-0.19 ms a layer, 5-9 ms a forward\n");
+  std::printf("  model at the defaults (docs/benchmarks.md, unverified): chunked 0.09-0.13 ms a layer, 4.4-6.2 ms a "
+              "forward on an H200; 0.15-0.21 ms, 7.2-10.0 ms on an RTX PRO 6000\n");
   return 0;
 }
 

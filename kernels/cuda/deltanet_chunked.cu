@@ -164,7 +164,7 @@ struct PrepareSmem {
 // u_out [S, VH, dv]: U of rows < n (the state pass turns it into V', the output pass into O); gamma_ws [VH, P] and
 // w_ws [VH, P, DK] of every row of the chunk (P = 64 · chunks; the padding: the scan over g = 0, ≈ γ_{n−1}, and zero rows).
 template <int DK>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, 1)
     delta_chunk_prepare_kernel(bf16* u_out, float* gamma_ws, bf16* w_ws, const bf16* k, const bf16* v, const float* g,
                                const float* beta, int S, int KH, int VH, int dv, int P, bool async) {
   using L = PrepareSmem<DK>;
@@ -390,7 +390,7 @@ struct StateSmem {
 // state [VH, DK, dv] fp32: before position 0 on entry, after S − 1 on return (null: zero, not written).
 // Warp w holds state rows [w·DK/4, (w+1)·DK/4) × the block's 32 columns as mma accumulators, for the whole sequence.
 template <int DK, int STAGES>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, 1)
     delta_chunk_state_kernel(bf16* vnew, bf16* states_ws, float* state, const bf16* k, const float* gamma_ws,
                              const bf16* w_ws, int S, int KH, int VH, int dv, int P, bool async) {
   using L = StateSmem<DK, STAGES>;
@@ -549,7 +549,7 @@ struct OutputSmem {
 
 // out [S, VH, dv]: V' on entry, O on return (each block reads its tile before it writes it).
 template <int DK>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, 1)
     delta_chunk_output_kernel(bf16* out, const bf16* q, const bf16* k, const float* gamma_ws, const bf16* states_ws,
                               int S, int KH, int VH, int dv, int P, bool async) {
   using L = OutputSmem<DK>;
