@@ -4,7 +4,8 @@
 // scratch (γ, W, every chunk's start state) against the twin's trace. S from 2 to 8192 (128 chunks), partial chunks,
 // GQA, a state carried over two calls, the null state, dk 64 / 128, dv 64 … 192, inputs without decay and with three
 // repeated keys, slow decay over 128 chunks; the backend's bf16 dispatch (its own scratch or the caller's) gives the
-// same bits; S = 1 goes to the per-token kernel; misaligned inputs; refused shapes. Family `delta_chunked`
+// same bits; S = 1 goes to the per-token kernel; the bf16 hybrid target runs it with its scratch planned in the
+// activation arena; misaligned inputs; refused shapes. Family `delta_chunked`
 // (tests/cuda/CMakeLists.txt): on the emulated GPU under two thread orders; CI runs it with DFLASH_EMU_ARCH sm_90
 // and sm_120 (the state pass in 3 and in 2 cp.async stages).
 //
@@ -48,8 +49,13 @@
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/deltanet_chunked.h"
 #include "kernels/delta_rule_chunks.h"
+#include "lib/comm/transport.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
+#include "lib/model/random_target.h"
+#include "lib/model/target.h"
+#include "lib/model/target_layers.h"
+#include "tests/unit/test_util.h"
 
 using namespace dflash;
 using namespace dflash::kernels;
@@ -550,6 +556,65 @@ TEST_CASE("cuda twin delta_chunked: a decode step (S = 1) runs the per-token ker
                                                  s2.p(), 1, c.KH, c.VH, c.dk, c.dv);
   CHECK(to_d(o1.get()) == to_d(o2.get()));
   CHECK(s1.get() == s2.get());
+}
+
+// The target's bf16 Gated DeltaNet layers at a shape the chunked kernels take (2 key / 4 value heads of dk = dv = 64):
+// the scratch is a member of the DeltaNet bind list (lib/model/target_layers.cpp), so the first forward's arena peak is
+// exactly the plan, model::target_activation_bytes, with no other allocation; against the CPU fp32 target within
+// the bound test_cuda_target_model.cpp derives for its bf16 hybrid (1/8), in one forward and in cached pieces of
+// 1 (a decode step: per token), 69 and 30 positions (chunked, continuing the device state).
+TEST_CASE("cuda twin delta_chunked: the bf16 hybrid target runs it with the scratch its activation arena plans") {
+  model::RandomTargetSpec spec = test::small_random_target(true, 2, 9);
+  spec.linear_k_dim = spec.linear_v_dim = 64;
+  spec.full_attention_interval = 2;  // layer 0 Gated DeltaNet, layer 1 full attention
+  const std::string dir = test::scratch_dir("cuda_delta_chunked_target").string();
+  model::write_random_target(dir, spec);
+  comm::SelfTransport self_cpu, self_gpu;
+  model::TargetModel cpu(dir, self_cpu);
+  model::TargetOptions options;
+  options.cuda = true;
+  options.precision = "bf16";
+  model::TargetModel gpu(dir, self_gpu, options);
+  const model::QwenConfig& c = gpu.config();
+  const model::TargetShard& shard = gpu.shard();
+  const int S = 100, H = spec.hidden;
+  REQUIRE(delta_rule_chunked_takes(S, shard.linear.group_count, shard.linear.member_count, c.linear_k_dim,
+                                   c.linear_v_dim));
+  std::vector<int32_t> tokens(static_cast<size_t>(S));
+  Rng rng(17);
+  for (auto& t : tokens) t = int32_t(rng.below(uint64_t(spec.vocab)));
+  std::vector<float> fh_c(size_t(S) * H), fh_g(fh_c.size());
+  cpu.forward(tokens.data(), S, {}, nullptr, fh_c.data());
+  gpu.forward(tokens.data(), S, {}, nullptr, fh_g.data());
+  const size_t planned = model::target_activation_bytes(c, shard, S, "bf16", true);
+  CHECK(gpu.stats().activation_bytes == planned);
+  CHECK(gpu.stats().activation_peak_bytes == planned);
+  // the DeltaNet list, array by array (bf16 activations, fp32 gates), ends with the rule's scratch
+  const size_t s = size_t(S), nv = size_t(shard.linear.member_count), qkd = size_t(shard.linear.group_count) * 64,
+               vd = nv * 64, C = 2 * qkd + vd;
+  size_t listed = 0;
+  for (size_t bytes : {2 * s * C, 2 * s * C, 2 * s * qkd, 2 * s * qkd, 2 * s * vd, 2 * s * vd, 2 * s * nv, 2 * s * nv,
+                       4 * s * nv, 4 * s * nv, 2 * s * vd})
+    listed += Arena::footprint(bytes);
+  const size_t rule = gated_delta_rule_scratch_bytes<kernels::bf16>(S, shard.linear.group_count, int(nv), 64, 64);
+  CHECK(rule == cuda::gated_delta_rule_chunked_scratch_bytes(S, int(nv), 64, 64));
+  CHECK(model::gated_deltanet_scratch_bytes<kernels::bf16>(c, shard, S) == listed + Arena::footprint(rule));
+  const double err = test::max_rel_diff(fh_g, fh_c);
+  model::TargetCache cache_c, cache_g;
+  std::vector<float> pieces_c(fh_c.size()), pieces_g(fh_c.size());
+  int b = 0;
+  for (int n : {1, 69, 30}) {
+    cpu.forward_cached(&tokens[size_t(b)], n, cache_c, &pieces_c[size_t(b) * H]);
+    gpu.forward_cached(&tokens[size_t(b)], n, cache_g, &pieces_g[size_t(b) * H]);
+    b += n;
+  }
+  const double err_pieces = test::max_rel_diff(pieces_g, pieces_c);
+  MESSAGE("bf16 hybrid target (chunked delta rule) vs CPU fp32: final hidden " << err << ", in cached pieces "
+                                                                               << err_pieces << "; arena " << planned
+                                                                               << " bytes, the rule's " << rule);
+  CHECK(err < 1.0 / 8);
+  CHECK(err > 0);  // bf16 really ran
+  CHECK(err_pieces < 1.0 / 8);
 }
 
 TEST_CASE("cuda twin delta_chunked: q, k, v not 16-byte aligned take the plain loads, with the same bits") {
