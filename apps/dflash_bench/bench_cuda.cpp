@@ -645,7 +645,7 @@ int delta_bench(ExecContext& ctx, const CudaBenchOptions& args) {
               t16 / best, kFigureNote);
   std::printf("  per-token (fp32): %.3f ms a layer, %.2f ms a forward (%.1fx the chunked)%s\n", t32, t32 * layers,
               t32 / best, kFigureNote);
-  std::printf("  model at the defaults (docs/benchmarks.md, unverified): chunked 0.09-0.13 ms a layer, 4.4-6.2 ms a "
+  std::printf("  model at the defaults (docs/benchmarks.md, unverified): chunked 0.09-0.13 ms per layer, 4.4-6.2 ms per "
               "forward on an H200; 0.15-0.21 ms, 7.2-10.0 ms on an RTX PRO 6000\n");
   return 0;
 }
