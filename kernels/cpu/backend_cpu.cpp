@@ -212,7 +212,7 @@ class CpuBackend final : public Backend<T> {
     cpu::deltanet_gates_forward(g, beta, a, b, a_log, dt_bias, rows, heads);
   }
   void gated_delta_rule_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, const A* g, const A* beta,
-                                A* state, int S, int k_heads, int v_heads, int dk, int dv) override {
+                                A* state, int S, int k_heads, int v_heads, int dk, int dv, void*) override {
     cpu::gated_delta_rule_forward(out, q, k, v, g, beta, S, k_heads, v_heads, dk, dv, 64, state);
   }
   void gated_rmsnorm_forward(ExecContext&, T* y, const T* x, const T* z, const T* w, int rows, int dim,

@@ -301,14 +301,21 @@ class CudaBackend final : public Backend<T> {
     on_device(cuda::launch_deltanet_gates<D>, stream_of(ctx), g, beta, a, b, a_log, dt_bias, rows, heads);
   }
   void gated_delta_rule_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, const A* g,
-                                const A* beta, A* state, int S, int k_heads, int v_heads, int dk, int dv) override {
+                                const A* beta, A* state, int S, int k_heads, int v_heads, int dk, int dv,
+                                void* scratch) override {
     if (v_heads <= 0 || dv <= 0) return;  // an empty shard
     DFLASH_CHECK(dk >= 1 && dk <= cuda::kMaxDeltaKeyDim && k_heads >= 1 && v_heads % k_heads == 0,
                  "CUDA gated delta rule: key head dim {} (supported 1..{}), {} value heads over {} key heads (must "
                  "be a multiple)",
                  dk, cuda::kMaxDeltaKeyDim, v_heads, k_heads);
+    // the chunked kernels' scratch: the caller's (the target plans it), else the context's arena or the backend's
+    const size_t bytes = gated_delta_rule_scratch_bytes<T>(S, k_heads, v_heads, dk, dv);
+    if (bytes == 0 || scratch)
+      return on_device(cuda::launch_gated_delta_rule<D>, stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads,
+                       v_heads, dk, dv, scratch);
+    Scratch own(ctx, scratch_, scratch_mutex_, bytes);
     on_device(cuda::launch_gated_delta_rule<D>, stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads, v_heads, dk,
-              dv);
+              dv, own.as<void>());
   }
   void gated_rmsnorm_forward(ExecContext& ctx, T* y, const T* x, const T* z, const T* w, int rows, int dim,
                              double eps) override {

@@ -25,15 +25,14 @@ constexpr double kGemmEfficiency = 0.70;       // cuBLASLt bf16 GEMMs of thousan
 constexpr double kAttentionEfficiency = 0.35;  // mma.sync FlashAttention-2-style kernels: FA2's share on Hopper
 constexpr double kBandwidthEfficiency = 0.75;  // elementwise passes and the loss's row passes: streaming
 
-// The delta-rule kernels (kernels/cuda/deltanet_chunked.cu, kernels/cuda/deltanet.cu) as the dispatcher chooses
-// them: the chunked tensor-core kernel where its shared memory fits the GPU's block limit (a test in
-// tests/cuda pins these bytes to the kernel's), else the per-token recurrence.
+// The delta-rule kernels as the dispatcher chooses them (kernels/cuda/deltanet_chunked.cu: dk 64 or 128, dv a
+// multiple of 64; every pass fits sm_120's 99 KiB), else the per-token recurrence (kernels/cuda/deltanet.cu).
+// The chunk-parallel kernel's model is docs/benchmarks.md's ("GPU model: the chunk-parallel gated delta rule"):
+// passes 1 and 3 stream their bytes; pass 2 walks the chunks, each a chain of ~550 cycles (2 barriers, 8
+// dependent mma) or its block's mma issue (8192·dk FLOPs at the SM's tensor rate), whichever is longer.
 constexpr int kChunk = 64;
-size_t chunked_delta_smem(int dk) { return dk == 64 ? 100608 : dk == 128 ? 142592 : 0; }
-// One chunk of the serial chunked kernel: the forward substitution is one thread's chain of 63·62/2 = 1953
-// dependent FMAs through shared memory (~10 cycles a step), plus the chunk's loads, five barriers and its mma
-// work (~2500 cycles): 12.6 µs at 1.755 GHz, 77 ms per 8192-token forward of the seed's 48 layers on an H200.
-constexpr double kChunkCycles = 1953 * 10.0 + 2500;
+constexpr double kChainCycles = 550;
+constexpr double kLaunchGap = 2.5e-6;  // between dependent kernels on one stream
 // One token of the per-token kernel: three block barriers and the dk-long state products of a 4-warp block.
 constexpr double kTokenCycles = 620;
 
@@ -49,23 +48,23 @@ struct DeltaCost {
   double seconds = 0;
   std::string kernel;
 };
-// One Gated DeltaNet layer's delta rule over S tokens for a rank's value heads.
-DeltaCost delta_rule_layer(const model::QwenConfig& c, int v_heads, int S, const GpuSpec& g) {
-  const kernels::GpuArch* arch = kernels::find_gpu_arch(g.sm);
-  const int dk = c.linear_k_dim, dv = c.linear_v_dim;
-  const size_t smem = chunked_delta_smem(dk);
-  if (smem > 0 && dv % 64 == 0 && arch && smem <= arch->smem_per_block_optin) {
-    const int per_sm = int(arch->smem_per_sm / (smem + arch->reserved_smem_per_block));
-    const double blocks = double(v_heads) * (dv / 64), waves = std::ceil(blocks / (double(g.sms) * per_sm));
-    const double chunks = std::ceil(double(S) / kChunk);
-    return {waves * chunks * kChunkCycles / g.clock,
-            fmt::format("chunked, serial over chunks: {:.0f} blocks", blocks)};
+// One Gated DeltaNet layer's delta rule over S tokens for a rank's key and value heads.
+DeltaCost delta_rule_layer(const model::QwenConfig& c, int k_heads, int v_heads, int S, const GpuSpec& g) {
+  const double dk = c.linear_k_dim, dv = c.linear_v_dim, KH = k_heads, VH = v_heads, T = S;
+  if ((c.linear_k_dim == 64 || c.linear_k_dim == 128) && c.linear_v_dim % 64 == 0 && S >= 2) {
+    const double chunks = std::ceil(T / kChunk), states = chunks * VH * dk * dv * 2;
+    const double prepare = stream_seconds(T * (KH * dk + VH * dv + VH * dk + VH * dv) * 2, g);
+    const double sm_rate = g.bf16_flops / (g.sms * g.clock);  // tensor FLOPs an SM a cycle
+    const double blocks = VH * (dv / 32), waves = std::ceil(blocks / g.sms);
+    const double chain = waves * chunks * std::max(kChainCycles, 8192.0 * dk / sm_rate) / g.clock;
+    const double state = std::max(chain, stream_seconds(T * (VH * (dk + dv) + KH * dk + VH * dv) * 2 + states, g));
+    const double output = stream_seconds(T * 2 * KH * dk * 2 + states + T * VH * dv * 2 * 2, g);
+    return {prepare + state + output + 3 * kLaunchGap,
+            fmt::format("chunk-parallel: {:.0f} state blocks, prepare/state/output {:.0f}/{:.0f}/{:.0f} us a layer",
+                        blocks, prepare * 1e6, state * 1e6, output * 1e6)};
   }
-  const double blocks = double(v_heads) * std::ceil(dv / 32.0), waves = std::ceil(blocks / (4.0 * g.sms));
-  return {waves * S * kTokenCycles / g.clock,
-          smem > 0 ? fmt::format("per token: the chunked kernel's {} KiB do not fit {}", smem / 1024,
-                                 arch ? arch->name : "this GPU")
-                   : "per token"};
+  const double blocks = VH * std::ceil(dv / 32.0), waves = std::ceil(blocks / (4.0 * g.sms));
+  return {waves * T * kTokenCycles / g.clock, "per token"};
 }
 
 struct RankTime {
@@ -89,7 +88,7 @@ RankTime target_rank_time(const BalanceInputs& in, int rank, const GpuSpec& g) {
   std::string delta_kernel;
   for (int l = 0; l < c.layers; ++l) {
     if (c.is_linear(l)) {
-      const DeltaCost d = delta_rule_layer(c, shard.linear.member_count, in.seq_len, g);
+      const DeltaCost d = delta_rule_layer(c, shard.linear.group_count, shard.linear.member_count, in.seq_len, g);
       delta += d.seconds;
       delta_kernel = d.kernel;
     } else {

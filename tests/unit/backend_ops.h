@@ -933,9 +933,9 @@ struct Runner {
     const int first = S / 2;
     const size_t qo = size_t(first) * kh * dk, vo = size_t(first) * vh * dv, go = size_t(first) * vh;
     be.gated_delta_rule_forward(be.context(), out.p(), q.p(), kk.p(), v.p(), g.p(), beta.p(), state.p(), first, kh, vh,
-                                dk, dv);
+                                dk, dv, nullptr);
     be.gated_delta_rule_forward(be.context(), out.p() + vo, q.p() + qo, kk.p() + qo, v.p() + vo, g.p() + go,
-                                beta.p() + go, state.p(), S - first, kh, vh, dk, dv);
+                                beta.p() + go, state.p(), S - first, kh, vh, dk, dv, nullptr);
     Vec M = state.host, r(vn);
     double omax = 0, smax = 0;
     for (double e : M) smax = std::max(smax, std::fabs(e));
