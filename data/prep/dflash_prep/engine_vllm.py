@@ -3,8 +3,9 @@ of an environment that has vLLM, e.g. data/prep/.venv-vllm; it imports nothing o
 
     python engine_vllm.py REQUEST.json RESULT.json
 
-REQUEST: {"target": DIR, "runs": [{"drafter": DIR, "patch_k_norm": bool}, ...], "prompts": [[ids], ...],
-          "max_tokens": N, "dtype": "float32", "max_model_len": N, "kv_cache_bytes": N}
+REQUEST: {"target": DIR, "runs": [{"drafter": DIR, "patch_k_norm": bool[, "prompts", "max_tokens"]}, ...],
+          "prompts": [[ids], ...], "max_tokens": N, "dtype": "float32", "max_model_len": N, "kv_cache_bytes": N}
+          (a run's own "prompts" / "max_tokens" replace the request's)
 RESULT:  {"vllm": version, "torch": version, "platform": ..., "runs": [{"drafter", "patched", "seconds",
           "read": {what the engine resolved from the drafter's config.json}, "requests": [{"tokens": [...],
           "verifies": [[drafted, accepted], ...]}, ...]}, ...]}
@@ -62,10 +63,10 @@ def main():
 
     result = {"vllm": vllm.__version__, "torch": torch.__version__, "platform": type(current_platform).__name__,
               "runs": []}
-    prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in request["prompts"]]
-    sampling = SamplingParams(temperature=0.0, max_tokens=int(request["max_tokens"]), ignore_eos=True,
-                              detokenize=False)
     for run in request["runs"]:
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in run.get("prompts", request["prompts"])]
+        sampling = SamplingParams(temperature=0.0, max_tokens=int(run.get("max_tokens", request["max_tokens"])),
+                                  ignore_eos=True, detokenize=False)
         drafter = run["drafter"]
         config = json.load(open(os.path.join(drafter, "config.json")))
         patched = bool(run.get("patch_k_norm"))
