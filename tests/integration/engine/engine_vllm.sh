@@ -7,7 +7,8 @@
 #    continuations (dflash_data regenerate: training data, and the reference of the lossless check);
 # 2. two drafters trained by dflash_mpi (engine_tiny.yaml): one on 48 sequences (400 steps), and the serving gate:
 #    one sequence overfit for 300 steps, which the engine must accept in full blocks;
-# 3. exports (f32 and bf16; the gate bf16), dflash_eval on each (--check-greedy, its per-prompt record);
+# 3. exports (f32 and bf16; the gate bf16), dflash_eval on each (--check-greedy, its per-prompt record); z-lab's
+#    dflash package loads them (and a random drafter with a sliding layer) and computes our forward (zlab_check.py);
 # 4. test_engine_vllm.py: one vLLM process serves the exports (f32 unpatched and patched, bf16 patched) and asserts
 #    tokens == dflash_eval's == regenerate's and, per prompt and verify, acceptance == dflash_eval's;
 #    then `dflash-prep serve-check --engine vllm` (the user's command) on the gate's export.
@@ -71,6 +72,13 @@ for e in f32 bf16; do
 done
 "$eval_bin" --target target --drafter gate --prompts gate_prompt.h5 --max-new-tokens 96 --vocab-limit 512 \
   --check-greedy --out eval_gate.json | tail -1
+
+# 3b. z-lab's dflash package loads the exports and computes our forward; a random drafter with a sliding layer
+#     (drafter_forward_dump's run: full, sliding, full) checks the window convention vLLM's CPU build cannot serve
+"$build/tests/integration/drafter_forward_dump" make-runs random >/dev/null
+"$data" export random/run sliding --dtype f32 >/dev/null
+HF_MODULES_CACHE="$work/hf_modules" HF_HUB_OFFLINE=1 "$vllm_py" "$src/tests/integration/engine/zlab_check.py" \
+  sliding f32 bf16 2>&1 | grep -v "Loading weights"
 
 # 4. the engine
 PYTHONPATH="$src/data/prep" "$prep_py" "$src/tests/integration/engine/test_engine_vllm.py" --work "$work" \
