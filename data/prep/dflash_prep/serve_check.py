@@ -19,8 +19,8 @@ drafter; its output and its acceptance are put next to dflash_eval's, prompt by 
     each prompt that differs its first diverging verify (or first diverging token);
   - what the engine read from the drafter's config.json (vLLM offline: through vLLM's own functions).
 
-Exit 0 when the engine agrees exactly on every prompt, 1 when it does not (the diagnosis says where), 2 on bad
-input. --out writes everything as JSON."""
+Exit 0 when the engine agrees exactly on every prompt, 1 when it does not (the diagnosis says where) or on bad
+input (a message names it), 2 on a usage error. --out writes everything as JSON."""
 import json
 import os
 import subprocess
