@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 
 from .atomic import write_text_atomic
+from .jsonfile import read_json_object
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VLLM_PYTHON = os.path.join(os.path.dirname(HERE), ".venv-vllm", "bin", "python")
@@ -190,11 +191,16 @@ def run_vllm_offline(args, prompts: list, max_new: int) -> dict:
 
 
 def run(args) -> int:
-    ev = json.load(open(args.eval))
+    ev = read_json_object(args.eval, "dflash_eval's --out file")
+    for k in ("block_size", "max_new_tokens", "prompts", "prompts_file"):
+        if k not in ev:
+            raise SystemExit(f"{args.eval}: no '{k}': not the --out file of dflash_eval")
     if "per_prompt" not in ev:
         raise SystemExit(f"{args.eval}: no per_prompt record: it was written by an older dflash_eval; run it again")
     block, max_new, count = int(ev["block_size"]), int(ev["max_new_tokens"]), int(ev["prompts"])
     prompts_path = args.prompts or ev["prompts_file"]
+    if not args.prompts and not os.path.exists(prompts_path):   # relative to where dflash_eval ran: try eval.json's
+        prompts_path = os.path.join(os.path.dirname(os.path.abspath(args.eval)), prompts_path)
     prompts = read_prompts(prompts_path, count)
     reference = read_continuations(args.reference, count) if args.reference else None
     if args.engine == "vllm":
@@ -286,6 +292,9 @@ def diagnose(results: list, engine: dict, lossless: bool, differ: list, block: i
         notes.append("most prompts differ from their first verify on: the drafter computes something else in the "
                      "engine (config keys read differently: mask token, target layer ids, layer types/window, "
                      "rope; or an engine defect such as vLLM CPU's stacked k_norm, --patch-vllm-k-norm)")
+    elif differ and not first:
+        notes.append(f"{len(differ)} prompts differ; a server reports only per-prompt counts, so the first diverging "
+                     "verify is not known: run the same check with --engine vllm (offline) for it")
     elif differ:
         notes.append(f"{len(differ)} prompts differ, first at verifies {first[:10]}: a difference that shows only "
                      "later in a prompt (near-tied logits in another precision, a window or position past some "
