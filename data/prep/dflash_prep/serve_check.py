@@ -54,6 +54,8 @@ def add_arguments(p):
     p.add_argument("--patch-vllm-k-norm", action="store_true",
                    help="vllm: replace vLLM's one stacked k_norm call over all drafter layers by one per layer "
                    "(vLLM's CPU kernel reads only layer 0's weight: docs/export.md, 'vLLM')")
+    p.add_argument("--kv-cache-gib", type=float, help="vllm: the KV cache's size (default: 0.25 GiB on vLLM's CPU "
+                   "build, vLLM's own sizing on a GPU)")
     p.add_argument("--url", help="vllm-server / sglang: the server's base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="vllm-server: the served model name (default: the first of /v1/models)")
     p.add_argument("--out", help="write the comparison as JSON")
@@ -166,16 +168,21 @@ def compare_prompt(i: int, ours: dict, engine: dict, max_new: int, block: int, r
     return r
 
 
-def run_vllm_offline(args, prompts: list, max_new: int) -> dict:
+def run_vllm_offline(args, prompts: list, max_new: int, block_size: int) -> dict:
     if not args.target or not args.drafter:
         raise SystemExit("--engine vllm needs --target DIR and --drafter EXPORT_DIR")
     if not os.access(args.vllm_python, os.X_OK):
         raise SystemExit(f"--vllm-python {args.vllm_python}: not an executable Python (make data/prep/.venv-vllm "
                          "with 'bash mpi_launch/install_prep.sh --vllm', or name a Python with vLLM)")
-    block = int(json.load(open(os.path.join(args.drafter, "config.json")))["block_size"])
+    block = int(read_json_object(os.path.join(args.drafter, "config.json"), "the exported drafter's config")
+                .get("block_size", 0))
+    if block != block_size:
+        raise SystemExit(f"--drafter {args.drafter}: block_size {block}, but {args.eval} evaluated a drafter of "
+                         f"block_size {block_size}: check the export that dflash_eval measured")
     longest = max((len(p) for p in prompts), default=0)
     request = {"target": os.path.abspath(args.target), "prompts": prompts, "max_tokens": max_new,
                "dtype": args.dtype, "max_model_len": longest + max_new + 2 * block,
+               "kv_cache_bytes": int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None,
                "runs": [{"drafter": os.path.abspath(args.drafter), "patch_k_norm": args.patch_vllm_k_norm}]}
     with tempfile.TemporaryDirectory(prefix="serve-check-") as tmp:
         req, res = os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")
@@ -204,7 +211,7 @@ def run(args) -> int:
     prompts = read_prompts(prompts_path, count)
     reference = read_continuations(args.reference, count) if args.reference else None
     if args.engine == "vllm":
-        engine = run_vllm_offline(args, prompts, max_new)
+        engine = run_vllm_offline(args, prompts, max_new, block)
     else:
         from .engine_http import run_server
         if not args.url:
