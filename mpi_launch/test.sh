@@ -12,11 +12,12 @@ phase_start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
 bash "$root/mpi_launch/install_deps.sh"
 phase "install_deps"
-# Python environments of data/prep (with the [report] extra: tensorboard, wandb, for the report tests); the serving one (torch, ~5.7 GB; DFLASH_PREP_SERVE=0 leaves it out) only feeds
-# the real-server test, which reports itself skipped, with the reason, when it could not be made
-bash "$root/mpi_launch/install_prep.sh" --serve --report ||
-  echo "test.sh: warning: install_prep.sh --serve --report failed (see above); data_prep and report tests that need" \
-       "it will be skipped"
+# Python environments of data/prep (with the [report] extra: tensorboard, wandb, for the report tests); the serving one (torch, ~4.6 GB; DFLASH_PREP_SERVE=0 leaves it out) only feeds
+# the real-server test, which reports itself skipped, with the reason, when it could not be made; the vLLM one (its
+# CPU build, sharing that torch; DFLASH_PREP_VLLM=0 leaves it out) feeds engine_vllm, skipped the same way
+bash "$root/mpi_launch/install_prep.sh" --serve --report --vllm ||
+  echo "test.sh: warning: install_prep.sh --serve --report --vllm failed (see above); data_prep, report and engine" \
+       "tests that need it will be skipped"
 phase "install_prep"
 # Both builds compile the same C++ sources with different -D/-I (the CUDA backend real or emulated): ccache, in its
 # preprocessor mode, matches every file whose preprocessed text is the same, so the second build mostly hits the
