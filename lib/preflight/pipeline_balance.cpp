@@ -20,10 +20,14 @@ namespace dflash::preflight {
 
 namespace {
 
-// Fractions of the data-sheet rates a part reaches (docs/benchmarks.md, "The pipeline-balance model").
-constexpr double kGemmEfficiency = 0.70;       // cuBLASLt bf16 GEMMs of thousands of rows: 60–75 % of dense peak
-constexpr double kAttentionEfficiency = 0.35;  // mma.sync FlashAttention-2-style kernels: FA2's share on Hopper
-constexpr double kBandwidthEfficiency = 0.75;  // elementwise passes and the loss's row passes: streaming
+// Fractions of the data-sheet rates a part reaches (docs/benchmarks.md, "The pipeline-balance model"), measured
+// on an H200 on 2026-12-04 where marked (docs/benchmarks.md, "Measured on an H200") and assumed the same on the
+// other GPUs.
+constexpr double kGemmEfficiency = 0.70;       // cuBLASLt bf16: 0.69 (the loss's GEMMs) to 0.78 measured
+constexpr double kAttentionForwardEfficiency = 0.195;   // the tensor-core DFlash forward: 192.6 TFLOP/s measured
+constexpr double kAttentionBackwardEfficiency = 0.114;  // its backward: 113 TFLOP/s measured
+constexpr double kBandwidthEfficiency = 0.75;  // elementwise passes: streaming (not measured)
+constexpr double kLossRowsEfficiency = 0.36;   // the loss's row passes: 57 ms for 6 × [32768, 248320] bf16 measured
 
 // The delta-rule kernels as the dispatcher chooses them (kernels/cuda/deltanet_chunked.cu: dk 64 or 128, dv a
 // multiple of 64; every pass fits sm_120's 99 KiB), else the per-token recurrence (kernels/cuda/deltanet.cu).
@@ -31,13 +35,21 @@ constexpr double kBandwidthEfficiency = 0.75;  // elementwise passes and the los
 // passes 1 and 3 stream their bytes; pass 2 walks the chunks, each a chain of ~550 cycles (2 barriers, 8
 // dependent mma) or its block's mma issue (8192·dk FLOPs at the SM's tensor rate), whichever is longer.
 constexpr int kChunk = 64;
-constexpr double kChainCycles = 550;
+// Measured on an H200 at the seed's shard (S 8192, 12 value heads of 128): the state pass 2.8 µs a chunk (the
+// model's chain said 550 cycles; 4900 measured), prepare 0.114 ms and output 0.078 ms a layer (0.155 and 0.31 of
+// the bandwidth their bytes need), the per-token kernel 1.7 µs a token (bf16).
+constexpr double kChainCycles = 4900;
+constexpr double kPrepareEfficiency = 0.155, kOutputEfficiency = 0.31;
 constexpr double kLaunchGap = 2.5e-6;  // between dependent kernels on one stream
-// One token of the per-token kernel: three block barriers and the dk-long state products of a 4-warp block.
-constexpr double kTokenCycles = 620;
+constexpr double kTokenCycles = 2980;
 
 double gemm_seconds(double flops, const GpuSpec& g) { return flops / (kGemmEfficiency * g.bf16_flops); }
-double attention_seconds(double flops, const GpuSpec& g) { return flops / (kAttentionEfficiency * g.bf16_flops); }
+double attention_seconds(double flops, const GpuSpec& g) {  // forward
+  return flops / (kAttentionForwardEfficiency * g.bf16_flops);
+}
+double attention_backward_seconds(double flops, const GpuSpec& g) {
+  return flops / (kAttentionBackwardEfficiency * g.bf16_flops);
+}
 double stream_seconds(double bytes, const GpuSpec& g) { return bytes / (kBandwidthEfficiency * g.memory_bw); }
 // Ring all-reduce of `bytes` over n GPUs: each sends and receives 2(n−1)/n of it.
 double allreduce_seconds(double bytes, int n, const GpuSpec& g) {
@@ -53,12 +65,12 @@ DeltaCost delta_rule_layer(const model::QwenConfig& c, int k_heads, int v_heads,
   const double dk = c.linear_k_dim, dv = c.linear_v_dim, KH = k_heads, VH = v_heads, T = S;
   if ((c.linear_k_dim == 64 || c.linear_k_dim == 128) && c.linear_v_dim % 64 == 0 && S >= 2) {
     const double chunks = std::ceil(T / kChunk), states = chunks * VH * dk * dv * 2;
-    const double prepare = stream_seconds(T * (KH * dk + VH * dv + VH * dk + VH * dv) * 2, g);
+    const double prepare = T * (KH * dk + VH * dv + VH * dk + VH * dv) * 2 / (kPrepareEfficiency * g.memory_bw);
     const double sm_rate = g.bf16_flops / (g.sms * g.clock);  // tensor FLOPs an SM a cycle
     const double blocks = VH * (dv / 32), waves = std::ceil(blocks / g.sms);
     const double chain = waves * chunks * std::max(kChainCycles, 8192.0 * dk / sm_rate) / g.clock;
     const double state = std::max(chain, stream_seconds(T * (VH * (dk + dv) + KH * dk + VH * dv) * 2 + states, g));
-    const double output = stream_seconds(T * 2 * KH * dk * 2 + states + T * VH * dv * 2 * 2, g);
+    const double output = (T * 2 * KH * dk * 2 + states + T * VH * dv * 2 * 2) / (kOutputEfficiency * g.memory_bw);
     return {prepare + state + output + 3 * kLaunchGap,
             fmt::format("chunk-parallel: {:.0f} state blocks, prepare/state/output {:.0f}/{:.0f}/{:.0f} us a layer",
                         blocks, prepare * 1e6, state * 1e6, output * 1e6)};
@@ -126,12 +138,12 @@ std::vector<TimePart> drafter_time(const BalanceInputs& in, int anchors, const G
   double pairs = 0;
   for (int l = 0; l < d.layers; ++l)
     pairs += double(kernels::dflash_attention_pairs(a.data(), model::drafter_attention_shape(d, l, S, int(a.size()))));
-  const double attention_flops = 14.0 * d.head_dim * pairs;  // forward 4·D, backward 10·D a pair
-  const double gemm_flops = f.forward + f.backward - attention_flops;
+  const double attention_forward = 4.0 * d.head_dim * pairs, attention_backward = 10.0 * d.head_dim * pairs;
+  const double gemm_flops = f.forward + f.backward - attention_forward - attention_backward;
   const double T = double(anchors) * (B - 1), H = d.hidden, V = d.vocab, F = 2 * T * H * V;
   const double loss_gemm = (in.fused_loss ? 2 : 3) * F + (in.kl ? (in.fused_loss ? 1 : 2) * F : 0.0);
   // the row passes over the chunk's logits (max, Σexp, the gradient; the KL's over the target's): bf16 logits
-  const double loss_rows = stream_seconds(T * V * 2 * (in.kl ? 6 : 4), g);
+  const double loss_rows = T * V * 2 * (in.kl ? 6 : 4) / (kLossRowsEfficiency * g.memory_bw);
   const double NB = double(anchors) * B, I = d.intermediate;
   const double elementwise = stream_seconds(3.0 * d.layers * NB * (12 * H + 3 * I) * 2, g);
   // per step, shared by its micro-steps: the fp32 gradient all-reduce over the drafter ranks and AdamW (master
@@ -142,7 +154,7 @@ std::vector<TimePart> drafter_time(const BalanceInputs& in, int anchors, const G
   const double step = (allreduce_seconds(params * 4, in.drafter_dp, g) + stream_seconds(params * 30, g)) /
                       std::max(1, in.micro_batches);
   return {{"layers", gemm_seconds(gemm_flops, g) + elementwise},
-          {"attention", attention_seconds(attention_flops, g)},
+          {"attention", attention_seconds(attention_forward, g) + attention_backward_seconds(attention_backward, g)},
           {"vocab loss", gemm_seconds(loss_gemm, g) + loss_rows},
           {"step share", step}};
 }

@@ -41,11 +41,12 @@ TEST_CASE("pipeline balance: the seed's run on an H200 starves its drafters, by 
   const preflight::BalanceInputs in = seed_inputs();
   const preflight::BalancePrediction p = preflight::predict_balance(in, preflight::gpu_spec("h200"));
   MESSAGE(preflight::format_balance(in, {p}));
-  // the target's heaviest TP rank: GEMMs of its shard, the 48 DeltaNet layers' chunk-parallel delta rule (within
-  // docs/benchmarks.md's 4.4–6.2 ms a forward), the bf16 all-reduce of 2 × 64 layers × [8192, 5120] over 5 ranks
+  // the target's heaviest TP rank: GEMMs of its shard, the 48 DeltaNet layers' chunk-parallel delta rule
+  // (calibrated to an H200's 0.549 ms a layer at 12 value heads, 26.4 ms a forward: docs/benchmarks.md; the
+  // state pass is one wave at 9 or 12 heads), the bf16 all-reduce of 2 × 64 layers × [8192, 5120] over 5 ranks
   CHECK(part(p.target, "GEMMs") == doctest::Approx(0.116).epsilon(0.01));
-  CHECK(part(p.target, "delta rule") > 3.5e-3);  // the heaviest rank by the whole forward holds 9 or 12 value heads
-  CHECK(part(p.target, "delta rule") < 6.2e-3);
+  CHECK(part(p.target, "delta rule") > 0.020);
+  CHECK(part(p.target, "delta rule") < 0.030);
   CHECK(part(p.target, "TP all-reduce") == doctest::Approx(128 * (1.6 * 8192 * 5120 * 2 / 450e9 + 10e-6)));
   CHECK(p.delta_kernel.find("chunk-parallel") == 0);
   CHECK(p.drafters_per_group == 3);
@@ -77,8 +78,9 @@ TEST_CASE("pipeline balance: the RTX PRO 6000: the chunk-parallel delta rule, th
   const preflight::BalancePrediction h = preflight::predict_balance(in, preflight::gpu_spec("h200"));
   const preflight::BalancePrediction r = preflight::predict_balance(in, preflight::gpu_spec("rtx-pro-6000"));
   CHECK(r.delta_kernel.find("chunk-parallel") == 0);  // every pass fits 99 KiB (2 stages)
-  CHECK(part(r.target, "delta rule") > 7.2e-3);         // docs/benchmarks.md: 7.2–10.0 ms a forward
-  CHECK(part(r.target, "delta rule") < 10.0e-3);
+  // the H200's measured efficiencies at the RTX PRO 6000's rates (not measured there)
+  CHECK(part(r.target, "delta rule") > part(h.target, "delta rule"));
+  CHECK(part(r.target, "delta rule") < 2 * part(h.target, "delta rule"));
   // fp32 (or an odd shape) runs the per-token kernel: ~100–140 ms a forward by the same docs
   preflight::BalanceInputs odd = in;
   odd.target.linear_k_dim = 96;
