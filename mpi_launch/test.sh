@@ -10,7 +10,7 @@ build="${DFLASH_BUILD_DIR:-$root/build}"
 # how long each phase took, on stdout (CI's time budget is spent here)
 phase_start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
-bash "$root/mpi_launch/install_deps.sh"
+bash "$root/mpi_launch/install_deps.sh" --test   # --test: slurm-wlm and munge for tests/integration/slurm/
 phase "install_deps"
 # Python environments of data/prep (with the [report] extra: tensorboard, wandb, for the report tests); the serving one (torch, ~5.7 GB; DFLASH_PREP_SERVE=0 leaves it out) only feeds
 # the real-server test, which reports itself skipped, with the reason, when it could not be made
