@@ -22,7 +22,9 @@ phase "install_prep"
 # preprocessor mode, matches every file whose preprocessed text is the same, so the second build mostly hits the
 # first's cache (the environment variables set the launcher of every configure here, the tests' own included).
 if command -v ccache >/dev/null; then export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache; fi
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
+# DFLASH_CUDA always given (default AUTO: the CUDA backend wherever the toolkit is, for the default architectures):
+# quickstart.sh may have configured ./build without it (no GPU), and the tests expect this build
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA="${DFLASH_CUDA:-AUTO}"
 cmake --build "$build" -j"$(nproc)"
 phase "the build"
 ctest --test-dir "$build" --output-on-failure --timeout 600 "$@"
