@@ -29,7 +29,14 @@ build="$1" src="$2" work="$3"
 t0=$SECONDS
 source "$src/tests/integration/slurm/cluster.sh"
 
-trap cluster_stop EXIT
+pids=()   # the cases, each a background subshell of this script
+# whatever ends this script (a failure, ctest's timeout with SIGTERM, ^C): the cases' shells go, then the cluster
+on_exit() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  cluster_stop
+}
+trap on_exit EXIT
 trap 'exit 1' INT TERM
 cluster_start "$work/state" || exit $?   # also stops what an earlier, killed run left
 echo "slurm_real: cluster up in $((SECONDS - t0)) s"
@@ -187,7 +194,7 @@ usr1_batch() {
   fi
   wait_for 300 test -f "$work/finished.result"
   same=$(same_as "$work/finished/run" "$run") || { result "$c" FAIL "$same"; return; }
-  result "$c" PASS "ranks $bind; SIGUSR1 to the batch shell: checkpoint, 1 self-requeue, COMPLETED: $same"
+  result "$c" PASS "ranks $bind; two SIGUSR1 to the batch shell: one checkpoint, 1 self-requeue, COMPLETED: $same"
 }
 
 case_requeue() {
@@ -247,7 +254,6 @@ case_multi_node() {
 }
 
 cases=(finished reference timelimit timelimit_b_mpirun usr1_srun usr1_mpirun requeue scancel multi_node)
-pids=()
 for c in "${cases[@]}"; do
   case_t0=$SECONDS
   case "$c" in
