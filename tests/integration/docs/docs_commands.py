@@ -167,9 +167,8 @@ def make_checkout(src, build, work, env):
             q, a = CHATS[i % len(CHATS)]
             f.write(json.dumps({"messages": [{"role": "user", "content": q},
                                              {"role": "assistant", "content": a}]}) + "\n")
-    with open(os.path.join(co, "sets.jsonl"), "w") as f:
-        for q, _ in CHATS[:4]:
-            f.write(json.dumps({"question": q}) + "\n")
+    with open(os.path.join(co, "sets.jsonl"), "w") as f:  # a GSM8K-style and an MT-Bench-style prompt
+        f.write(json.dumps({"question": CHATS[2][0]}) + "\n")
         f.write(json.dumps({"turns": ["Tell me a story about a dog.", "Make it shorter."]}) + "\n")
     shutil.copy(os.path.join(build, "tests", "integration", "tiny_data", "train.h5"), os.path.join(co, "YOUR.h5"))
 
