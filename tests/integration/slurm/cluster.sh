@@ -39,7 +39,7 @@ wait_for() {
 cluster_start() {
   cluster_state="$1"
   local t
-  for t in munged slurmctld slurmd sbatch scontrol squeue scancel srun python3 runuser; do
+  for t in munged slurmctld slurmd sbatch scontrol squeue sinfo scancel srun python3 runuser; do
     command -v "$t" >/dev/null || { cluster_skip "no '$t' on this machine (bash mpi_launch/install_deps.sh --test installs slurm-wlm and munge)"; return; }
   done
   [[ $(id -u) -eq 0 ]] || { cluster_skip "starting slurmd, which runs jobs as another user, needs root (CI runs the tests as root)"; return; }

@@ -29,12 +29,23 @@ build="$1" src="$2" work="$3"
 t0=$SECONDS
 source "$src/tests/integration/slurm/cluster.sh"
 
+# The plain user must reach the state (munge's socket) and the jobs' folders: where the build folder is not
+# reachable by it (a checkout under /root), both go to a folder under /tmp, removed at the end
+mkdir -p "$work"
+tmp_area=""
+if [[ $(id -u) -eq 0 ]] && command -v runuser >/dev/null && ! runuser -u "$cluster_user" -- test -x "$work/."; then
+  tmp_area=$(mktemp -d /tmp/dflash_slurm_real.XXXXXX) && chmod 755 "$tmp_area"
+  echo "slurm_real: $work is not reachable by user $cluster_user: the cluster and its jobs in $tmp_area"
+  work="$tmp_area"
+fi
+
 pids=()   # the cases, each a background subshell of this script
 # whatever ends this script (a failure, ctest's timeout with SIGTERM, ^C): the cases' shells go, then the cluster
 on_exit() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   cluster_stop
+  [[ -z "$tmp_area" ]] || rm -rf "$tmp_area"
 }
 trap on_exit EXIT
 trap 'exit 1' INT TERM
