@@ -65,7 +65,8 @@ chmod 755 "$work"
 cores=$(nproc)
 cpt=$(( cores >= 4 ? 2 : 1 ))   # cpus-per-task of the binding cases: 2 ranks x cpt cores must fit this machine
 tiny=(mpi_launch/configs/tiny.yaml --set "target.path=$work/data/target" --set "data.path=$work/data/train.h5"
-      --set layout.target_tp=1 --set layout.drafter_dp=1 --set log.every=1 --set ckpt.every=25)
+      --set layout.target_tp=1 --set layout.target_groups=1 --set layout.drafter_dp=1 --set log.every=1
+      --set ckpt.every=25)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 # ---- how many steps: the short runs ~5 s alone; the long ones (~40 s alone) long enough for >= 2 time-limit requeues (each
