@@ -21,7 +21,8 @@
 # Then: data/prep/.venv/bin/dflash-prep tokenize ...   (or data/prep/dflash-prep, the wrapper, or put
 #       data/prep/.venv/bin on PATH; dflash_data import-prompts finds it there)
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# the physical path: the environment is stamped with this checkout's path, whatever symlink leads to it
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 pkg="$root/data/prep"
 uv_version=0.13.8
 serve=0 report=0 vllm=0

@@ -10,7 +10,7 @@ build="${DFLASH_BUILD_DIR:-$root/build}"
 # how long each phase took, on stdout (CI's time budget is spent here)
 phase_start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
-bash "$root/mpi_launch/install_deps.sh"
+bash "$root/mpi_launch/install_deps.sh" --test   # --test: slurm-wlm and munge for tests/integration/slurm/
 phase "install_deps"
 # Python environments of data/prep (with the [report] extra: tensorboard, wandb, for the report tests); the serving one (torch, ~4.6 GB; DFLASH_PREP_SERVE=0 leaves it out) only feeds
 # the real-server test, which reports itself skipped, with the reason, when it could not be made; the vLLM one (its
@@ -23,7 +23,9 @@ phase "install_prep"
 # preprocessor mode, matches every file whose preprocessed text is the same, so the second build mostly hits the
 # first's cache (the environment variables set the launcher of every configure here, the tests' own included).
 if command -v ccache >/dev/null; then export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache; fi
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
+# DFLASH_CUDA always given (default AUTO: the CUDA backend wherever the toolkit is, for the default architectures):
+# quickstart.sh may have configured ./build without it (no GPU), and the tests expect this build
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA="${DFLASH_CUDA:-AUTO}"
 cmake --build "$build" -j"$(nproc)"
 phase "the build"
 ctest --test-dir "$build" --output-on-failure --timeout 600 "$@"
