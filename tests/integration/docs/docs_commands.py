@@ -174,7 +174,9 @@ def make_checkout(src, build, work, env):
 
     # my.yaml: the 8B template with the user's paths (relative to my.yaml's folder, the checkout root) and a short run
     text = open(os.path.join(src, "mpi_launch", "configs", "qwen3_8b.yaml")).read()
-    edits = {("run", "out_dir"): "runs/x", ("run", "steps"): "8", ("target", "path"): "models/Qwen3-8B",
+    # (run.device cpu: the template is a GPU run, the stand-in machine has none)
+    edits = {("run", "out_dir"): "runs/x", ("run", "steps"): "8", ("run", "device"): "cpu",
+             ("target", "path"): "models/Qwen3-8B",
              ("drafter", "layers"): "1", ("drafter", "block_size"): "8", ("loss", "anchors_per_seq"): "8",
              ("optim", "micro_batches"): "1", ("data", "path"): "data/train.h5", ("ckpt", "every"): "4",
              ("log", "every"): "1"}
