@@ -576,7 +576,7 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
   const float* up = with_u ? u.data() : nullptr;
   std::vector<VocabLossRow> rows(n);
   std::vector<VocabLossRowValues> vals(n);
-  cpu().vocab_loss_row_stats(hx(), z.data(), up, n, V, labels.data(), w.data(), tau, 5, rows.data(), vals.data());
+  cpu().vocab_loss_row_stats(hx(), z.data(), up, n, V, labels.data(), w.data(), k, 5, rows.data(), vals.data());
   std::vector<float> grad = z;
   cpu().vocab_loss_row_grad(hx(), grad.data(), up, n, V, labels.data(), w.data(), rows.data(), 0.25, k);
 
@@ -599,7 +599,7 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
   Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
   Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
   auto& be = *gpu().f32;
-  be.vocab_loss_row_stats(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), tau, 5, grows.p(),
+  be.vocab_loss_row_stats(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), k, 5, grows.p(),
                           gvals.p());
   const auto rows_g = grows.get();
   const auto vals_g = gvals.get();
@@ -787,7 +787,7 @@ TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 ac
     const VocabLossCoeffs k{1, 1, 0.2, 1};
     std::vector<VocabLossRow> rows(n);
     std::vector<VocabLossRowValues> vals(n);
-    cpu().vocab_loss_row_stats(hx(), z.data(), u.data(), n, V, labels.data(), w.data(), 1.0, 5, rows.data(), vals.data());
+    cpu().vocab_loss_row_stats(hx(), z.data(), u.data(), n, V, labels.data(), w.data(), k, 5, rows.data(), vals.data());
     std::vector<float> grad = z;
     cpu().vocab_loss_row_grad(hx(), grad.data(), u.data(), n, V, labels.data(), w.data(), rows.data(), 0.5, k);
     Dev<bf16> gz(to_bf16(z)), gu(to_bf16(u));
@@ -795,7 +795,7 @@ TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 ac
     Dev<int32_t> glab(labels);
     Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
     Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
-    be.vocab_loss_row_stats(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), 1.0, 5, grows.p(), gvals.p());
+    be.vocab_loss_row_stats(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), k, 5, grows.p(), gvals.p());
     const auto vals_g = gvals.get();
     for (int i = 0; i < n; ++i) {  // the statistics are fp32 math on the same (bf16-exact) values: float ulp level
       INFO("row " << i);
