@@ -613,7 +613,7 @@ TEST_CASE("vocab_loss: D-PACE factors of a hand-made block (a masked row is a no
 }
 
 TEST_CASE("vocab_loss: the acceptance-aware objectives match the long-double reference in every mode and chunk size "
-          "(double; chunks of 1, 3 and 7 cut blocks of 5 rows)") {
+          "(double, chunks of 1, 3 and 7 cut blocks of 5 rows)") {
   const Problem p = make_problem(6, 6, 16, 50, 101);
   Cast<double> c(p, true);
   const double grad_scale = 1.0 / 2.9;
@@ -641,15 +641,15 @@ TEST_CASE("vocab_loss: the acceptance-aware objectives match the long-double ref
 }
 
 TEST_CASE("vocab_loss: the acceptance-aware objectives in float match the double reference within 1e-4") {
-  const Problem p = make_problem(5, 8, 32, 200, 103);
+  const Problem p = make_problem(4, 8, 24, 120, 103);
   Cast<double> cd(p, true);
   Cast<float> cf(p, true);
   for (const Objective& o : objectives()) {
     CAPTURE(o.name);
     const auto s0 = o.settings(p.B);
     const auto ref = run_reference(s0, cd, p, 0.01);
-    for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
-      for (int chunk : {3, p.R}) {
+    for (auto [mode, chunk] : {std::pair{model::VocabLossMode::recompute, 3}, std::pair{model::VocabLossMode::fused, 10}}) {
+      {
         auto s = s0;
         s.mode = mode;
         s.chunk_size = chunk;
@@ -690,8 +690,8 @@ TEST_CASE("vocab_loss: dX of every acceptance-aware term and combination matches
   }
 }
 
-TEST_CASE("vocab_loss: D-PACE chunks hold whole blocks; the scratch stays max(chunk, B − 1) rows whatever T") {
-  for (int blocks : {2, 40}) {
+TEST_CASE("vocab_loss: D-PACE chunks hold whole blocks, the scratch stays max(chunk, B − 1) rows whatever T") {
+  for (int blocks : {2, 16}) {
     const Problem p = make_problem(blocks, 6, 8, 30, 107);
     Cast<float> c(p, true);
     auto s = objectives()[0].settings(p.B);
