@@ -108,7 +108,7 @@ PY
   done
 done
 
-# ---- the table: mean ± sample std over the seeds ----
+# ---- the table: mean ± sample std over the seeds, and each objective's difference from its recipe's decay ----
 python3 - "$results" <<'PY'
 import statistics, sys
 from collections import defaultdict
@@ -116,15 +116,24 @@ rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
 by = defaultdict(list)
 for r in rows:
     by[(r[0], r[1])].append(r)
-def stat(vals):
-    vals = [float(v) for v in vals if v != ""]
-    if not vals:
-        return "—"
-    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return f"{statistics.mean(vals):.3f} ± {sd:.3f}"
-print("| recipe | objective | seeds | steps | τ chain (held-out) | τ tree (held-out) | training τ (teacher-forced) |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+def ms(x):
+    return statistics.mean(x), (statistics.stdev(x) if len(x) > 1 else 0.0)
+def delta(a, b):  # difference of the means ± its standard error
+    (ma, sa), (mb, sb) = ms(a), ms(b)
+    return f"{ma - mb:+.4f} ± {(sa ** 2 / len(a) + sb ** 2 / len(b)) ** 0.5:.4f}"
+print("| recipe | objective | seeds | steps | τ chain, held-out (mean ± sd) | Δ vs decay (± se) | τ tree, held-out | "
+      "Δ vs decay (± se) | training τ (teacher-forced) |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for (recipe, objective), rs in by.items():
-    print(f"| {recipe} | {objective} | {len(rs)} | {rs[0][3]} | {stat(r[4] for r in rs)} | {stat(r[5] for r in rs)} | "
-          f"{stat(r[6] for r in rs)} |")
+    chain = [float(r[4]) for r in rs]
+    tree = [float(r[5]) for r in rs if r[5]]
+    train = [float(r[6]) for r in rs]
+    base = by.get((recipe, "decay"), [])
+    base_chain = [float(r[4]) for r in base]
+    base_tree = [float(r[5]) for r in base if r[5]]
+    d_chain = delta(chain, base_chain) if base_chain and objective != "decay" else "—"
+    d_tree = delta(tree, base_tree) if tree and base_tree and objective != "decay" else "—"
+    tree_s = "{:.4f} ± {:.4f}".format(*ms(tree)) if tree else "— (refused on hybrid targets)"
+    print(f"| {recipe} | {objective} | {len(rs)} | {rs[0][3]} | {ms(chain)[0]:.4f} ± {ms(chain)[1]:.4f} | {d_chain} | "
+          f"{tree_s} | {d_tree} | {ms(train)[0]:.4f} ± {ms(train)[1]:.4f} |")
 PY
