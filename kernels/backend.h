@@ -210,9 +210,10 @@ class Backend {
 
   // ---- vocab loss row passes (one chunk of n rows over logits already in memory) ----
   // z [n, V] drafter logits, u [n, V] target logits or null (no KL). For each row with weights[r] > 0:
-  // rows[r] (=) its statistics and values[r] (=) CE/KL/CAP/correct/top-k/finite; rows with w = 0: values zeroed.
+  // rows[r] (=) its statistics and values[r] (=) CE/KL/CAP(/TV/LK/NLA)/correct/top-k/finite; rows with w = 0:
+  // values zeroed. coeffs: τ, and whether a TV / LK / NLA term needs the overlap pass (u given, τ = 1).
   virtual void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,
-                                    const A* weights, double tau, int top_k, VocabLossRow* rows,
+                                    const A* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                                     VocabLossRowValues* values) = 0;
   // z [n, V] (= in place) grad_scale · w_r · ∂ℓ_r/∂z_r from the forward statistics; u as above.
   virtual void vocab_loss_row_grad(ExecContext& ctx, T* z, const T* u, int n, int V, const int32_t* labels,

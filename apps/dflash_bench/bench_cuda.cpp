@@ -156,7 +156,7 @@ int loss_bench(Backend<T>& be, ExecContext& ctx, const CudaBenchOptions& args, c
     be.gemm(ctx, false, false, n, H, V, 1.0, z.p(), V, W.p(), H, 0.0, dX.p() + size_t(r0) * H, H);
   };
   auto stats = [&](int r0, int n) {
-    be.vocab_loss_row_stats(ctx, z.p(), u.p(), n, V, labels.p() + r0, weights.p() + r0, coeffs.tau, 5, rows.p() + r0,
+    be.vocab_loss_row_stats(ctx, z.p(), u.p(), n, V, labels.p() + r0, weights.p() + r0, coeffs, 5, rows.p() + r0,
                             values.p() + r0);
   };
   auto grad = [&](int r0, int n) {

@@ -224,13 +224,14 @@ class CpuBackend final : public Backend<T> {
   }
 
   void vocab_loss_row_stats(ExecContext&, const T* z, const T* u, int n, int V, const int32_t* labels,
-                            const A* weights, double tau, int top_k, VocabLossRow* rows,
+                            const A* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                             VocabLossRowValues* values) override {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; ++i) {
       VocabLossRowValues v;
       if (weights[i] > 0) {
-        cpu::row_stats<T>(z + size_t(i) * V, u ? u + size_t(i) * V : nullptr, V, labels[i], tau, top_k, rows[i], v);
+        cpu::row_stats<T>(z + size_t(i) * V, u ? u + size_t(i) * V : nullptr, V, labels[i], coeffs, top_k, rows[i],
+                          v);
         v.scored = 1;
       }
       values[i] = v;

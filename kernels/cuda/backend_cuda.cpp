@@ -326,9 +326,9 @@ class CudaBackend final : public Backend<T> {
   }
 
   void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,
-                            const A* weights, double tau, int top_k, VocabLossRow* rows,
+                            const A* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                             VocabLossRowValues* values) override {
-    on_device(cuda::launch_vocab_loss_row_stats<D>, stream_of(ctx), z, u, n, V, labels, weights, tau, top_k, rows,
+    on_device(cuda::launch_vocab_loss_row_stats<D>, stream_of(ctx), z, u, n, V, labels, weights, coeffs, top_k, rows,
               values);
   }
   void vocab_loss_row_grad(ExecContext& ctx, T* z, const T* u, int n, int V, const int32_t* labels, const A* weights,

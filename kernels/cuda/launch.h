@@ -202,7 +202,7 @@ void launch_argmax_rows(cudaStream_t st, int32_t* index, float* value, const T* 
 // ---- vocab_loss_rows.cu ----
 template <typename T>
 void launch_vocab_loss_row_stats(cudaStream_t st, const T* z, const T* u, int n, int V, const int32_t* labels,
-                                 const float* weights, double tau, int top_k, VocabLossRow* rows,
+                                 const float* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                                  VocabLossRowValues* values);
 template <typename T>
 void launch_vocab_loss_row_grad(cudaStream_t st, T* z, const T* u, int n, int V, const int32_t* labels,

@@ -54,7 +54,7 @@ MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const train::RunPlan
   m.max_seq_len = int(cfg.data.max_seq_len > 0 ? std::min<int64_t>(cfg.data.max_seq_len, longest) : longest);
   m.anchors_per_seq = cfg.loss.anchors_per_seq;
   m.chunk_size = cfg.loss.chunk_size;
-  m.kl = cfg.loss.kl_weight != 0;
+  m.kl = cfg.loss.uses_target();  // KL, TV, LK and NLA all need the target's logits
   m.cuda = cfg.run.device == "cuda";
   m.bf16 = cfg.run.compute_precision() == "bf16";
   m.packets_in_flight = cfg.layout.packets_in_flight;

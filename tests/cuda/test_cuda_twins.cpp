@@ -33,6 +33,7 @@
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launch.h"
 #include "lib/core/rng.h"
+#include "lib/model/vocab_loss.h"
 
 using namespace dflash;
 using namespace dflash::kernels;
@@ -534,6 +535,10 @@ namespace {
 // Per-element tolerance of the row gradient: each element is a sum of ≤ 4 terms coefficient × exp (float): each
 // term within 8 ulp (2 ulp exp with a few ulp in its argument, 1 per product), so 16·u·Σ|terms| + the output
 // rounding (extra_rel: 2^-8 for bf16); the label and argmax (formed in double, rounded once): 4·u + extra_rel.
+// With TV / LK / NLA (τ = 1) the TV term a·p_v·(below − [p_v < q_v]) joins Σ|terms| (a = c (λ_tv + λ_lk (1 − λ) +
+// λ_nla/α), LK's λ joins KL's coefficient); both sides compute p_v and q_v by the same float expressions from the same
+// statistics, but where p_v and q_v are within a few ulp of each other an FMA on the GPU may classify v apart:
+// there the tolerance adds |a| p_v.
 std::vector<double> grad_tolerance(const std::vector<float>& z, const float* u, int n, int V,
                                    const std::vector<int32_t>& labels, const std::vector<float>& w,
                                    const std::vector<VocabLossRow>& rows, double grad_scale,
@@ -546,18 +551,28 @@ std::vector<double> grad_tolerance(const std::vector<float>& z, const float* u, 
     const float* zr = &z[size_t(i) * V];
     const float* ur = u ? u + size_t(i) * V : nullptr;
     const double p_m = std::exp(-s.z_logsum);
+    const bool ov = ur && (k.tv != 0 || k.lk != 0 || k.nla != 0);
+    const double lambda = ov ? std::exp(-k.lk_eta * s.overlap) : 0;
+    const double kl_coef = k.kl * k.tau + (ov ? k.lk * lambda : 0);
+    const double a_tv = ov ? k.tv + k.lk * (1 - lambda) + (s.overlap > kNlaFloor ? k.nla / s.overlap : 0) : 0;
     for (int v = 0; v < V; ++v) {
       const double p = std::exp((zr[v] - s.z_max) - s.z_logsum);
-      double mag = std::fabs(c * k.ce) * p;
-      if (ur && k.kl != 0) {
-        mag += std::fabs(c * k.kl * k.tau) * std::exp((zr[v] - s.z_max) / k.tau - s.zt_logsum);
-        mag += std::fabs(c * k.kl * k.tau) * std::exp((ur[v] - s.u_max) / k.tau - s.ut_logsum);
+      double mag = std::fabs(c * k.ce) * p, tie = 0;
+      if (ur && kl_coef != 0) {
+        mag += std::fabs(c * kl_coef) * std::exp((zr[v] - s.z_max) / k.tau - s.zt_logsum);
+        mag += std::fabs(c * kl_coef) * std::exp((ur[v] - s.u_max) / k.tau - s.ut_logsum);
       }
       if (s.cap_active && k.cap != 0) mag += std::fabs(c * k.cap) * p_m * std::exp((zr[v] - s.excl_max) - s.excl_logsum);
-      tol[size_t(i) * V + v] = 16 * kU * mag * (1 + extra_rel) + extra_rel * mag + 1e-30;
+      if (ov) {
+        const double q = std::exp((ur[v] - s.u_max) - s.ut_logsum);
+        mag += std::fabs(c * a_tv) * p * (s.overlap_below + 1);
+        if (std::fabs(p - q) <= 64 * kU * std::max(p, q)) tie = std::fabs(c * a_tv) * p;
+      }
+      tol[size_t(i) * V + v] = 16 * kU * mag * (1 + extra_rel) + extra_rel * mag + tie + 1e-30;
     }
     for (int v : {labels[i], s.argmax}) {
-      const double exact_ish = std::fabs(c) * 4;  // |at_y|, |at_m| ≤ c·(ce + 2·kl·τ + cap) ≤ 4c here
+      // |at_y|, |at_m| ≤ c·(ce + 2·kl·τ + cap + 2 a_tv) ≤ 4c (+ the TV coefficient) here
+      const double exact_ish = std::fabs(c) * (4 + 2 * a_tv + 2 * std::fabs(kl_coef));
       tol[size_t(i) * V + v] = (4 * kU + extra_rel) * exact_ish;
     }
   }
@@ -580,7 +595,7 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
   const float* up = with_u ? u.data() : nullptr;
   std::vector<VocabLossRow> rows(n);
   std::vector<VocabLossRowValues> vals(n);
-  cpu().vocab_loss_row_stats(hx(), z.data(), up, n, V, labels.data(), w.data(), tau, 5, rows.data(), vals.data());
+  cpu().vocab_loss_row_stats(hx(), z.data(), up, n, V, labels.data(), w.data(), k, 5, rows.data(), vals.data());
   std::vector<float> grad = z;
   cpu().vocab_loss_row_grad(hx(), grad.data(), up, n, V, labels.data(), w.data(), rows.data(), 0.25, k);
 
@@ -603,7 +618,7 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
   Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
   Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
   auto& be = *gpu().f32;
-  be.vocab_loss_row_stats(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), tau, 5, grows.p(),
+  be.vocab_loss_row_stats(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), k, 5, grows.p(),
                           gvals.p());
   const auto rows_g = grows.get();
   const auto vals_g = gvals.get();
@@ -619,7 +634,12 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
     CHECK(near(vals_g[i].ce, vals[i].ce, 1));
     CHECK(near(vals_g[i].kl, vals[i].kl, 1));
     CHECK(near(vals_g[i].cap, vals[i].cap, 1));
+    CHECK(near(vals_g[i].tv, vals[i].tv, 1));
+    CHECK(near(vals_g[i].lk, vals[i].lk, 1));
+    CHECK(near(vals_g[i].nla, vals[i].nla, 1));
     if (!vals[i].scored) continue;
+    CHECK(near(rows_g[i].overlap, rows[i].overlap, 1));
+    CHECK(near(rows_g[i].overlap_below, rows[i].overlap_below, 1));
     CHECK(rows_g[i].argmax == rows[i].argmax);
     CHECK(rows_g[i].z_max == rows[i].z_max);
     CHECK(near(rows_g[i].z_logsum, rows[i].z_logsum, 1));
@@ -642,10 +662,106 @@ TEST_CASE("cuda twin vocab_loss: row statistics and row gradient (CE, KL with te
   vocab_twin(6, 4099, false, 1.0, {1, 0, 0.3, 1});
 }
 
+TEST_CASE("cuda twin vocab_loss: the overlap pass and gradient of TV, LK-hybrid and NLA (tau 1) give the CPU's results") {
+  VocabLossCoeffs k{1, 0.5, 0.2, 1};
+  k.tv = 0.7, k.lk = 0.6, k.lk_eta = 2.5, k.nla = 0.3;
+  vocab_twin(9, 1000, true, 1.0, k);
+  vocab_twin(5, 4096, true, 1.0, k);     // packs only
+  vocab_twin(5, 4096, true, 1.0, k, 1);  // scalar loops only
+  VocabLossCoeffs tv_only{0, 0, 0, 1};
+  tv_only.tv = 1;  // TV without KL: the TV path still reads q
+  vocab_twin(6, 32003, true, 1.0, tv_only);
+}
+
 TEST_CASE("cuda twin vocab_loss: rows in 16-byte packs and misaligned rows (scalar loops) give the CPU's results") {
   vocab_twin(5, 4096, true, 2.0, {1, 0.5, 0.2, 2});      // every row aligned: packs only
   vocab_twin(5, 4096, true, 2.0, {1, 0.5, 0.2, 2}, 1);   // every row misaligned: scalar only
   vocab_twin(5, 1003, false, 1.0, {1, 0, 0.3, 1}, 2);    // rows of mixed alignment, a tail of 3
+}
+
+namespace {
+
+// The whole chunked loss (lib/model/vocab_loss) on the CUDA backend in T against the CPU backend in float, from the
+// same T-exact inputs: D-PACE factors formed on the host from each chunk's CE (chunks of whole blocks), the fused
+// gradient with the chunk's w · d, recompute's backward from the context's w · d, and the overlap terms.
+template <typename T>
+void chunked_loss_twin(Backend<T>& be, const model::VocabLossSettings& s, double tol) {
+  const int blocks = 7, B = 8, R = blocks * (B - 1), H = 24, V = 503;
+  auto X = randn(size_t(R) * H, 110), Y = randn(size_t(R) * H, 111), W = randn(size_t(V) * H, 112, 3.0 / std::sqrt(24.0));
+  for (size_t i = 0; i < Y.size(); ++i) Y[i] = X[i] + 0.6f * Y[i];
+  if constexpr (!std::is_same_v<T, float>) X = bf16_round(X), Y = bf16_round(Y), W = bf16_round(W);
+  std::vector<int32_t> labels(R), kpos(R), bid(R);
+  std::vector<float> w(R);
+  Rng rng(113);
+  for (int r = 0; r < R; ++r) {
+    labels[r] = int32_t(rng.below(V));
+    kpos[r] = 1 + r % (B - 1);
+    bid[r] = r / (B - 1);
+    w[r] = (bid[r] == 2 || (bid[r] == 4 && kpos[r] == 3)) ? 0.0f : 1.0f;  // a masked block, a masked row inside one
+  }
+  model::VocabLossBatch<float> hb;
+  hb.rows = R, hb.hidden = X.data(), hb.target_hidden = Y.data(), hb.labels = labels.data(), hb.weights = w.data();
+  hb.block_pos = kpos.data(), hb.block_id = bid.data();
+  model::VocabLoss<float> cpu_loss(s, W.data(), V, H);
+  model::VocabLossContext cctx;
+  std::vector<float> dX_cpu(size_t(R) * H);
+  const auto want = cpu_loss.forward(hb, cctx, 0.5, dX_cpu.data());
+  cpu_loss.backward(hb, cctx, 0.5, dX_cpu.data());
+
+  auto to_t = [](const std::vector<float>& v) {
+    if constexpr (std::is_same_v<T, float>) return v; else return to_bf16(v);
+  };
+  Dev<T> gX(to_t(X)), gY(to_t(Y)), gW(to_t(W)), gdX(std::vector<T>(size_t(R) * H));
+  model::VocabLossBatch<T> db;
+  db.rows = R, db.hidden = gX.p(), db.target_hidden = gY.p(), db.labels = labels.data(), db.weights = w.data();
+  db.block_pos = kpos.data(), db.block_id = bid.data();
+  model::VocabLoss<T> gpu_loss(s, be, gpu().ex(), gW.p(), V, H);
+  model::VocabLossContext gctx;
+  const auto got = gpu_loss.forward(db, gctx, 0.5, gdX.p());
+  gpu_loss.backward(db, gctx, 0.5, gdX.p());
+  std::vector<float> dX_gpu;
+  if constexpr (std::is_same_v<T, float>) dX_gpu = gdX.get(); else dX_gpu = to_f32(gdX.get());
+  const std::pair<double, double> sums[] = {{got.sums.loss, want.sums.loss}, {got.sums.ce, want.sums.ce},
+                                            {got.sums.tv, want.sums.tv},     {got.sums.lk, want.sums.lk},
+                                            {got.sums.nla, want.sums.nla},   {got.sums.dpace, want.sums.dpace}};
+  for (const auto& [g, c] : sums) {
+    INFO("gpu " << g << " cpu " << c);
+    CHECK(std::fabs(g - c) <= tol * (std::fabs(c) + 1e-3));
+  }
+  CHECK(got.metrics.accepted_sum == want.metrics.accepted_sum);
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < dX_cpu.size(); ++i) {
+    err = std::max(err, std::fabs(double(dX_gpu[i]) - double(dX_cpu[i])));
+    scale = std::max(scale, std::fabs(double(dX_cpu[i])));
+  }
+  INFO("dX: max |gpu − cpu| " << err << " of scale " << scale);
+  CHECK(err <= tol * scale);
+}
+
+}  // namespace
+
+TEST_CASE("cuda twin vocab_loss: the chunked loss with D-PACE and TV / LK / NLA on CUDA (fp32, bf16) equals the CPU's") {
+  // each variant in one schedule (both schedules are covered across them; the CPU tests run every combination)
+  const std::pair<const char*, model::VocabLossMode> runs[] = {{"dpace", model::VocabLossMode::fused},
+                                                               {"dpace", model::VocabLossMode::recompute},
+                                                               {"dpace_cumulative_confidence", model::VocabLossMode::fused},
+                                                               {"dpace_continuation_value", model::VocabLossMode::recompute}};
+  for (const auto& [pw, mode] : runs) {
+    {
+      model::VocabLossSettings s;
+      s.block_size = 8;
+      s.chunk_size = 10;  // whole blocks of 7 rows: chunks of 7 (the recompute backward: 10, cutting blocks)
+      s.mode = mode;
+      s.kl_weight = 0.5, s.cap_weight = 0.1, s.tv_weight = 0.3, s.lk_weight = 0.4, s.nla_weight = 0.2;
+      s.position_weight = pw;
+      s.dpace_alpha = 0.4;
+      INFO(pw << " mode " << int(mode));
+      // fp32: the same float math, double sums in another order; bf16: the GEMM inputs are the same bf16 values,
+      // the logits and d(logits) are rounded to bf16 (2^-9 each)
+      chunked_loss_twin<float>(*gpu().f32, s, 1e-5);
+      chunked_loss_twin<bf16>(*gpu().b16, s, 3e-2);
+    }
+  }
 }
 
 // ============================== optimizer ==============================
@@ -793,7 +909,7 @@ TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 ac
     const VocabLossCoeffs k{1, 1, 0.2, 1};
     std::vector<VocabLossRow> rows(n);
     std::vector<VocabLossRowValues> vals(n);
-    cpu().vocab_loss_row_stats(hx(), z.data(), u.data(), n, V, labels.data(), w.data(), 1.0, 5, rows.data(), vals.data());
+    cpu().vocab_loss_row_stats(hx(), z.data(), u.data(), n, V, labels.data(), w.data(), k, 5, rows.data(), vals.data());
     std::vector<float> grad = z;
     cpu().vocab_loss_row_grad(hx(), grad.data(), u.data(), n, V, labels.data(), w.data(), rows.data(), 0.5, k);
     Dev<bf16> gz(to_bf16(z)), gu(to_bf16(u));
@@ -801,7 +917,7 @@ TEST_CASE("cuda twin bf16: RMSNorm, attention and the vocab-loss rows on bf16 ac
     Dev<int32_t> glab(labels);
     Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
     Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
-    be.vocab_loss_row_stats(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), 1.0, 5, grows.p(), gvals.p());
+    be.vocab_loss_row_stats(gpu().ex(), gz.p(), gu.p(), n, V, glab.p(), gw.p(), k, 5, grows.p(), gvals.p());
     const auto vals_g = gvals.get();
     for (int i = 0; i < n; ++i) {  // the statistics are fp32 math on the same (bf16-exact) values: float ulp level
       INFO("row " << i);

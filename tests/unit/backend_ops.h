@@ -184,7 +184,7 @@ inline const char* op_name(Op op) {
 
 // Shape fields by op: residual/swiglu/accumulate_scale/sigmoid_gate/adamw: n; rmsnorm/l2norm/gated_rmsnorm: rows,
 // dim; deltanet_gates: rows, heads; rope/head_norm_rope: rows, heads, head_dim; rope_partial: rows, head_dim,
-// rot_dim; vocab_loss_rows: rows, V (+ tau, with_u); gemm: M, N, K (+ trans_a, trans_b, beta); linear: N, in, out;
+// rot_dim; vocab_loss_rows: rows, V (+ tau, with_u; d = 1: the TV, LK and NLA terms too); gemm: M, N, K (+ trans_a, trans_b, beta); linear: N, in, out;
 // cached_attention: n, past, q_heads (+ d = kv_heads, e = head_dim); causal_attention: S, 0, q_heads (+ d, e); causal_conv1d: S, C, K; delta_rule: S,
 // k_heads, v_heads (+ d = dk, e = dv); argmax: rows, cols; dflash_attention: n_blocks, block, ctx_len (+ d = heads,
 // e = kv_heads, f = head_dim, g = window, anchors).
@@ -201,7 +201,8 @@ struct OpCase {
     std::string s = std::string(op_name(op)) + " [" + std::to_string(a) + ", " + std::to_string(b) + ", " +
                     std::to_string(c) + (d || e ? ", " + std::to_string(d) + ", " + std::to_string(e) : "") +
                     (f || g ? ", " + std::to_string(f) + ", " + std::to_string(g) : "") + "]";
-    if (op == Op::vocab_loss_rows) s += " tau " + std::to_string(tau) + (with_u ? " with u" : " no u");
+    if (op == Op::vocab_loss_rows)
+      s += " tau " + std::to_string(tau) + (with_u ? " with u" : " no u") + (d ? " +TV/LK/NLA" : "");
     if (op == Op::gemm) s += std::string(trans_a ? " Aᵀ" : "") + (trans_b ? " Bᵀ" : "") + " beta " + std::to_string(beta);
     return s;
   }
@@ -229,6 +230,10 @@ inline std::vector<OpCase> op_cases() {
         k.tau = tau;
         k.with_u = u;
         c.push_back(k);
+        if (u && tau == 1.0) {  // the overlap pass: TV, LK-hybrid, NLA (defined at τ = 1, with the target)
+          k.d = 1;
+          c.push_back(k);
+        }
       }
   for (int n : {1, 5, 1025}) c.push_back({Op::adamw, n});
   for (auto [M, N, K] : {std::array{1, 1, 1}, std::array{7, 5, 3}, std::array{33, 17, 65}, std::array{64, 48, 129}})
@@ -512,11 +517,19 @@ struct Runner {
   // (log-sums ≤ L in magnitude: argument error u_c (3 R max(1, 1/τ) + 2 L)) and carrying their own ε; the exp 4 u_c,
   // a_j's rounding u_c, three adds: relative u_c (8 + 3R max(1, 1/τ) + 2L) + ε on M = Σ|a_j e_j| (+ |c λ_ce| at the
   // label, whose value comes from 1 − p_y), stored in T: + u_s |y|. Doubled.
+  // With TV / LK / NLA (τ = 1): α = Σ min(p, q) sums terms each within ε (relative), so α and TV = 1 − α are within
+  // ε and NLA = −log α within ε/α... relative ε of α: within ε; λ = exp(−η α) within λ η ε, so LK = λ KL + (1 − λ) TV
+  // within λ·(KL's bound) + (1 − λ) ε + |KL − TV| λ η ε. Their gradient adds a·p_v (below − [p_v < q_v]) with
+  // a = c (λ_tv + λ_lk (1 − λ) + λ_nla/α): the exp as above, `below` within ε, a within (η + 1) ε (λ, 1/α):
+  // (rel + (η + 2) ε) on M_tv = |a| p_v (below + 1). Where p_v and q_v are within 8ε of each other the two sides
+  // may put v on different sides of p < q: the bound there adds |a| p_v. Doubled.
   void vocab_loss_rows(const OpCase& k) {
     const int rows = k.a, V = k.b;
     const size_t n = size_t(rows) * V;
     const double tau = k.tau;
-    const kernels::VocabLossCoeffs coeffs{0.8, k.with_u ? 0.6 : 0.0, 0.3, tau};
+    kernels::VocabLossCoeffs coeffs{0.8, k.with_u ? 0.6 : 0.0, 0.3, tau};
+    if (k.d == 1) coeffs.tv = 0.5, coeffs.lk = 0.4, coeffs.nla = 0.3, coeffs.lk_eta = 2.5;
+    const bool ov = k.d == 1;
     Vec z0 = randn(n, 20, 3.0), u0 = randn(n, 21, 3.0);
     std::vector<int32_t> labels(static_cast<size_t>(rows));
     Vec weights(static_cast<size_t>(rows));
@@ -541,7 +554,7 @@ struct Runner {
     Buffer rows_buf(be.memory(), sizeof(kernels::VocabLossRow) * size_t(rows));
     Buffer vals_buf(be.memory(), sizeof(kernels::VocabLossRowValues) * size_t(rows));
     const T* up = k.with_u ? du.p() : nullptr;
-    be.vocab_loss_row_stats(be.context(), dz.p(), up, rows, V, dl.p(), dw.p(), tau, 5,
+    be.vocab_loss_row_stats(be.context(), dz.p(), up, rows, V, dl.p(), dw.p(), coeffs, 5,
                             rows_buf.as<kernels::VocabLossRow>(), vals_buf.as<kernels::VocabLossRowValues>());
     std::vector<kernels::VocabLossRowValues> vals(static_cast<size_t>(rows));
     be.download(be.context(), vals.data(), vals_buf.data(), vals.size() * sizeof(vals[0]));
@@ -591,9 +604,28 @@ struct Runner {
       int above = 0;
       for (int v = 0; v < V; ++v) above += v < y ? zr[v] >= zr[y] : (v > y && zr[v] > zr[y]);
       CHECK(int(gv.topk) == int(above < 5));
+      const double kl_bound = 2 * (tau * (4 * R * eps + 6 * uc * R) + 2 * tau * tau * eps);
       got_v.insert(got_v.end(), {gv.ce, gv.cap, gv.kl});
       ref_v.insert(ref_v.end(), {ce, cap, kl});
-      bnd_v.insert(bnd_v.end(), {2 * eps, 4 * eps, 2 * (tau * (4 * R * eps + 6 * uc * R) + 2 * tau * tau * eps)});
+      bnd_v.insert(bnd_v.end(), {2 * eps, 4 * eps, kl_bound});
+      // the overlap terms (τ = 1: p_τ = p, q_τ = q)
+      double alpha = 0, below = 0, lambda = 0, a_tv = 0;
+      if (ov) {
+        for (int v = 0; v < V; ++v) {
+          const double p = std::exp(zr[v] - L), q = std::exp(ur[v] - Lu);
+          alpha += std::min(p, q);
+          below += p < q ? p : 0;
+        }
+        lambda = std::exp(-coeffs.lk_eta * alpha);
+        const double tv = 1 - alpha, nla = -std::log(std::max(alpha, kernels::kNlaFloor));
+        const double lk = lambda * kl + (1 - lambda) * tv;
+        got_v.insert(got_v.end(), {gv.tv, gv.nla, gv.lk});
+        ref_v.insert(ref_v.end(), {tv, nla, lk});
+        bnd_v.insert(bnd_v.end(), {2 * eps, 2 * eps / alpha,
+                                   2 * (lambda * kl_bound / 2 + (1 - lambda) * eps +
+                                        std::fabs(kl - tv) * lambda * coeffs.lk_eta * eps)});
+        a_tv = coeffs.tv + coeffs.lk * (1 - lambda) + (alpha > kernels::kNlaFloor ? coeffs.nla / alpha : 0);
+      }
 
       const double c = grad_scale * weights[size_t(r)];
       const double Lmax = std::max({std::fabs(L - zmax), std::fabs(Lt - zmax / tau), std::fabs(Lu - umax / tau),
@@ -605,8 +637,18 @@ struct Runner {
         double d = c * coeffs.ce * (p - (v == y)), M = std::fabs(c * coeffs.ce * p) + (v == y ? std::fabs(c * coeffs.ce) : 0);
         if (k.with_u) {
           const double pt = std::exp(zr[v] / tau - Lt), qt = std::exp(ur[v] / tau - Lu);
-          d += c * coeffs.kl * tau * (pt - qt);
-          M += std::fabs(c * coeffs.kl * tau) * (pt + qt);
+          const double kl_coef = coeffs.kl * tau + (ov ? coeffs.lk * lambda : 0);  // LK's λ KL joins KL
+          d += c * kl_coef * (pt - qt);
+          M += std::fabs(c * kl_coef) * (pt + qt);
+        }
+        double tv_err = 0, tie = 0;  // the TV coefficient's own error; a near-tie p ≈ q may be classified apart
+        if (ov) {
+          const double q = std::exp(ur[v] - Lu), t = p * (below - (p < q ? 1 : 0));
+          const double m_tv = std::fabs(c * a_tv) * p * (below + 1);
+          d += c * a_tv * t;
+          M += m_tv;
+          tv_err = (coeffs.lk_eta + 2) * eps * m_tv;
+          if (std::fabs(p - q) <= 8 * eps * std::max(p, q)) tie = std::fabs(c * a_tv) * p;
         }
         if (m != y) {
           const double t = v == m ? pm : -pm * std::exp(zr[v] - Lx);
@@ -614,10 +656,10 @@ struct Runner {
           M += std::fabs(c * coeffs.cap * t);
         }
         rg[size_t(r) * V + v] = d;
-        bg[size_t(r) * V + v] = 2 * (rel * M + us * std::fabs(d));
+        bg[size_t(r) * V + v] = 2 * (rel * M + tv_err + us * std::fabs(d) + tie);
       }
     }
-    check("ce, cap, kl", got_v, ref_v, bnd_v);
+    check(ov ? "ce, cap, kl, tv, nla, lk" : "ce, cap, kl", got_v, ref_v, bnd_v);
     check("d logits", grad, rg, bg);
   }
 
