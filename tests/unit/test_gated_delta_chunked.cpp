@@ -146,7 +146,7 @@ TEST_CASE("gated_delta_chunked: the decays' scan in the kernel's warp order (run
   CHECK(gam[3] == 1.0f + 0x1.0p-23f);
 }
 
-TEST_CASE("gated_delta_chunked: with the kernel's bf16 roundings, a few bf16 steps from the recurrence; the trace") {
+TEST_CASE("gated_delta_chunked: with the kernel's bf16 roundings, a few bf16 steps from the recurrence, and the trace") {
   const ChunkedCase c{150, 2, 4, 64, 64, 64};
   ChunkedInputs<double> in(c, 31);
   std::vector<double> exact(size_t(c.S) * c.v_heads * c.dv), rounded(exact.size());

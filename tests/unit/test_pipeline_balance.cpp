@@ -93,7 +93,7 @@ TEST_CASE("pipeline balance: the RTX PRO 6000: the chunk-parallel delta rule, th
   CHECK(part(r.drafter, "vocab loss") > 1.5 * part(h.drafter, "vocab loss"));
 }
 
-TEST_CASE("pipeline balance: one group per drafter; unknown GPUs refused; device names mapped") {
+TEST_CASE("pipeline balance: one group per drafter, unknown GPUs refused, device names mapped") {
   preflight::BalanceInputs in = seed_inputs();
   in.target_groups = 3;  // one group per drafter
   const preflight::BalancePrediction p = preflight::predict_balance(in, preflight::gpu_spec("b200"));
