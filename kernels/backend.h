@@ -16,9 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "kernels/attention_shape.h"
 #include "kernels/bf16.h"
+#include "kernels/delta_rule_chunks.h"
 #include "kernels/device.h"
 #include "kernels/math/adamw.h"  // AdamWCoeffs
 #include "kernels/vocab_loss_rows.h"
@@ -189,10 +191,12 @@ class Backend {
   // The gated delta rule (kernels/cpu/gated_deltanet.h): out [S, v_heads, dv] (=); q, k [S, k_heads, dk]
   // (L2-normed, q scaled by 1/sqrt(dk)); v [S, v_heads, dv]; g, beta [S, v_heads]. state [v_heads, dk, dv] in A:
   // the state before position 0 on entry and after position S−1 on return (carried across calls); null: zero.
-  // Value head h reads key head h / (v_heads / k_heads).
+  // Value head h reads key head h / (v_heads / k_heads). scratch: backend memory of
+  // gated_delta_rule_scratch_bytes<T>(S, k_heads, v_heads, dk, dv) bytes (below) the call may overwrite, or null
+  // (the backend then takes it from the context's workspace arena or a buffer of its own).
   virtual void gated_delta_rule_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, const A* g,
-                                        const A* beta, A* state, int S, int k_heads, int v_heads, int dk,
-                                        int dv) = 0;
+                                        const A* beta, A* state, int S, int k_heads, int v_heads, int dk, int dv,
+                                        void* scratch) = 0;
   // y[rows, dim] (=) w · x · rsqrt(mean(x²) + eps) · silu(z): Gated DeltaNet's output norm. y may alias x.
   virtual void gated_rmsnorm_forward(ExecContext& ctx, T* y, const T* x, const T* z, const T* w, int rows, int dim,
                                      double eps) = 0;
@@ -203,9 +207,10 @@ class Backend {
 
   // ---- vocab loss row passes (one chunk of n rows over logits already in memory) ----
   // z [n, V] drafter logits, u [n, V] target logits or null (no KL). For each row with weights[r] > 0:
-  // rows[r] (=) its statistics and values[r] (=) CE/KL/CAP/correct/top-k/finite; rows with w = 0: values zeroed.
+  // rows[r] (=) its statistics and values[r] (=) CE/KL/CAP(/TV/LK/NLA)/correct/top-k/finite; rows with w = 0:
+  // values zeroed. coeffs: τ, and whether a TV / LK / NLA term needs the overlap pass (u given, τ = 1).
   virtual void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,
-                                    const A* weights, double tau, int top_k, VocabLossRow* rows,
+                                    const A* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                                     VocabLossRowValues* values) = 0;
   // z [n, V] (= in place) grad_scale · w_r · ∂ℓ_r/∂z_r from the forward statistics; u as above.
   virtual void vocab_loss_row_grad(ExecContext& ctx, T* z, const T* u, int n, int V, const int32_t* labels,
@@ -253,8 +258,22 @@ constexpr size_t rope_table_bytes(int rot_dim) {
 // or on a machine without a GPU).
 template <typename T>
 std::unique_ptr<Backend<T>> make_backend(Device device, const CpuBackendOptions& cpu_options = {});
+
+// The scratch bytes Backend<T>::gated_delta_rule_forward uses for a call of S tokens: bf16 (CUDA) runs the
+// chunk-parallel kernels where they take the call (kernels/delta_rule_chunks.h: γ, W and every chunk's start state;
+// 75.9 MB at S 8192 with 12 value heads of dk = dv = 128), which the target's memory plan counts; the rest need none.
+template <typename T>
+size_t gated_delta_rule_scratch_bytes(int S, int k_heads, int v_heads, int dk, int dv) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return delta_rule_chunked_takes(S, k_heads, v_heads, dk, dv) ? delta_rule_chunked_scratch(S, v_heads, dk, dv).bytes
+                                                                 : 0;
+  else
+    return 0;
+}
 // True when this build has the CUDA backend and a CUDA device is visible.
 bool cuda_available();
+// The name of the calling thread's current CUDA device ("NVIDIA H200"); "" without one.
+std::string cuda_device_name();
 // Makes GPU (node_local_rank mod visible devices) current on the calling thread and returns its ordinal: ranks of
 // one node spread over its GPUs, and share them when there are more ranks than GPUs. Throws (a user error naming
 // the fix) without the CUDA backend or without a device.

@@ -15,6 +15,7 @@ template std::unique_ptr<Backend<float>> make_cuda_backend<float>();
 template std::unique_ptr<Backend<bf16>> make_cuda_backend<bf16>();
 
 bool cuda_available() { return false; }
+std::string cuda_device_name() { return {}; }
 
 int bind_cuda_device(int) {
   DFLASH_USER_FAIL("run.device: cuda, but this dflash_mpi was built without the CUDA backend; rebuild with the CUDA "

@@ -10,6 +10,7 @@
 #   bash mpi_launch/gpu_check.sh bench        GPU: dflash_bench cuda attention / decode / loss / drafter, target,
 #                                             the tiny bf16 job (learns)
 #   bash mpi_launch/gpu_check.sh nccl         GPU: the NCCL checks, the packet stream, dflash_eval on the GPU
+#   bash mpi_launch/gpu_check.sh profile      GPU: the target's parts timed on the GPU, ncu on the delta rule
 #   bash mpi_launch/gpu_check.sh all          correctness, bench, nccl in turn (no argument: the same); longer
 #                                             than one device-tool call allows
 #
@@ -21,7 +22,7 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/gpu_check"
 phase="${1:-all}"
 case "$phase" in
-  bundle | correctness | bench | nccl) exec bash "$here/$phase.sh" ;;
+  bundle | correctness | bench | nccl | profile) exec bash "$here/$phase.sh" ;;
   all)
     rc=0
     for p in correctness bench nccl; do bash "$here/$p.sh" || rc=1; done
@@ -30,5 +31,5 @@ case "$phase" in
     exit $rc
     ;;
   -h | --help | help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "usage: bash $0 bundle|correctness|bench|nccl|all (see mpi_launch/gpu_check/README.md)" >&2; exit 2 ;;
+  *) echo "usage: bash $0 bundle|correctness|bench|nccl|profile|all (see mpi_launch/gpu_check/README.md)" >&2; exit 2 ;;
 esac

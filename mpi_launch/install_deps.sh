@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages dflash_mpi builds against. Idempotent: packages already
 # installed are skipped, and apt-get is not touched at all when nothing is missing.
+#   --test  also what only the tests use: slurm-wlm and munge, for the real-slurm test (tests/integration/slurm/
+#           starts its own munged, slurmctld and slurmd; the system services Debian enables for them stay unconfigured)
 set -euo pipefail
 
 packages=(
@@ -17,6 +19,13 @@ packages=(
   libboost-context-dev            # the emulated GPU's fibers (-DDFLASH_CUDA=EMULATE: every CUDA test on the CPU)
   ccache                          # mpi_launch/test.sh: the emulated-GPU build reuses the first build's compiles
 )
+
+if [[ "${1:-}" == --test ]]; then
+  packages+=(slurm-wlm munge)
+elif [[ $# -gt 0 ]]; then
+  echo "usage: $0 [--test]" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${packages[@]}"; do

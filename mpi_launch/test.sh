@@ -10,19 +10,25 @@ build="${DFLASH_BUILD_DIR:-$root/build}"
 # how long each phase took, on stdout (CI's time budget is spent here)
 phase_start=$SECONDS
 phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
-bash "$root/mpi_launch/install_deps.sh"
+bash "$root/mpi_launch/install_deps.sh" --test   # --test: slurm-wlm and munge for tests/integration/slurm/
 phase "install_deps"
-# Python environments of data/prep (with the [report] extra: tensorboard, wandb, for the report tests); the serving one (torch, ~5.7 GB; DFLASH_PREP_SERVE=0 leaves it out) only feeds
-# the real-server test, which reports itself skipped, with the reason, when it could not be made
-bash "$root/mpi_launch/install_prep.sh" --serve --report ||
-  echo "test.sh: warning: install_prep.sh --serve --report failed (see above); data_prep and report tests that need" \
-       "it will be skipped"
+# Python environments of data/prep (with the [report] extra: tensorboard, wandb, for the report tests); the serving one (torch, ~4.6 GB; DFLASH_PREP_SERVE=0 leaves it out) only feeds
+# the real-server test, which reports itself skipped, with the reason, when it could not be made; the vLLM one (its
+# CPU build, sharing that torch; DFLASH_PREP_VLLM=0 leaves it out) feeds engine_vllm, skipped the same way
+bash "$root/mpi_launch/install_prep.sh" --serve --report --vllm ||
+  echo "test.sh: warning: install_prep.sh --serve --report --vllm failed (see above); data_prep, report and engine" \
+       "tests that need it will be skipped"
 phase "install_prep"
 # Both builds compile the same C++ sources with different -D/-I (the CUDA backend real or emulated): ccache, in its
 # preprocessor mode, matches every file whose preprocessed text is the same, so the second build mostly hits the
 # first's cache (the environment variables set the launcher of every configure here, the tests' own included).
 if command -v ccache >/dev/null; then export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache; fi
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
+# DFLASH_CUDA always given (default AUTO: the CUDA backend wherever the toolkit is): quickstart.sh may have configured
+# ./build without it (no GPU), and the tests expect this build. Device code for sm_90 only (CUDAARCHS overrides): the
+# emulated-GPU build below compiles every .cu for sm_90, sm_100 and sm_120 with nvcc for its kernel records, which
+# is where the other architectures' device code is compiled and checked.
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA="${DFLASH_CUDA:-AUTO}" \
+  -DCMAKE_CUDA_ARCHITECTURES="${CUDAARCHS:-90}"
 cmake --build "$build" -j"$(nproc)"
 phase "the build"
 ctest --test-dir "$build" --output-on-failure --timeout 600 "$@"
@@ -34,7 +40,7 @@ if [[ "${DFLASH_TEST_EMULATED:-1}" != 0 ]]; then
     emu="${DFLASH_EMU_BUILD_DIR:-$root/build-emu}"
     cmake -S "$root" -B "$emu" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA=EMULATE
     cmake --build "$emu" -j"$(nproc)" --target dflash_cuda_tests emu_runtime_tests emu_cublaslt_tests emu_mma_tests \
-      nccl_emu_check nccl_check stream_check dflash_mpi dflash_eval dflash_data dflash_bench
+      emu_limits_tests nccl_emu_check nccl_check stream_check dflash_mpi dflash_eval dflash_data dflash_bench
     phase "the emulated-GPU build"
     ctest --test-dir "$emu" -L cuda --output-on-failure --timeout 1500 "$@"
     phase "the emulated-GPU tests"

@@ -12,7 +12,10 @@
 //   attention (not in `all`): the DFlash attention alone, tensor-core and CUDA-core kernels, against the rate of
 //            one cuBLASLt bf16 GEMM in the same run.
 //   decode (not in `all`): the target's cached attention at decode and verify, unsplit against split-K.
+//   delta (not in `all`): the target's gated delta rule alone at the heaviest TP-5 shard of Qwen3.6-27B: the
+//            chunk-parallel bf16 kernels, each pass timed by CUDA events, against the per-token kernel.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -26,7 +29,9 @@
 #include "lib/core/timer.h"
 
 #if DFLASH_WITH_CUDA
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/deltanet_chunked.h"
 #include "kernels/cuda/launch.h"
 #endif
 
@@ -151,7 +156,7 @@ int loss_bench(Backend<T>& be, ExecContext& ctx, const CudaBenchOptions& args, c
     be.gemm(ctx, false, false, n, H, V, 1.0, z.p(), V, W.p(), H, 0.0, dX.p() + size_t(r0) * H, H);
   };
   auto stats = [&](int r0, int n) {
-    be.vocab_loss_row_stats(ctx, z.p(), u.p(), n, V, labels.p() + r0, weights.p() + r0, coeffs.tau, 5, rows.p() + r0,
+    be.vocab_loss_row_stats(ctx, z.p(), u.p(), n, V, labels.p() + r0, weights.p() + r0, coeffs, 5, rows.p() + r0,
                             values.p() + r0);
   };
   auto grad = [&](int r0, int n) {
@@ -539,6 +544,112 @@ int decode_bench(ExecContext& ctx, const CudaBenchOptions& args) {
   return 0;
 }
 
+// ------------------------------- the gated delta rule -------------------------------
+
+// CUDA events around the work fn() enqueues on st (marks in between where fn records them): elapsed ms.
+struct EventClock {
+  cudaEvent_t e[4] = {};
+  EventClock() {
+    for (auto& x : e) DFLASH_CUDA_CHECK(cudaEventCreate(&x));
+  }
+  ~EventClock() {
+    for (auto& x : e) cudaEventDestroy(x);
+  }
+  float ms(int a, int b) const {
+    float t = 0;
+    DFLASH_CUDA_CHECK(cudaEventElapsedTime(&t, e[a], e[b]));
+    return t;
+  }
+};
+
+// The target's gated delta rule alone (forward; the state carried in, S tokens) at the heaviest TP-5 shard of
+// Qwen3.6-27B by default: 16 key / 48 value heads split by whole key groups over 5 ranks, [4, 3, 3, 3, 3] key heads,
+// so 4 key / 12 value heads of 128 on the heaviest rank; × --layers (48 Gated DeltaNet layers) per forward. The
+// chunk-parallel kernels' three passes timed by CUDA events (best of --reps after a warm-up), then the per-token
+// kernel (bf16 and fp32: the serial path fp32 and decode steps take). A dry run on the emulated GPU: small --seq and
+// --heads (e.g. --seq 256 --heads 3 --kv-heads 1 --layers 1).
+int delta_bench(ExecContext& ctx, const CudaBenchOptions& args) {
+  const int S = args.seq.value_or(8192), VH = args.heads.value_or(12), KH = args.kv_heads.value_or(4),
+            D = args.head_dim.value_or(128), layers = args.layers.value_or(48), reps = args.reps.value_or(2);
+  DFLASH_USER_CHECK(S >= 2 && KH >= 1 && VH >= KH && VH % KH == 0 && layers >= 1 && reps >= 1 &&
+                        kernels::delta_rule_chunked_shape(KH, VH, D, D),
+                    "dflash_bench cuda delta: need --seq ≥ 2, --heads (value heads) a multiple of --kv-heads (key "
+                    "heads), --head-dim 64 or 128, --layers and --reps ≥ 1");
+  auto be = kernels::make_cuda_backend<bf16>();
+  auto be32 = kernels::make_cuda_backend<float>();
+  const size_t qn = size_t(S) * KH * D, vn = size_t(S) * VH * D, gn = size_t(S) * VH, sn = size_t(VH) * D * D;
+  Dev<bf16> q(qn), k(qn), v(vn), out(vn);
+  fill_normal(*be, ctx, q, 1.0, 40);
+  fill_normal(*be, ctx, k, 1.0, 41);
+  fill_normal(*be, ctx, v, 1.0, 42);
+  be->l2norm_forward(ctx, q.p(), S * KH, D, 1e-6, 1.0 / std::sqrt(double(D)));
+  be->l2norm_forward(ctx, k.p(), S * KH, D, 1e-6, 1.0);
+  Dev<float> g(gn), beta(gn), state(sn), state0(sn);
+  {
+    Rng rng(43);
+    std::vector<float> gh(gn), bh(gn);
+    for (size_t i = 0; i < gn; ++i) {
+      gh[i] = float(-rng.uniform());  // decays e^g ∈ (0.37, 1]
+      bh[i] = float(1.0 / (1.0 + std::exp(-rng.normal())));
+    }
+    upload_vec(*be, ctx, g, gh);
+    upload_vec(*be, ctx, beta, bh);
+  }
+  fill_normal(*be32, ctx, state0, 0.3, 44);
+  const size_t scratch_bytes = kernels::cuda::gated_delta_rule_chunked_scratch_bytes(S, VH, D, D);
+  Dev<unsigned char> scratch(scratch_bytes);
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.stream);
+  std::printf("cuda delta: gated delta rule, S=%d, %d key / %d value heads, dk=dv=%d, scratch %.1f MB, best of %d, "
+              "x %d layers%s\n",
+              S, KH, VH, D, scratch_bytes / 1e6, reps, layers, kFigureNote);
+  // the chunked passes
+  EventClock clock;
+  const kernels::cuda::ChunkedPassMarks marks{clock.e[1], clock.e[2]};
+  float best = 1e30f, prep = 0, pass = 0, outp = 0;
+  for (int r = 0; r <= reps; ++r) {  // r = 0: the warm-up
+    be->copy(ctx, state.p(), state0.p(), sn * sizeof(float));
+    DFLASH_CUDA_CHECK(cudaEventRecord(clock.e[0], st));
+    kernels::cuda::launch_gated_delta_rule_chunked(st, dev(out.p()), dev(q.p()), dev(k.p()), dev(v.p()), g.p(),
+                                                   beta.p(), state.p(), S, KH, VH, D, D, scratch.p(), &marks);
+    DFLASH_CUDA_CHECK(cudaEventRecord(clock.e[3], st));
+    DFLASH_CUDA_CHECK(cudaEventSynchronize(clock.e[3]));
+    if (r > 0 && clock.ms(0, 3) < best) {
+      best = clock.ms(0, 3);
+      prep = clock.ms(0, 1), pass = clock.ms(1, 2), outp = clock.ms(2, 3);
+    }
+  }
+  std::printf("  chunked (bf16 tensor cores): %.3f ms a layer (prepare %.3f, state pass %.3f, output %.3f); %.2f ms "
+              "a forward of %d layers%s\n",
+              best, prep, pass, outp, best * layers, layers, kFigureNote);
+  // the per-token kernel, bf16 and fp32
+  auto per_token = [&](auto& backend, auto& qq, auto& kk, auto& vv, auto& oo) {
+    float t = 1e30f;
+    for (int r = 0; r <= reps; ++r) {
+      backend.copy(ctx, state.p(), state0.p(), sn * sizeof(float));
+      DFLASH_CUDA_CHECK(cudaEventRecord(clock.e[0], st));
+      kernels::cuda::launch_gated_delta_rule_per_token(st, dev(oo.p()), dev(qq.p()), dev(kk.p()), dev(vv.p()), g.p(),
+                                                       beta.p(), state.p(), S, KH, VH, D, D);
+      DFLASH_CUDA_CHECK(cudaEventRecord(clock.e[3], st));
+      DFLASH_CUDA_CHECK(cudaEventSynchronize(clock.e[3]));
+      if (r > 0) t = std::min(t, clock.ms(0, 3));
+    }
+    return t;
+  };
+  const float t16 = per_token(*be, q, k, v, out);
+  Dev<float> q32(qn), k32(qn), v32(vn), out32(vn);
+  be->convert_to_float(ctx, q32.p(), q.p(), qn);
+  be->convert_to_float(ctx, k32.p(), k.p(), qn);
+  be->convert_to_float(ctx, v32.p(), v.p(), vn);
+  const float t32 = per_token(*be32, q32, k32, v32, out32);
+  std::printf("  per-token (bf16): %.3f ms a layer, %.2f ms a forward (%.1fx the chunked)%s\n", t16, t16 * layers,
+              t16 / best, kFigureNote);
+  std::printf("  per-token (fp32): %.3f ms a layer, %.2f ms a forward (%.1fx the chunked)%s\n", t32, t32 * layers,
+              t32 / best, kFigureNote);
+  std::printf("  model at the defaults (docs/benchmarks.md, unverified): chunked 0.09-0.13 ms per layer, 4.4-6.2 ms per "
+              "forward on an H200; 0.15-0.21 ms, 7.2-10.0 ms on an RTX PRO 6000\n");
+  return 0;
+}
+
 template <typename T>
 int run_all(Backend<T>& be, ExecContext& ctx, const std::string& what, const CudaBenchOptions& args,
             const char* precision) {
@@ -552,7 +663,7 @@ int run_all(Backend<T>& be, ExecContext& ctx, const std::string& what, const Cud
 
 int run_cuda(int argc, char** argv) {
   CliApp app(
-        "dflash_bench cuda [loss|drafter|attention|all] [--precision bf16|fp32] [--reps 2]\n"
+        "dflash_bench cuda [loss|drafter|attention|decode|delta|all] [--precision bf16|fp32] [--reps 2]\n"
         "  loss:    [--T 32768] [--H 5120] [--V 248320] [--chunk 2048]\n"
         "  drafter: [--seq 32768] [--anchors 1024] [--block 32] [--hidden 5120] [--layers 5] [--heads 32]\n"
         "           [--kv-heads 8] [--head-dim 128] [--intermediate 17408] [--taps 5] [--window 0]\n"
@@ -561,14 +672,17 @@ int run_cuda(int argc, char** argv) {
         "  decode (cached attention, n = 1 and 16, unsplit vs split-K: bf16 tensor cores, fp32 CUDA cores):\n"
         "           [--seq 8192 (the cache)]\n"
         "           [--heads 24] [--kv-heads 4] [--head-dim 256]\n"
+        "  delta (the target's gated delta rule, chunk-parallel vs per token; CUDA events per pass):\n"
+        "           [--seq 8192] [--heads 12 (value heads)] [--kv-heads 4 (key heads)] [--head-dim 128]\n"
+        "           [--layers 48] (dry run on the emulated GPU: --seq 256 --heads 3 --kv-heads 1 --layers 1)\n"
         "Times the CUDA backend against its own cuBLASLt GEMMs alone (same run, same shapes).\n"
         "Prints 'skipped: ...' and exits 0 where there is no GPU or no CUDA backend.\n",
       "dflash_bench cuda");
   std::string what = "all";
   kernels::Precision precision = kernels::Precision::bf16;
   CudaBenchOptions o;
-  app.add_option("BENCHMARK", what, "loss, drafter, attention, decode or all (loss and drafter)")
-      ->check(CLI::IsMember({"loss", "drafter", "attention", "decode", "all"}));
+  app.add_option("BENCHMARK", what, "loss, drafter, attention, decode, delta or all (loss and drafter)")
+      ->check(CLI::IsMember({"loss", "drafter", "attention", "decode", "delta", "all"}));
   add_named_option(app, "--precision", precision, "loss and drafter",
                    {kernels::Precision::bf16, kernels::Precision::fp32});
   for (auto [name, value] : {std::pair{"--T", &o.T}, {"--H", &o.H}, {"--V", &o.V}, {"--chunk", &o.chunk},
@@ -579,8 +693,10 @@ int run_cuda(int argc, char** argv) {
                              {"--cores", &o.cores}})
     app.add_option(name, *value, "see above (the default depends on the benchmark)")->check(non_negative_number());
   if (!parse_command_line(app, argc, argv)) return 0;
-  DFLASH_USER_CHECK(what == "loss" || what == "drafter" || what == "attention" || what == "decode" || what == "all",
-                    "dflash_bench cuda: unknown benchmark '{}': use loss, drafter, attention, decode or all", what);
+  DFLASH_USER_CHECK(what == "loss" || what == "drafter" || what == "attention" || what == "decode" ||
+                        what == "delta" || what == "all",
+                    "dflash_bench cuda: unknown benchmark '{}': use loss, drafter, attention, decode, delta or all",
+                    what);
 #if !DFLASH_WITH_CUDA
   std::printf("skipped: this build has no CUDA backend\n");
   return 0;
@@ -592,6 +708,7 @@ int run_cuda(int argc, char** argv) {
   kernels::cuda::CudaContext context(0);
   if (what == "attention") return attention_bench(context.exec(), o);
   if (what == "decode") return decode_bench(context.exec(), o);
+  if (what == "delta") return delta_bench(context.exec(), o);
   if (precision == kernels::Precision::bf16) {
     auto be = kernels::make_cuda_backend<bf16>();
     return run_all(*be, context.exec(), what, o, name_of(precision));

@@ -3,6 +3,9 @@
 //   fused:     per chunk 2 drafter GEMMs (logits, dX) + 1 target GEMM  = 3 vocab GEMMs
 //   recompute: per chunk 3 drafter GEMMs (logits twice, dX) + 2 target = 5 vocab GEMMs
 //   naive:     fused with one chunk of all T rows: every [T, V] logit in memory at once (memory linear in T)
+// The objective: --ce --kl --tau --cap and the acceptance-aware --tv --lk --eta --nla, --position-weight
+// (decay | dpace | dpace_cumulative_confidence | dpace_continuation_value) --alpha: their extra cost is in the row
+// passes only (docs/loss.md), so the bound is the same GEMMs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -69,8 +72,8 @@ int run_loss(int argc, char** argv) {
              "resident memory the loss added. naive = one chunk of all T rows (materialises [T, V] logits).",
              "dflash_bench loss");
   int T = 4096, H = 2048, V = 32000, B = 16, reps = 1, chunk = 1024, top_k = 5;
-  std::string mode = "recompute";
-  double ce = 1.0, kl = 1.0, tau = 1.0, cap = 0.1;
+  std::string mode = "recompute", position_weight = "decay";
+  double ce = 1.0, kl = 1.0, tau = 1.0, cap = 0.1, tv = 0, lk = 0, eta = 3, nla = 0, alpha = 0.5;
   uint64_t seed = 1;
   app.add_option("--T", T, "rows (anchor block positions)")->check(positive_number());
   app.add_option("--H", H, "hidden size")->check(positive_number());
@@ -82,6 +85,14 @@ int run_loss(int argc, char** argv) {
   app.add_option("--kl", kl, "KL weight (0: no target logits)");
   app.add_option("--tau", tau, "KL temperature");
   app.add_option("--cap", cap, "CAP weight");
+  app.add_option("--tv", tv, "total variation weight");
+  app.add_option("--lk", lk, "LK-hybrid weight");
+  app.add_option("--eta", eta, "LK-hybrid's eta");
+  app.add_option("--nla", nla, "negative log-acceptance weight");
+  app.add_option("--position-weight", position_weight, "decay, dpace, dpace_cumulative_confidence or "
+                 "dpace_continuation_value")
+      ->check(CLI::IsMember({"decay", "dpace", "dpace_cumulative_confidence", "dpace_continuation_value"}));
+  app.add_option("--alpha", alpha, "D-PACE's alpha");
   app.add_option("--top-k", top_k, "CAP's top k");
   app.add_option("--reps", reps, "timed repetitions (best of)")->check(positive_number());
   app.add_option("--seed", seed, "random seed");
@@ -93,11 +104,18 @@ int run_loss(int argc, char** argv) {
   s.kl_weight = kl;
   s.kl_temperature = tau;
   s.cap_weight = cap;
+  s.tv_weight = tv;
+  s.lk_weight = lk;
+  s.lk_eta = eta;
+  s.nla_weight = nla;
+  s.position_weight = position_weight;
+  s.dpace_alpha = alpha;
   s.top_k = top_k;
   s.block_size = B;
-  const bool target = s.kl_weight != 0;
+  const bool target = s.uses_target();
+  const bool pace = position_weight != "decay";
 
-  // Inputs: random head with logits of std ~3, blocks of B−1 rows, weights exp(−(k−1)/7).
+  // Inputs: random head with logits of std ~3, blocks of B−1 rows, weights exp(−(k−1)/7) (D-PACE: 1).
   Rng rng(seed, 1);
   std::vector<float> W(size_t(V) * H), X(size_t(T) * H), Y(target ? size_t(T) * H : 0), dX(size_t(T) * H);
   const float ws = float(3.0 / std::sqrt(double(H)));
@@ -110,7 +128,7 @@ int run_loss(int argc, char** argv) {
     labels[r] = int32_t(rng.below(uint64_t(V)));
     kpos[r] = 1 + r % (B - 1);
     bid[r] = r / (B - 1);
-    w[r] = float(std::exp(-(kpos[r] - 1) / 7.0));
+    w[r] = pace ? 1.0f : float(std::exp(-(kpos[r] - 1) / 7.0));
   }
   model::VocabLossBatch<float> batch;
   batch.rows = T;
@@ -131,8 +149,10 @@ int run_loss(int argc, char** argv) {
   model::VocabLoss<float> loss(s, W.data(), V, H);
   model::VocabLossContext ctx;
   model::VocabLossResult out;
-  // The bound's GEMMs are timed before and after the loss (best of both): the machine may be shared.
-  const int C = std::min(s.chunk_size, T), full = T / C, rest = T % C;
+  // The bound's GEMMs are timed before and after the loss (best of both): the machine may be shared. Under D-PACE a
+  // chunk is the whole blocks of B − 1 rows that fit (at least one).
+  const int C0 = std::min(s.chunk_size, T);
+  const int C = pace ? std::min(T, std::max(B - 1, C0 / (B - 1) * (B - 1))) : C0, full = T / C, rest = T % C;
   ChunkGemmTimes g = time_chunk_gemms(W.data(), C, H, V, 1);
   double t_fwd = 1e30, t_bwd = 1e30, cpu_loss = 1e30;
   for (int r = 0; r < reps; ++r) {
@@ -164,10 +184,14 @@ int run_loss(int argc, char** argv) {
   const double flops = n_gemms * 2.0 * T * double(H) * V;
   const double total = t_fwd + t_bwd;
 
-  std::printf("loss: mode=%s T=%d H=%d V=%d chunk=%d B=%d ce=%g kl=%g tau=%g cap=%g top_k=%d reps=%d\n",
-              mode.c_str(), T, H, V, C, B, s.ce_weight, s.kl_weight, s.kl_temperature, s.cap_weight, s.top_k, reps);
-  std::printf("  loss/Σw %.6f  (ce %.6f kl %.6f cap %.6f)  acc@k1 %.4f  τ %.3f\n", out.sums.loss / out.sums.weight,
-              out.sums.ce / out.sums.weight, out.sums.kl / out.sums.weight, out.sums.cap / out.sums.weight,
+  std::printf("loss: mode=%s T=%d H=%d V=%d chunk=%d B=%d ce=%g kl=%g tau=%g cap=%g tv=%g lk=%g eta=%g nla=%g "
+              "position_weight=%s alpha=%g top_k=%d reps=%d\n",
+              mode.c_str(), T, H, V, C, B, s.ce_weight, s.kl_weight, s.kl_temperature, s.cap_weight, s.tv_weight,
+              s.lk_weight, s.lk_eta, s.nla_weight, s.position_weight.c_str(), s.dpace_alpha, s.top_k, reps);
+  std::printf("  loss/Σw %.6f  (ce %.6f kl %.6f cap %.6f tv %.6f lk %.6f nla %.6f; Σwd/Σw %.4f)  acc@k1 %.4f  τ %.3f\n",
+              out.sums.loss / out.sums.weight, out.sums.ce / out.sums.weight, out.sums.kl / out.sums.weight,
+              out.sums.cap / out.sums.weight, out.sums.tv / out.sums.weight, out.sums.lk / out.sums.weight,
+              out.sums.nla / out.sums.weight, out.sums.dpace / out.sums.weight,
               double(out.metrics.correct[1]) / double(std::max<int64_t>(out.metrics.scored[1], 1)),
               double(out.metrics.accepted_sum) / double(std::max<int64_t>(out.metrics.blocks, 1)));
   std::printf("  time      fwd %.3f s  bwd %.3f s  total %.3f s  (%.2f us/position)\n", t_fwd, t_bwd, total,

@@ -37,7 +37,7 @@ LossAndGrad loss_and_grad(const std::vector<float>& z, const std::vector<float>&
   const std::vector<float> w(n, 1.0f);
   std::vector<kernels::VocabLossRow> rows(n);
   std::vector<kernels::VocabLossRowValues> vals(n);
-  cpu.vocab_loss_row_stats(hx, z.data(), u.data(), n, V, y.data(), w.data(), k.tau, 5, rows.data(), vals.data());
+  cpu.vocab_loss_row_stats(hx, z.data(), u.data(), n, V, y.data(), w.data(), k, 5, rows.data(), vals.data());
   LossAndGrad r;
   for (const auto& v : vals) r.ce += v.ce / n, r.kl += v.kl / n, r.cap += v.cap / n;
   r.dz = z;

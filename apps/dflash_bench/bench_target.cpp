@@ -9,14 +9,16 @@
 // --device cuda [--precision bf16|fp32]: the forward on the GPUs (each rank binds GPU node-local rank mod GPUs;
 // ranks may share one). Every row also reports the GEMM bound: the time of rank 0's shard GEMMs alone (every
 // linear of one forward at its shape, on the same backend and precision: cuBLASLt on CUDA, BLAS on the CPU), and
-// that bound over the forward's time (1.0 = the forward costs only its GEMMs). On CUDA the per-part columns are
-// "async" (the host times kernel launches, not the GPU's work).
+// that bound over the forward's time (1.0 = the forward costs only its GEMMs). On CUDA the stream is synchronised
+// around each part (TargetOptions::sync_part_timing), so the per-part columns are the GPU's time, and the outputs go
+// to device memory as on the NCCL data plane; a line under the row gives the embedding and the outputs.
 #include "lib/comm/mpi_init.h"
 #include "lib/comm/mpi_transport.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -262,7 +264,8 @@ int bench(const TargetBenchOptions& a, const model::RandomTargetOptions& target_
   const model::QwenConfig c = model::load_qwen_config(dir);
   std::vector<double> sgemm(seqs.size(), 0.0);
   if (rank == 0)
-    for (size_t i = 0; i < seqs.size(); ++i) sgemm[i] = sgemm_gflops(seqs[i], c.hidden, c.hidden);
+    // the CPU's sgemm rate is the yardstick of a CPU run; a cuda run's is its GEMM bound (the column): not measured
+    for (size_t i = 0; i < seqs.size(); ++i) sgemm[i] = cuda ? std::nan("") : sgemm_gflops(seqs[i], c.hidden, c.hidden);
   quiet_barrier();
 
   if (rank == 0) {
@@ -287,7 +290,7 @@ int bench(const TargetBenchOptions& a, const model::RandomTargetOptions& target_
     for (size_t i = 0; i < seqs.size(); ++i) std::printf(" S %d: %.1f", seqs[i], sgemm[i]);
     std::printf("\n%s %s; parts: ms / forward on the slowest rank (GFLOP/s per rank, over sgemm)%s; GEMM bound: "
                 "rank 0's shard GEMMs alone on the same backend\n\n",
-                name_of(device), name_of(precision), cuda ? " (async on cuda: launch times)" : "");
+                name_of(device), name_of(precision), cuda ? " (cuda: the stream synchronised around each part)" : "");
     std::printf("| TP | S | Q heads per rank | tokens/s | ms / forward | all-reduce ms / forward (share) | "
                 "DeltaNet mixers | full attention mixers | MLPs | GFLOP/s per rank | vs sgemm | GEMM bound ms | "
                 "bound / time | peak RSS MB (rank 0) |%s\n"
@@ -306,6 +309,7 @@ int bench(const TargetBenchOptions& a, const model::RandomTargetOptions& target_
       model::TargetOptions options;
       options.device = device;
       options.precision = precision;
+      options.sync_part_timing = cuda;  // each part's time is the GPU's (the stream synchronised around it)
       model::TargetModel target(dir, transport, options);
       const model::TargetShard shard0 = model::plan_target_shard(c, tp, 0, options.mlp_grain);
       std::string heads, experts;
@@ -323,11 +327,18 @@ int bench(const TargetBenchOptions& a, const model::RandomTargetOptions& target_
         std::vector<int32_t> tokens(static_cast<size_t>(S));
         Rng rng(5);
         for (auto& t : tokens) t = int32_t(rng.below(uint64_t(c.vocab)));
-        std::vector<float> taps(size_t(S) * tap_ids.size() * c.hidden), final_hidden(size_t(S) * c.hidden);
-        target.forward(tokens.data(), S, tap_ids, taps.data(), final_hidden.data());  // warm-up
+        // the outputs where the training job's data plane takes them: device memory on cuda (the NCCL plane),
+        // host memory on the CPU
+        const MemoryKind out_kind = cuda ? MemoryKind::device : MemoryKind::host;
+        Buffer taps(out_kind, size_t(S) * tap_ids.size() * c.hidden * sizeof(float)),
+            final_hidden(out_kind, size_t(S) * c.hidden * sizeof(float));
+        auto forward = [&] {
+          target.forward(tokens.data(), S, tap_ids, taps.as<float>(), final_hidden.as<float>(), out_kind);
+        };
+        forward();  // warm-up
         target.reset_stats();
         transport.barrier();
-        for (int r = 0; r < reps; ++r) target.forward(tokens.data(), S, tap_ids, taps.data(), final_hidden.data());
+        for (int r = 0; r < reps; ++r) forward();
         const model::TargetStats& st = target.stats();
         // after the forwards: the bound runs alone on the GPU (ranks of this group may share one)
         transport.barrier();
@@ -347,9 +358,7 @@ int bench(const TargetBenchOptions& a, const model::RandomTargetOptions& target_
           const double t = worst[kForward] / reps, ar = sum[kAllreduce] / tp / reps;  // slowest forward; mean wait
           const PartFlops f = forward_flops(c, S);
           const double per_rank = f.total() / t / tp * 1e-9, g = sgemm[si];
-          auto part = [&](double seconds, double flops) {
-            return cuda && flops > 0 ? std::string("async") : part_cell(seconds, flops, tp, g);
-          };
+          auto part = [&](double seconds, double flops) { return part_cell(seconds, flops, tp, g); };
           std::printf("| %d | %d | %s | %.0f | %.1f | %.1f (%.0f%%) | %s | %s | %s | %.1f | %.2f | %.2f | %.2f | %.0f |",
                       tp, S, heads.c_str(), S / t, t * 1e3, ar * 1e3, 100 * ar / t,
                       part(worst[kLinear] / reps, f.linear_attention).c_str(),
@@ -359,12 +368,18 @@ int bench(const TargetBenchOptions& a, const model::RandomTargetOptions& target_
             // rows per forward; the MLP share: the slowest rank's MLP time over the slowest forward (not on cuda,
             // where the parts are launch times)
             const double mean = double(rows_sum) / tp / reps, most = double(rows_max) / reps;
-            char share[32] = "async";
-            if (!cuda) std::snprintf(share, sizeof share, "%.0f%%", 100 * worst[kMlp] / worst[kForward]);
+            char share[32];
+            std::snprintf(share, sizeof share, "%.0f%%", 100 * worst[kMlp] / worst[kForward]);
             std::printf(" %s | %.0f / %.0f (%.2f) | %s |", experts.c_str(), most, mean, mean > 0 ? most / mean : 0.0,
                         share);
           }
           std::printf("\n");
+          if (cuda)
+            std::printf("  (rank 0, synchronised: embedding %.2f ms, taps and final hidden to device memory %.2f ms, "
+                        "the rest of the forward outside the parts %.2f ms)\n",
+                        st.embed_seconds / reps * 1e3, st.output_seconds / reps * 1e3,
+                        (st.forward_seconds - st.embed_seconds - st.output_seconds - st.linear_attention_seconds -
+                         st.full_attention_seconds - st.mlp_seconds - st.allreduce_seconds) / reps * 1e3);
           std::fflush(stdout);
         }
       }

@@ -213,7 +213,7 @@ class CpuBackend final : public Backend<T> {
     cpu::deltanet_gates_forward(g, beta, a, b, a_log, dt_bias, rows, heads);
   }
   void gated_delta_rule_forward(ExecContext&, T* out, const T* q, const T* k, const T* v, const A* g, const A* beta,
-                                A* state, int S, int k_heads, int v_heads, int dk, int dv) override {
+                                A* state, int S, int k_heads, int v_heads, int dk, int dv, void*) override {
     cpu::gated_delta_rule_forward(out, q, k, v, g, beta, S, k_heads, v_heads, dk, dv, 64, state);
   }
   void gated_rmsnorm_forward(ExecContext&, T* y, const T* x, const T* z, const T* w, int rows, int dim,
@@ -225,13 +225,14 @@ class CpuBackend final : public Backend<T> {
   }
 
   void vocab_loss_row_stats(ExecContext&, const T* z, const T* u, int n, int V, const int32_t* labels,
-                            const A* weights, double tau, int top_k, VocabLossRow* rows,
+                            const A* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                             VocabLossRowValues* values) override {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; ++i) {
       VocabLossRowValues v;
       if (weights[i] > 0) {
-        cpu::row_stats<T>(z + size_t(i) * V, u ? u + size_t(i) * V : nullptr, V, labels[i], tau, top_k, rows[i], v);
+        cpu::row_stats<T>(z + size_t(i) * V, u ? u + size_t(i) * V : nullptr, V, labels[i], coeffs, top_k, rows[i],
+                          v);
         v.scored = 1;
       }
       values[i] = v;

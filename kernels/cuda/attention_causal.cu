@@ -182,8 +182,7 @@ void launch_attention_cached_forward_cores(cudaStream_t st, T* out, const T* q, 
                                            float* scratch) {
   if (n <= 0 || q_heads <= 0) return;
   const size_t smem = causal_smem_bytes(head_dim);  // 82 KiB at head_dim 256: above the 48 KiB default
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(&attention_causal_kernel<T>),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem<attention_causal_kernel<T>>(smem, "attention_cached_forward (CUDA cores)");
   // splits covering the longest query tile's key tiles with none empty there (7 tiles asked in 4: 2 a split)
   const int tiles = causal_key_tiles(n, past), per_split = tiles_per_split(n, past, std::clamp(splits, 1, tiles));
   splits = (tiles + per_split - 1) / per_split;

@@ -48,7 +48,8 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.69314718055994531f;
-constexpr int kMaxTcWarps = 32;     // a query tile of at most 512 rows (block · G) per thread block
+constexpr int kMaxTcWarps = 32;  // an anchor block's query tile of at most 512 rows (block · G), in thread blocks of what
+                                 // the kernel's registers allow (row_slices)
 constexpr int kKeyTileKV = 64;      // keys per dK/dV thread block: 4 warps of 16
 constexpr int kQueryChunk = 32;     // query rows per dK/dV step
 
@@ -210,6 +211,8 @@ struct DFlashFwdParams {
   const bf16 *k_ctx, *v_ctx, *k_blk, *v_blk;
   const int32_t* anchors;
   DFlashAttentionShape s;
+  int rows_per_block;  // query rows (block · G in all) a thread block takes: a slice of them per blockIdx.z when the
+                       // whole tile needs more warps than the kernel's registers allow a block on this device
 };
 
 // blockIdx.x → work item, longest first (the comment at the top): x = 0 takes the last of n items.
@@ -223,16 +226,17 @@ struct PartialRow {
 template <int BC>
 struct DFlashTiles {
   DFlashFwdParams p;
-  int b, g, G, M;
+  int b, g, G, m_base, M;  // rows [m_base, m_base + M) of the block's block · G
   QueryRows rows;
   BlockKeys keys;
-  __device__ DFlashTiles(const DFlashFwdParams& params, int bx, int by, int /*bz: never split*/)
+  __device__ DFlashTiles(const DFlashFwdParams& params, int bx, int by, int bz)
       : p(params), b(longest_first(bx, params.s.n_blocks)), g(by), G(params.s.heads / params.s.kv_heads),
-        M(params.s.block * G), rows{b, by, G, params.s.block, params.s.heads, params.s.head_dim},
+        m_base(bz * params.rows_per_block), M(min(params.rows_per_block, params.s.block * G - m_base)),
+        rows{b, by, G, params.s.block, params.s.heads, params.s.head_dim},
         keys(block_keys(params.s, params.anchors[b], BC)) {}
   __device__ int n_tiles() const { return keys.n_tiles; }
-  __device__ size_t q_offset(int m) const { return rows.offset(m); }
-  __device__ size_t stat(int m) const { return rows.stat(m); }
+  __device__ size_t q_offset(int m) const { return rows.offset(m_base + m); }
+  __device__ size_t stat(int m) const { return rows.stat(m_base + m); }
   __device__ PartialRow partial(int) const { return {nullptr, nullptr}; }
   __device__ TileRows tile(int t) const {
     const KeyTile kt = key_tile(p.s, keys, t, BC);
@@ -242,7 +246,7 @@ struct DFlashTiles {
     return {(kt.ctx ? p.k_ctx : p.k_blk) + off, (kt.ctx ? p.v_ctx : p.v_blk) + off, stride, kt};
   }
   __device__ bool visible(const KeyTile& kt, int col, int m) const {
-    const int key = kt.start + col, j = m / G;
+    const int key = kt.start + col, j = (m_base + m) / G;
     return col < kt.n && (kt.ctx ? sees_ctx(p.s, keys.anchor, keys.ctx_hi, key, j) : sees_blk(p.s, key, j));
   }
 };
@@ -436,7 +440,7 @@ __global__ void dflash_backward_dq_tc_kernel(bf16* dq, const bf16* dout, const f
   DFLASH_DYNAMIC_SHARED(uint4, dflash_dq_smem);
   bf16* smem = reinterpret_cast<bf16*>(dflash_dq_smem);
   const SwizzledTile<D> k_s[2] = {{smem}, {smem + BC * D}}, v_s[2] = {{smem + 2 * BC * D}, {smem + 3 * BC * D}};
-  const DFlashTiles<BC> tiles(params, blockIdx.x, blockIdx.y, 0);
+  const DFlashTiles<BC> tiles(params, blockIdx.x, blockIdx.y, blockIdx.z);
   const int M = tiles.M, n_tiles = tiles.n_tiles();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, m0 = warp * 16;
 
@@ -687,25 +691,33 @@ constexpr int key_tile_for(int D) { return D > 128 ? 32 : 64; }
 size_t key_stream_smem(int D) { return size_t(4) * key_tile_for(D) * D * sizeof(bf16); }  // K, V × 2 stages
 size_t query_chunk_smem(int D) { return size_t(4) * kQueryChunk * D * sizeof(bf16) + 4 * kQueryChunk * sizeof(float); }
 
-template <typename Kernel>
-void allow_smem(Kernel* k, size_t bytes) {
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(k),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// How an anchor block's query tile (block · G rows, 16 a warp) is cut into thread blocks: as few slices as the
+// kernel's registers allow on this device (its maxThreadsPerBlock: 8 warps at 255 registers), the warps spread
+// evenly over them. One slice (the whole tile a block) wherever it fits: B 16 × G 4, or B 32 × G 4 at head_dim 128.
+struct RowSlices {
+  int slices, warps;  // grid.z, warps a block
+};
+RowSlices row_slices(int rows, const cudaFuncAttributes& kernel) {
+  const int need = (rows + 15) / 16, most = std::max(1, kernel.maxThreadsPerBlock / kWarp);
+  const int slices = (need + most - 1) / most;
+  return {slices, (need + slices - 1) / slices};
+}
 
 template <int D>
 void forward_tc(cudaStream_t st, bf16* out, float* lse, const bf16* q, const bf16* k_ctx, const bf16* v_ctx,
                 const bf16* k_blk, const bf16* v_blk, const int32_t* anchors, const DFlashAttentionShape& s) {
   constexpr int BC = key_tile_for(D);
-  const int warps = (s.block * (s.heads / s.kv_heads) + 15) / 16;
+  constexpr auto kernel = flash_forward_tc_kernel<D, BC, DFlashTiles, DFlashFwdParams>;
+  const RowSlices cut =
+      row_slices(s.block * (s.heads / s.kv_heads), kernel_attributes<kernel>("dflash_attention_forward"));
   const size_t smem = key_stream_smem(D);
-  auto* kernel = &flash_forward_tc_kernel<D, BC, DFlashTiles, DFlashFwdParams>;
-  allow_smem(kernel, smem);
-  DFLASH_LAUNCH(dim3(unsigned(s.n_blocks), unsigned(s.kv_heads)), warps * kWarp, smem, st,
+  allow_dynamic_smem<kernel>(smem, "dflash_attention_forward");
+  DFLASH_LAUNCH(dim3(unsigned(s.n_blocks), unsigned(s.kv_heads), unsigned(cut.slices)), cut.warps * kWarp, smem, st,
                 flash_forward_tc_kernel<D, BC, DFlashTiles, DFlashFwdParams>)(
-      out, lse, q, DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s});
+      out, lse, q, DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s, cut.warps * 16});
 }
 
 // Query rows per causal thread block: about 128 rows of the query tile (R positions × G heads), at most 512, and
@@ -731,10 +743,17 @@ void causal_tc(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, const b
                int KVH, int splits, float* scratch) {
   constexpr int BC = key_tile_for(D);
   const int G = NH / KVH, R = causal_rows_per_block(G, n);
+  const cudaFuncAttributes fa =
+      kernel_attributes<flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>>("attention_causal_forward");
+  if ((R * G + 15) / 16 * kWarp > fa.maxThreadsPerBlock) {  // only past G = 128 (R = 1): the tile is one position
+    const std::string why = std::to_string(G) + " query heads a kv head need " + std::to_string((R * G + 15) / 16) +
+                            " warps; this kernel may have " + std::to_string(fa.maxThreadsPerBlock / kWarp) +
+                            " a block on this device (attention_causal_tc_supports refuses this shape)";
+    cuda_fail("attention_causal_forward", __FILE__, __LINE__, why.c_str());
+  }
   const int warps = (R * G + 15) / 16;
   const size_t smem = key_stream_smem(D);
-  auto* kernel = &flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>;
-  allow_smem(kernel, smem);
+  allow_dynamic_smem<flash_forward_tc_kernel<D, BC, CausalTiles, CausalParams>>(smem, "attention_causal_forward");
   // splits covering the longest query tile's key tiles with none empty there (e.g. 7 tiles asked in 4: 2 a split)
   const int per_split = tiles_per_split(n, past, D, splits);
   splits = (causal_key_tiles(n, past, D) + per_split - 1) / per_split;
@@ -762,16 +781,17 @@ void backward_tc(cudaStream_t st, bf16* dq, bf16* dk_ctx, bf16* dv_ctx, bf16* dk
   constexpr int kDeltaWarps = 8;
   DFLASH_LAUNCH(unsigned((queries + kDeltaWarps - 1) / kDeltaWarps), kDeltaWarps * kWarp, 0, st,
                 dflash_delta_kernel)(delta, dout, out, queries, D);
-  const int warps = (s.block * (s.heads / s.kv_heads) + 15) / 16;
+  const RowSlices cut = row_slices(s.block * (s.heads / s.kv_heads),
+                                   kernel_attributes<dflash_backward_dq_tc_kernel<D, BC>>("dflash_attention_backward"));
   const size_t smem_q = key_stream_smem(D);
-  allow_smem(&dflash_backward_dq_tc_kernel<D, BC>, smem_q);
-  DFLASH_LAUNCH(dim3(unsigned(s.n_blocks), unsigned(s.kv_heads)), warps * kWarp, smem_q, st,
-                dflash_backward_dq_tc_kernel<D, BC>)(dq, dout, lse, delta, q,
-                                                     DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s});
+  allow_dynamic_smem<dflash_backward_dq_tc_kernel<D, BC>>(smem_q, "dflash_attention_backward (dQ)");
+  DFLASH_LAUNCH(dim3(unsigned(s.n_blocks), unsigned(s.kv_heads), unsigned(cut.slices)), cut.warps * kWarp, smem_q, st,
+                dflash_backward_dq_tc_kernel<D, BC>)(
+      dq, dout, lse, delta, q, DFlashFwdParams{k_ctx, v_ctx, k_blk, v_blk, anchors, s, cut.warps * 16});
   const int n_kv_tiles = (s.ctx_len + kKeyTileKV - 1) / kKeyTileKV +
                          s.n_blocks * ((s.block + kKeyTileKV - 1) / kKeyTileKV);
   const size_t smem_kv = query_chunk_smem(D);
-  allow_smem(&dflash_backward_dkv_tc_kernel<D>, smem_kv);
+  allow_dynamic_smem<dflash_backward_dkv_tc_kernel<D>>(smem_kv, "dflash_attention_backward (dK, dV)");
   DFLASH_LAUNCH(dim3(unsigned(n_kv_tiles), unsigned(s.kv_heads)), (kKeyTileKV / 16) * kWarp, smem_kv, st,
                 dflash_backward_dkv_tc_kernel<D>)(dk_ctx, dv_ctx, dk_blk, dv_blk, dout, lse, delta, q, k_ctx, v_ctx,
                                                    k_blk, v_blk, anchors, s);
@@ -783,6 +803,7 @@ bool dflash_attention_tc_supports(const DFlashAttentionShape& s, std::initialize
   const int D = s.head_dim;
   if (D != 64 && D != 128 && D != 256) return false;
   if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0) return false;
+  // any block · G: a query tile wider than one thread block's warps is cut into slices (row_slices)
   if (s.block * (s.heads / s.kv_heads) > kMaxTcWarps * 16) return false;
   for (const void* p : tensors)
     if (p && !aligned16(p)) return false;  // cp.async moves 16-byte chunks
@@ -791,7 +812,9 @@ bool dflash_attention_tc_supports(const DFlashAttentionShape& s, std::initialize
 
 bool attention_causal_tc_supports(int q_heads, int kv_heads, int head_dim, std::initializer_list<const void*> tensors) {
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
-  if (kv_heads <= 0 || q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxTcWarps * 16) return false;
+  // a query tile is R positions × G heads with R·G ≤ 128 (8 warps, what 255 registers a thread allow) but for
+  // G > 128, where one position's G heads are the tile
+  if (kv_heads <= 0 || q_heads % kv_heads != 0 || q_heads / kv_heads > 128) return false;
   for (const void* p : tensors)
     if (p && !aligned16(p)) return false;
   return true;

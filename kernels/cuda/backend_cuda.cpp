@@ -304,14 +304,21 @@ class CudaBackend final : public Backend<T> {
     on_device(cuda::launch_deltanet_gates<D>, stream_of(ctx), g, beta, a, b, a_log, dt_bias, rows, heads);
   }
   void gated_delta_rule_forward(ExecContext& ctx, T* out, const T* q, const T* k, const T* v, const A* g,
-                                const A* beta, A* state, int S, int k_heads, int v_heads, int dk, int dv) override {
+                                const A* beta, A* state, int S, int k_heads, int v_heads, int dk, int dv,
+                                void* scratch) override {
     if (v_heads <= 0 || dv <= 0) return;  // an empty shard
     DFLASH_CHECK(dk >= 1 && dk <= cuda::kMaxDeltaKeyDim && k_heads >= 1 && v_heads % k_heads == 0,
                  "CUDA gated delta rule: key head dim {} (supported 1..{}), {} value heads over {} key heads (must "
                  "be a multiple)",
                  dk, cuda::kMaxDeltaKeyDim, v_heads, k_heads);
+    // the chunked kernels' scratch: the caller's (the target plans it), else the context's arena or the backend's
+    const size_t bytes = gated_delta_rule_scratch_bytes<T>(S, k_heads, v_heads, dk, dv);
+    if (bytes == 0 || scratch)
+      return on_device(cuda::launch_gated_delta_rule<D>, stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads,
+                       v_heads, dk, dv, scratch);
+    Scratch own(ctx, scratch_, scratch_mutex_, bytes);
     on_device(cuda::launch_gated_delta_rule<D>, stream_of(ctx), out, q, k, v, g, beta, state, S, k_heads, v_heads, dk,
-              dv);
+              dv, own.as<void>());
   }
   void gated_rmsnorm_forward(ExecContext& ctx, T* y, const T* x, const T* z, const T* w, int rows, int dim,
                              double eps) override {
@@ -322,9 +329,9 @@ class CudaBackend final : public Backend<T> {
   }
 
   void vocab_loss_row_stats(ExecContext& ctx, const T* z, const T* u, int n, int V, const int32_t* labels,
-                            const A* weights, double tau, int top_k, VocabLossRow* rows,
+                            const A* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                             VocabLossRowValues* values) override {
-    on_device(cuda::launch_vocab_loss_row_stats<D>, stream_of(ctx), z, u, n, V, labels, weights, tau, top_k, rows,
+    on_device(cuda::launch_vocab_loss_row_stats<D>, stream_of(ctx), z, u, n, V, labels, weights, coeffs, top_k, rows,
               values);
   }
   void vocab_loss_row_grad(ExecContext& ctx, T* z, const T* u, int n, int V, const int32_t* labels, const A* weights,

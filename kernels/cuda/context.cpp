@@ -59,6 +59,15 @@ int cuda_device_count() {
 namespace dflash::kernels {
 bool cuda_available() { return cuda::cuda_device_count() > 0; }
 
+std::string cuda_device_name() {
+  int dev = 0;
+  cudaDeviceProp p{};
+  if (cuda::cuda_device_count() == 0 || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaGetDeviceProperties(&p, dev) != cudaSuccess)
+    return {};
+  return p.name;
+}
+
 int bind_cuda_device(int node_local_rank) {
   const int n = cuda::cuda_device_count();
   DFLASH_USER_CHECK(n > 0, "the CUDA device was asked for (run.device: cuda, --device cuda), but no CUDA device is visible "

@@ -9,8 +9,8 @@
 //                   (cm::delta_slice_*). Per token: k_t, q_t staged in shared memory (prefetched into registers
 //                   during the previous token), the prediction's and the output's partials summed over the warps
 //                   through shared memory: three block barriers per token. Still S sequential steps, on
-//                   v_heads · ⌈dv/32⌉ blocks: fp32, and the bf16 shapes deltanet_chunked.cu does not take (bf16
-//                   with dk 64 / 128 and dv a multiple of 64 goes to that chunked tensor-core kernel).
+//                   v_heads · ⌈dv/32⌉ blocks: fp32, decode steps (S = 1) and the bf16 shapes deltanet_chunked.cu
+//                   does not take (bf16 with dk 64 / 128, dv a multiple of 64 and S ≥ 2 runs chunk-parallel there).
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
@@ -18,6 +18,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/target_math.h"
+#include "kernels/delta_rule_chunks.h"
 #include "kernels/math/gates.h"
 #include "kernels/math/norm.h"
 
@@ -214,14 +215,16 @@ void launch_gated_delta_rule_per_token(cudaStream_t st, T* out, const T* q, cons
   }
 }
 
-// bf16 goes to the chunked tensor-core kernel (deltanet_chunked.cu) where it takes the shape (dk 64 or 128, dv a
-// multiple of 64); fp32, and the other shapes, to the per-token kernel above.
+// bf16 goes to the chunk-parallel tensor-core kernels (deltanet_chunked.cu) where they take the call (dk 64 or 128,
+// dv a multiple of 64, S ≥ 2: kernels/delta_rule_chunks.h); fp32, decode steps and the other shapes to the per-token
+// kernel above.
 template <typename T>
 void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, const T* v, const float* g,
-                             const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv) {
+                             const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv,
+                             void* scratch) {
   if constexpr (std::is_same_v<T, bf16>) {
-    if (gated_delta_rule_chunked_supports(k_heads, v_heads, dk, dv)) {
-      launch_gated_delta_rule_chunked(st, out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv);
+    if (delta_rule_chunked_takes(S, k_heads, v_heads, dk, dv)) {
+      launch_gated_delta_rule_chunked(st, out, q, k, v, g, beta, state, S, k_heads, v_heads, dk, dv, scratch);
       return;
     }
   }
@@ -237,7 +240,7 @@ void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, co
   template void launch_deltanet_gates<T>(cudaStream_t, float*, float*, const T*, const T*, const T*, const T*, int,  \
                                          int);                                                                       \
   template void launch_gated_delta_rule<T>(cudaStream_t, T*, const T*, const T*, const T*, const float*,             \
-                                           const float*, float*, int, int, int, int, int);
+                                           const float*, float*, int, int, int, int, int, void*);
 DFLASH_INSTANTIATE(float)
 DFLASH_INSTANTIATE(bf16)
 #undef DFLASH_INSTANTIATE

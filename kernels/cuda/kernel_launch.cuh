@@ -16,11 +16,15 @@
 // ends at a guard page.
 #include <cuda_runtime.h>
 
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "kernels/cuda/check.h"
+#if defined(DFLASH_CUDA_EMULATED)
+#include "kernels/cuda/records/kernel_records.h"
+#endif
 
 namespace dflash::kernels::cuda {
 
@@ -33,6 +37,7 @@ struct KernelLaunch {
   const char* name;
   const char* file;
   int line;
+  const char* id;  // the emulated GPU's key of the kernel in the kernel records (null on a real GPU)
 
   template <typename... A>
   void operator()(A&&... args) const {
@@ -40,7 +45,7 @@ struct KernelLaunch {
 #if defined(DFLASH_CUDA_EMULATED)
     std::tuple<std::decay_t<P>...> values(std::forward<A>(args)...);  // by value, as a real launch copies them
     auto* k = kernel;
-    const cudaError_t rc = ::dflash::emu::launch(name, file, line, reinterpret_cast<const void*>(kernel), grid,
+    const cudaError_t rc = ::dflash::emu::launch(name, file, line, reinterpret_cast<const void*>(kernel), id, grid,
                                                  block, smem, stream, [k, values] { std::apply(k, values); });
     if (rc != cudaSuccess) cuda_fail(name, file, line, cudaGetErrorString(rc));
 #else
@@ -53,15 +58,60 @@ struct KernelLaunch {
 
 template <typename... P>
 KernelLaunch<P...> make_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                               const char* name, const char* file, int line) {
-  return KernelLaunch<P...>{kernel, grid, block, smem, stream, name, file, line};
+                               const char* name, const char* file, int line, const char* id) {
+  return KernelLaunch<P...>{kernel, grid, block, smem, stream, name, file, line, id};
+}
+
+// The emulated GPU's name of kernel K (its key in the kernel records); null on a real GPU, which knows its kernels.
+template <auto K>
+const char* kernel_id() {
+#if defined(DFLASH_CUDA_EMULATED)
+  static const std::string id = [] {
+    std::string n = ::dflash_kernel_name::of<K>();
+    ::dflash::emu::register_kernel(reinterpret_cast<const void*>(K), n.c_str());
+    return n;
+  }();
+  return id.c_str();
+#else
+  return nullptr;
+#endif
+}
+
+// Kernel K's attributes on the current device (cudaFuncGetAttributes): numRegs, sharedSizeBytes (static),
+// localSizeBytes, maxThreadsPerBlock (its __launch_bounds__ and registers), maxDynamicSharedSizeBytes. Throws a
+// dflash::Error naming `what` when the device has no code for it.
+template <auto K>
+cudaFuncAttributes kernel_attributes(const char* what) {
+  kernel_id<K>();
+  cudaFuncAttributes a{};
+  const cudaError_t rc = cudaFuncGetAttributes(&a, reinterpret_cast<const void*>(K));
+  if (rc != cudaSuccess) cuda_fail(what, __FILE__, __LINE__, cudaGetErrorString(rc));
+  return a;
+}
+
+// Lets K launch with `bytes` of dynamic shared memory (cudaFuncAttributeMaxDynamicSharedMemorySize) on the current
+// device; throws a dflash::Error naming `what`, the bytes and the device's limit when it cannot.
+template <auto K>
+void allow_dynamic_smem(size_t bytes, const char* what) {
+  kernel_id<K>();
+  const cudaError_t rc =
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(K), cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (rc != cudaSuccess) {
+    int dev = 0, optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    const std::string why = std::to_string(bytes) + " bytes of dynamic shared memory asked; this device allows " +
+                            std::to_string(optin) + " a block (static included): " + cudaGetErrorString(rc);
+    cuda_fail(what, __FILE__, __LINE__, why.c_str());
+  }
 }
 
 }  // namespace dflash::kernels::cuda
 
 #define DFLASH_LAUNCH(grid, block, smem, stream, ...)                                                        \
   ::dflash::kernels::cuda::make_launch(__VA_ARGS__, dim3(grid), dim3(block), size_t(smem), stream,           \
-                                       "launch of " #__VA_ARGS__, __FILE__, __LINE__)
+                                       "launch of " #__VA_ARGS__, __FILE__, __LINE__,                        \
+                                       ::dflash::kernels::cuda::kernel_id<__VA_ARGS__>())
 
 #if defined(DFLASH_CUDA_EMULATED)
 #define DFLASH_SHARED_ALIGNED(align, type, name, dims)                                                        \

@@ -188,9 +188,12 @@ template <typename T>
 void launch_deltanet_gates(cudaStream_t st, float* g, float* beta, const T* a, const T* b, const T* a_log,
                            const T* dt_bias, int rows, int heads);
 constexpr int kMaxDeltaKeyDim = 256;  // the delta-rule kernel stages k_t, q_t in shared memory, 2 per thread
+// bf16 calls the chunked kernels take (kernels/delta_rule_chunks.h) run chunk-parallel in `scratch` (device memory
+// of kernels::gated_delta_rule_scratch_bytes<bf16>, kernels/backend.h); the rest per token (scratch unused).
 template <typename T>
 void launch_gated_delta_rule(cudaStream_t st, T* out, const T* q, const T* k, const T* v, const float* g,
-                             const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv);
+                             const float* beta, float* state, int S, int k_heads, int v_heads, int dk, int dv,
+                             void* scratch);
 
 // ---- argmax.cu ----
 template <typename T>
@@ -199,7 +202,7 @@ void launch_argmax_rows(cudaStream_t st, int32_t* index, float* value, const T* 
 // ---- vocab_loss_rows.cu ----
 template <typename T>
 void launch_vocab_loss_row_stats(cudaStream_t st, const T* z, const T* u, int n, int V, const int32_t* labels,
-                                 const float* weights, double tau, int top_k, VocabLossRow* rows,
+                                 const float* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                                  VocabLossRowValues* values);
 template <typename T>
 void launch_vocab_loss_row_grad(cudaStream_t st, T* z, const T* u, int n, int V, const int32_t* labels,

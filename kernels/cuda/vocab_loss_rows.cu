@@ -1,7 +1,7 @@
 // The vocab-loss row passes on logits in device memory (T = float or bf16; exponentials in float, sums over the
 // vocabulary in double, as on the CPU). One thread block per row; the per-element and per-row math is
 // kernels/math/loss_rows.h, the functions the CPU row passes call (the CPU being one thread). Reductions are fixed
-// trees (deterministic). Unverified on GPU; simple over fast: up to three passes over the row from global memory,
+// trees (deterministic). Unverified on GPU; simple over fast: up to four passes over the row from global memory,
 // each in 16-byte loads where the row is aligned (for_row: V = 248,320 bf16 is 31,040 packs of 8).
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
@@ -42,8 +42,9 @@ __device__ void for_row(const T* zr, const T* ur, int V, float fill, F&& f) {
 
 template <typename T>
 __global__ void row_stats_kernel(const T* z, const T* u, int V, const int32_t* labels, const float* weights,
-                                 double tau, int top_k, VocabLossRow* rows, VocabLossRowValues* values) {
+                                 VocabLossCoeffs k, int top_k, VocabLossRow* rows, VocabLossRowValues* values) {
   const int row = blockIdx.x, tid = threadIdx.x;
+  const double tau = k.tau;
   if (!(weights[row] > 0)) {  // rows with w = 0 are skipped: values zeroed, statistics untouched
     if (tid == 0) values[row] = VocabLossRowValues{};
     return;
@@ -71,10 +72,19 @@ __global__ void row_stats_kernel(const T* z, const T* u, int V, const int32_t* l
     excl = block_merge(excl);
   }
 
+  const bool overlap = ur && math::uses_overlap(k);
+  math::RowOverlap ov;
+  if (overlap && isfinite(mx.z)) {  // block-uniform: the merged sums give every thread the same OverlapIn
+    const math::OverlapIn<float> in4 = math::overlap_in(mx, sums);
+    for_row(zr, ur, V, 0.0f, [&](int, float zv, float uv) { ov.add(in4, zv, uv); });
+    ov = block_merge(ov);
+  }
+
   if (tid == 0) {
     VocabLossRow s = rows[row];
     VocabLossRowValues out;
     math::finish_row_stats(mx, sums, excl.v, in.zy, y, tau, top_k, ur != nullptr, s, out);
+    if (overlap && out.finite) math::finish_overlap(ov, k, s, out);
     out.scored = 1;
     rows[row] = s;
     values[row] = out;
@@ -130,10 +140,10 @@ __global__ void row_grad_kernel(T* z, const T* u, int V, const int32_t* labels, 
 
 template <typename T>
 void launch_vocab_loss_row_stats(cudaStream_t st, const T* z, const T* u, int n, int V, const int32_t* labels,
-                                 const float* weights, double tau, int top_k, VocabLossRow* rows,
+                                 const float* weights, const VocabLossCoeffs& coeffs, int top_k, VocabLossRow* rows,
                                  VocabLossRowValues* values) {
   if (n <= 0) return;
-  DFLASH_LAUNCH(n, kThreads, 0, st, row_stats_kernel<T>)(z, u, V, labels, weights, tau, top_k, rows, values);
+  DFLASH_LAUNCH(n, kThreads, 0, st, row_stats_kernel<T>)(z, u, V, labels, weights, coeffs, top_k, rows, values);
 }
 
 template <typename T>
@@ -146,7 +156,8 @@ void launch_vocab_loss_row_grad(cudaStream_t st, T* z, const T* u, int n, int V,
 
 #define DFLASH_INSTANTIATE(T)                                                                                    \
   template void launch_vocab_loss_row_stats<T>(cudaStream_t, const T*, const T*, int, int, const int32_t*,       \
-                                               const float*, double, int, VocabLossRow*, VocabLossRowValues*);   \
+                                               const float*, const VocabLossCoeffs&, int, VocabLossRow*,         \
+                                               VocabLossRowValues*);                                             \
   template void launch_vocab_loss_row_grad<T>(cudaStream_t, T*, const T*, int, int, const int32_t*, const float*, \
                                               const VocabLossRow*, double, const VocabLossCoeffs&);
 DFLASH_INSTANTIATE(float)

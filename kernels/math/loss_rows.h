@@ -8,7 +8,8 @@
 //   pass 1: max z, max u                                  (RowMax)
 //   pass 2: argmax, Σ_{v≠m} exp(z − z_max), label rank, second max, Σ exp((z − z_max)/τ), the KL sums   (RowSums)
 //   pass 3: only when CAP needs it (gap > kExclShortcutGap): Σ_{v≠m} exp(z − second)                  (excl_term)
-//   finish: one thread turns the sums into VocabLossRow + VocabLossRowValues (finish_row_stats).
+//   pass 4: only with TV / LK / NLA (τ = 1): the overlap Σ min(p, q) and Σ_{p<q} p, from pass 2's sums (RowOverlap)
+//   finish: one thread turns the sums into VocabLossRow + VocabLossRowValues (finish_row_stats, finish_overlap).
 // The gradient: grad_row_coeffs (one thread, doubles at the label and argmax) + grad_term (every element).
 // CPU and CUDA differ only in the order of the double sums (one loop vs a tree over threads: a few ulp of double)
 // and in nvcc's fused multiply-adds.
@@ -111,6 +112,41 @@ DFLASH_HD inline double excl_term(int v, F zv, int argmax, F second) {
   return v == argmax ? 0.0 : double(loss_exp((zv - second) * F(1)));
 }
 
+// ---- pass 4 (TV, LK, NLA: τ = 1) ----
+// True when the row passes form the overlap of p = softmax(z) and q = softmax(u).
+DFLASH_HD inline bool uses_overlap(const VocabLossCoeffs& k) { return k.tv != 0 || k.lk != 0 || k.nla != 0; }
+
+// What pass 4 needs: z_max, log Σ exp(z − z_max), u_max, log Σ exp(u − u_max) in F — exactly the values
+// grad_row_coeffs forms from the saved statistics, so that both passes compute the same p_v and q_v and put each
+// v on the same side of p_v < q_v.
+template <typename F>
+struct OverlapIn {
+  F zmax = 0, logsum = 0, umax = 0, ulogsum = 0;
+};
+template <typename F>
+DFLASH_HD inline OverlapIn<F> overlap_in(const RowMax<F>& mx, const RowSums<F>& s) {
+  OverlapIn<F> in;
+  in.zmax = mx.z;
+  in.logsum = F(log1p(s.s_excl()));
+  in.umax = mx.u;
+  in.ulogsum = F(log(s.su));  // τ = 1: su = Σ exp(u − u_max)
+  return in;
+}
+// α = Σ_v min(p_v, q_v) and the p-mass below q, Σ_{v: p_v < q_v} p_v (TV's gradient: p_v (below − [p_v < q_v])).
+struct RowOverlap {
+  double alpha = 0, below = 0;
+  template <typename F>
+  DFLASH_HD void add(const OverlapIn<F>& in, F zv, F uv) {
+    const F p = loss_exp((zv - in.zmax) - in.logsum), q = loss_exp((uv - in.umax) - in.ulogsum);
+    alpha += double(p < q ? p : q);
+    below += p < q ? double(p) : 0.0;
+  }
+  DFLASH_HD void merge(const RowOverlap& o) {
+    alpha += o.alpha;
+    below += o.below;
+  }
+};
+
 // ---- finish: one thread ----
 // The row's statistics (=) and values (=); the fields of a non-finite row after the first failing check are left
 // alone. excl_sum: the pass-3 sum when needs_excl_pass, else unused.
@@ -168,18 +204,32 @@ DFLASH_HD inline void finish_row_stats(const RowMax<F>& mx, const RowSums<F>& su
   }
 }
 
+// The TV / LK / NLA values from pass 4 (after finish_row_stats, whose KL at τ = 1 LK blends in).
+DFLASH_HD inline void finish_overlap(const RowOverlap& o, const VocabLossCoeffs& k, VocabLossRow& s,
+                                     VocabLossRowValues& out) {
+  s.overlap = o.alpha;
+  s.overlap_below = o.below;
+  out.tv = 1.0 - o.alpha;
+  out.nla = -log(o.alpha > kNlaFloor ? o.alpha : kNlaFloor);
+  const double lambda = exp(-k.lk_eta * o.alpha);
+  out.lk = lambda * out.kl + (1.0 - lambda) * out.tv;
+}
+
 // ---- gradient ----
 // c · ∂ℓ/∂z for a row, with c = grad_scale · w:
 //   CE:  p − e_y (at y: −(1 − p_y) from the saved statistics)
 //   KL:  τ (p_τ − q_τ)
 //   CAP: at m: p_m; elsewhere −p_m p_v / (1 − p_m) = −p_m exp(z_v − lse_{v≠m})
+//   TV:  p_v (below − [p_v < q_v]);  NLA: the same / α (0 when α ≤ kNlaFloor);
+//   LK:  λ (p − q) + (1 − λ) ∂TV, λ = exp(−η α) held fixed: LK's KL part joins KL's coefficient (τ = 1)
 // Everything grad_term needs, formed once per row from the forward statistics, and the exact values at the label
 // and the argmax, formed in double from the row's original logits (written after the element loop).
 template <typename F>
 struct GradRow {
-  F a_p = 0, a_pt = 0, a_q = 0, a_cap = 0;  // coefficients of p, p_τ, q_τ and the CAP term
+  F a_p = 0, a_pt = 0, a_q = 0, a_cap = 0, a_tv = 0;  // coefficients of p, p_τ, q_τ, the CAP and the TV terms
   F zmax = 0, logsum = 0, zt_logsum = 0, umax = 0, ut_logsum = 0, excl_max = 0, excl_logsum = 0, inv_tau = 1;
-  bool kl = false, tau1 = true, cap = false, zero = false;
+  F below = 0;  // Σ_{v: p_v < q_v} p_v (TV)
+  bool kl = false, tau1 = true, cap = false, tv = false, zero = false;
   int y = 0, m = 0;
   double at_y = 0, at_m = 0;
 };
@@ -195,42 +245,61 @@ DFLASH_HD inline GradRow<F> grad_row_coeffs(const VocabLossRow& s, int y, F zy, 
     g.zero = true;
     return g;
   }
-  g.kl = has_u && k.kl != 0;
-  g.cap = s.cap_active && k.cap != 0;
-  g.tau1 = k.tau == 1.0;
   const double tau = k.tau;
+  // TV / LK / NLA (τ = 1, checked by the caller): λ = exp(−η α) and α held fixed; LK's λ KL joins KL's coefficient
+  // of (p_τ − q_τ), the rest of the three is one coefficient of TV's gradient.
+  const bool ov = has_u && uses_overlap(k);
+  const double lambda = ov ? exp(-k.lk_eta * s.overlap) : 0.0;
+  const double kl_coef = k.kl * tau + (ov ? k.lk * lambda : 0.0);
+  const double tv_coef =
+      ov ? k.tv + k.lk * (1.0 - lambda) + (s.overlap > kNlaFloor ? k.nla / s.overlap : 0.0) : 0.0;
+  g.kl = has_u && kl_coef != 0;
+  g.tv = tv_coef != 0;
+  g.cap = s.cap_active && k.cap != 0;
+  g.tau1 = tau == 1.0;
   g.zmax = F(s.z_max), g.umax = F(s.u_max), g.excl_max = F(s.excl_max);
   g.logsum = F(s.z_logsum), g.zt_logsum = F(s.zt_logsum), g.ut_logsum = F(s.ut_logsum);
   g.excl_logsum = F(s.excl_logsum);
   g.inv_tau = F(1.0 / tau);
+  g.below = F(s.overlap_below);
   const double p_m = exp(-s.z_logsum);
-  const bool kl = g.kl, cap = g.cap;
+  const bool kl = g.kl, cap = g.cap, tv = g.tv;
   const F zmax = g.zmax, umax = g.umax, excl_max = g.excl_max;
   auto kl_term = [&](F zv, F uv) {
     if (!kl) return 0.0;
     const double pt = exp(double(zv - zmax) / tau - s.zt_logsum);
     const double qt = exp(double(uv - umax) / tau - s.ut_logsum);
-    return c * k.kl * tau * (pt - qt);
+    return c * kl_coef * (pt - qt);
   };
   auto cap_other = [&](F zv) { return cap ? -c * k.cap * p_m * exp(double(zv - excl_max) - s.excl_logsum) : 0.0; };
+  auto tv_term = [&](F zv, F uv) {
+    if (!tv) return 0.0;
+    const double p = exp(double(zv - zmax) - s.z_logsum), q = exp(double(uv - umax) - s.ut_logsum);
+    return c * tv_coef * p * (s.overlap_below - (p < q ? 1.0 : 0.0));
+  };
   const int m = g.m;
-  g.at_y = c * k.ce * (-s.one_minus_py) + kl_term(zy, uy) + (y != m ? cap_other(zy) : 0.0);
-  g.at_m = m != y ? c * k.ce * p_m + kl_term(zm, um) + (cap ? c * k.cap * p_m : 0.0) : g.at_y;
-  g.a_p = F(c * k.ce + (kl && g.tau1 ? c * k.kl * tau : 0.0));  // τ = 1: p_τ = p shares the exponential
-  g.a_pt = F(kl && !g.tau1 ? c * k.kl * tau : 0.0);
-  g.a_q = F(kl ? -c * k.kl * tau : 0.0);
+  g.at_y = c * k.ce * (-s.one_minus_py) + kl_term(zy, uy) + (y != m ? cap_other(zy) : 0.0) + tv_term(zy, uy);
+  g.at_m = m != y ? c * k.ce * p_m + kl_term(zm, um) + (cap ? c * k.cap * p_m : 0.0) + tv_term(zm, um) : g.at_y;
+  g.a_p = F(c * k.ce + (kl && g.tau1 ? c * kl_coef : 0.0));  // τ = 1: p_τ = p shares the exponential
+  g.a_pt = F(kl && !g.tau1 ? c * kl_coef : 0.0);
+  g.a_q = F(kl ? -c * kl_coef : 0.0);
   g.a_cap = F(cap ? -c * k.cap * p_m : 0.0);
+  g.a_tv = F(c * tv_coef);
   return g;
 }
 
 // c · ∂ℓ/∂z_v for v ∉ {y, m}, with the terms fixed at compile time (the CPU instantiates one loop per combination so
-// that each vectorises; uv unused without KL).
-template <bool KL, bool TAU1, bool CAP, typename F>
+// that each vectorises; uv unused without KL). TV comes with KL and TAU1 (it needs q at τ = 1; a_q may be 0).
+template <bool KL, bool TAU1, bool CAP, bool TV = false, typename F>
 DFLASH_HD inline F grad_term(const GradRow<F>& g, F zv, F uv) {
-  F d = g.a_p * loss_exp((zv - g.zmax) - g.logsum);
+  static_assert(!TV || (KL && TAU1), "the TV terms take the KL path at tau = 1");
+  const F p = loss_exp((zv - g.zmax) - g.logsum);
+  F d = g.a_p * p;
   if constexpr (KL) {
     if constexpr (TAU1) {
-      d += g.a_q * loss_exp((uv - g.umax) - g.ut_logsum);
+      const F q = loss_exp((uv - g.umax) - g.ut_logsum);
+      d += g.a_q * q;
+      if constexpr (TV) d += g.a_tv * p * (g.below - (p < q ? F(1) : F(0)));
     } else {
       d += g.a_pt * loss_exp((zv - g.zmax) * g.inv_tau - g.zt_logsum);
       d += g.a_q * loss_exp((uv - g.umax) * g.inv_tau - g.ut_logsum);
@@ -244,6 +313,7 @@ DFLASH_HD inline F grad_term(const GradRow<F>& g, F zv, F uv) {
 template <typename F>
 DFLASH_HD inline F grad_element(const GradRow<F>& g, F zv, F uv) {
   if (g.zero) return F(0);
+  if (g.tv) return g.cap ? grad_term<true, true, true, true>(g, zv, uv) : grad_term<true, true, false, true>(g, zv, uv);
   if (!g.kl) return g.cap ? grad_term<false, false, true>(g, zv, uv) : grad_term<false, false, false>(g, zv, uv);
   if (g.tau1) return g.cap ? grad_term<true, true, true>(g, zv, uv) : grad_term<true, true, false>(g, zv, uv);
   return g.cap ? grad_term<true, false, true>(g, zv, uv) : grad_term<true, false, false>(g, zv, uv);

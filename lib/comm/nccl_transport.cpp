@@ -33,6 +33,9 @@ struct NcclState {
   int* scratch = nullptr;  // one int on the device, for barrier()
 
   ~NcclState() {
+    // a communicator still here was never finished by ~NcclTransport: its constructor threw after
+    // ncclCommInitRankConfig (a failed initialisation, a failed allocation after it)
+    if (comm) ncclCommAbort(comm);
     if (scratch) cudaFree(scratch);
     if (copy) cudaStreamDestroy(copy);
     if (stream) cudaStreamDestroy(stream);

@@ -314,8 +314,18 @@ void validate_config(const TrainConfig& c) {
   }
   if (d.heads > 0 && d.kv_heads > 0 && d.heads % d.kv_heads != 0)
     fail(where, fmt::format("drafter.heads ({}) must be a multiple of drafter.kv_heads ({})", d.heads, d.kv_heads));
-  if (c.loss.ce_weight + c.loss.kl_weight + c.loss.cap_weight <= 0)
-    fail(where, "loss.ce_weight, loss.kl_weight and loss.cap_weight are all 0: nothing to train; set one > 0");
+  const auto& l = c.loss;
+  if (l.ce_weight + l.kl_weight + l.cap_weight + l.tv_weight + l.lk_weight + l.nla_weight <= 0)
+    fail(where, "loss.ce_weight, loss.kl_weight, loss.cap_weight, loss.tv_weight, loss.lk_weight and "
+                "loss.nla_weight are all 0: nothing to train; set one > 0");
+  if (l.uses_overlap() && l.kl_temperature != 1)
+    fail(where, fmt::format("loss.tv_weight, loss.lk_weight and loss.nla_weight are defined on the untempered "
+                            "distributions, but loss.kl_temperature is {}: set it to 1 or turn those terms off",
+                            l.kl_temperature));
+  if (l.position_weight != "decay" && l.decay_gamma > 0)
+    fail(where, fmt::format("loss.decay_gamma is {} but loss.position_weight is {}: D-PACE replaces the decay; "
+                            "remove loss.decay_gamma (or use position_weight: decay)",
+                            l.decay_gamma, l.position_weight));
   if (c.layout.drafter_dp < c.layout.target_groups)
     fail(where, fmt::format("layout.drafter_dp ({}) < layout.target_groups ({}): every target group needs at least "
                             "one drafter rank to feed", c.layout.drafter_dp, c.layout.target_groups));

@@ -43,6 +43,7 @@ const ValueRange kNonNeg{0, kInf, false, false};      // >= 0
 const ValueRange kAtLeast1{1, kInf, false, false};    // >= 1
 const ValueRange kUnitOpen{0, 1, false, true};        // [0, 1)
 const ValueRange kUnit{0, 1, false, false};           // [0, 1]
+const ValueRange kUnitLeftOpen{0, 1, true, false};    // (0, 1]
 // [lo, hi]: sizes get a ceiling far above any real model (Qwen3.5-397B: hidden 4096, 64 layers, head_dim 256), so
 // a typo like 1e9 is refused by name here instead of overflowing a size or ending in std::bad_alloc
 constexpr ValueRange within(double lo, double hi) { return ValueRange{lo, hi, false, false}; }
@@ -159,6 +160,18 @@ std::vector<ConfigKey> build_schema() {
       key("loss.kl_temperature", T::kFloat, FIELD(loss.kl_temperature), kPositive, "temperature of the KL term"),
       key("loss.cap_weight", T::kFloat, FIELD(loss.cap_weight), kNonNeg,
           "weight of the confidence-aware penalty (confident wrong argmax)"),
+      key("loss.tv_weight", T::kFloat, FIELD(loss.tv_weight), kNonNeg,
+          "weight of total variation 1 - sum_v min(p_v, q_v) (tau = 1)"),
+      key("loss.lk_weight", T::kFloat, FIELD(loss.lk_weight), kNonNeg,
+          "weight of LK-hybrid lambda*KL + (1-lambda)*TV, lambda = exp(-eta*alpha) (tau = 1)"),
+      key("loss.lk_eta", T::kFloat, FIELD(loss.lk_eta), kNonNeg, "eta of LK-hybrid's blend"),
+      key("loss.nla_weight", T::kFloat, FIELD(loss.nla_weight), kNonNeg,
+          "weight of negative log-acceptance -log(alpha) (tau = 1)"),
+      choice("loss.position_weight", FIELD(loss.position_weight),
+             {"decay", "dpace", "dpace_cumulative_confidence", "dpace_continuation_value"},
+             "decay: exp(-(k-1)/gamma); dpace*: D-PACE factors from the drafter's confidence, per block"),
+      key("loss.dpace_alpha", T::kFloat, FIELD(loss.dpace_alpha), kUnitLeftOpen,
+          "D-PACE smoothing: confidence alpha + (1 - alpha) p_y"),
       unhashed(key("loss.top_k", T::kInt, FIELD(loss.top_k), within(1, 1024), "k of the top-k hit metric")),
       key("loss.decay_gamma", T::kFloat, FIELD(loss.decay_gamma), kNonNeg,
           "position weight exp(-(k-1)/gamma); 0 = 7 for B=16, 4 for B=8, 7*B/16 otherwise"),

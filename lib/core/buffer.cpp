@@ -20,7 +20,11 @@ void copy_bytes(void* dst, MemoryKind dst_kind, const void* src, MemoryKind src_
     return;
   }
 #if DFLASH_WITH_CUDA
-  cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing: the kinds are implied
+  // From device memory: the legacy stream cudaMemcpy runs on is not ordered after the compute and NCCL streams
+  // (cudaStreamNonBlocking), so the copy could read what their queued work has not written yet: wait for all of
+  // the device's work first (a slow path: the step's own copies are stream-ordered).
+  cudaError_t rc = src_kind == MemoryKind::device ? cudaDeviceSynchronize() : cudaSuccess;
+  if (rc == cudaSuccess) rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing: kinds implied
   // From pageable host memory cudaMemcpy returns once the source is staged, before the copy lands, and the legacy
   // stream it runs on is not ordered with the compute streams (cudaStreamNonBlocking): wait for it, so that the
   // copy is complete when this returns, as promised (the emulated GPU's reverse order caught a kernel reading a

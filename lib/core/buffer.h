@@ -16,8 +16,9 @@ enum class MemoryKind {
 const char* memory_kind_name(MemoryKind kind);
 
 // dst[bytes] (=) src[bytes] between any two kinds of memory (device: the calling thread's current GPU), blocking:
-// complete when it returns. For data outside a compute stream (packets, test fixtures, captures); kernels use the
-// backend's upload/download on their stream.
+// complete when it returns; from device memory it first waits for all work queued on the device (every stream),
+// so it reads what that work wrote. For data outside a compute stream (packets, test fixtures, captures); kernels
+// use the backend's upload/download on their stream.
 void copy_bytes(void* dst, MemoryKind dst_kind, const void* src, MemoryKind src_kind, size_t bytes);
 
 class Buffer {

@@ -180,6 +180,8 @@ void SpecSummary::add(const SpecResult& r) {
     kept_in_verifies += m;
     kept_histogram[size_t(m)] += 1;
   }
+  kept_per_prompt.push_back(r.accepted);
+  tokens_per_prompt.push_back(r.tokens);
   target_forwards += r.target_forwards;
   rollback_forwards += r.rollback_forwards;
   tree_nodes += r.tree_nodes;
@@ -221,6 +223,10 @@ nlohmann::ordered_json SpecSummary::to_json() const {
   j["kept_histogram"] = kept_histogram;  // index k: verifies that kept k tokens
   j["acceptance_by_position"] = acceptance_by_position();  // index j−1: draft position j accepted
   if (tree_nodes > 0) j["tree_nodes_per_verify"] = verifies > 0 ? double(tree_nodes) / double(verifies) : 0.0;
+  nlohmann::ordered_json per_prompt = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < kept_per_prompt.size(); ++i)
+    per_prompt.push_back({{"kept", kept_per_prompt[i]}, {"tokens", tokens_per_prompt[i]}});
+  j["per_prompt"] = std::move(per_prompt);  // index i: prompt i's kept tokens per verify, and its output
   return j;
 }
 

@@ -128,6 +128,10 @@ struct SpecSummary {
   int64_t tree_nodes = 0;  // tree verification: nodes verified (root included); 0 for chains
   std::vector<int64_t> kept_histogram;  // [B+1]: verify forwards that kept k tokens (k = 1..B)
   double seconds = 0;
+  // Per prompt, in the order added: the tokens kept by each verify, and the generated tokens (to_json's
+  // "per_prompt"; what `dflash-prep serve-check` compares a serving engine with, verify by verify).
+  std::vector<std::vector<int>> kept_per_prompt;
+  std::vector<std::vector<int32_t>> tokens_per_prompt;
 
   void add(const SpecResult& r);
   double tau() const;  // mean tokens kept per verify forward (kept_in_verifies / verifies)

@@ -106,6 +106,7 @@ bool SpecEvalTarget::decode(int64_t next_step, report::Logger& log) {
   }
   if (m.tp.rank() == 0) {
     nlohmann::ordered_json totals = sum.to_json();
+    totals.erase("per_prompt");  // metrics.jsonl keeps the totals; the per-prompt detail is dflash_eval's
     totals["drafter_seconds"] = drafter->seconds();
     const std::string text = totals.dump();
     const int64_t size = int64_t(text.size());

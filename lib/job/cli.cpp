@@ -53,6 +53,10 @@ std::optional<ProgramOptions> parse_program_options(int argc, char** argv, bool 
                  "run one step; write its inputs, loss and gradients to DIR/step_XXXXXXXX.safetensors")
       ->type_name("DIR");
   app.add_flag("--check", o.check, "(no mpirun) validate everything the job would read, print the plan, run nothing");
+  app.add_option("--gpu", o.gpus,
+                 "with --check: predict the pipeline's balance on this GPU: h100, h200, b200, rtx-pro-6000 "
+                 "(repeatable; default h200 and rtx-pro-6000, and this machine's GPU)")
+      ->type_name("NAME");
   app.add_option("--print-key", o.print_key,
                  "(no mpirun) print one key's resolved value (paths resolved), e.g. run.out_dir, and exit")
       ->type_name("KEY");

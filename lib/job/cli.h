@@ -19,6 +19,7 @@ struct ProgramOptions {
   int64_t stop_after = 0;           // --stop-after-steps K (> 0), 0 = not given
   std::string dump_dir;             // --dump-step DIR
   bool check = false;               // --check
+  std::vector<std::string> gpus;    // --gpu NAME (repeatable): the GPUs --check predicts the balance for
   std::string print_key;            // --print-key KEY: print the key's resolved value, run nothing (scripts)
 };
 

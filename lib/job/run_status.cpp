@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -28,7 +29,9 @@ std::string run_status_json(const RunStatus& s) {
   j["outcome"] = outcome_name(s.outcome);
   j["step"] = s.step;
   j["total_steps"] = s.total_steps;
-  j["requeue"] = s.outcome == RunOutcome::stopped;  // what the slurm scripts act on
+  // what the slurm scripts act on: SIGUSR1 is the time-limit signal they ask for (--signal), a checkpoint to resume;
+  // SIGTERM comes from slurm ending the job (scancel, a time limit reached, a shutdown): nothing to requeue
+  j["requeue"] = s.outcome == RunOutcome::stopped && s.signal != SIGTERM;
   if (s.outcome == RunOutcome::stopped)
     j["signal"] = s.signal ? signal_name(s.signal) : "another drafter rank's signal";
   j["pid"] = int64_t(getpid());  // world rank 0's: names the attempt

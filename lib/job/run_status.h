@@ -3,7 +3,9 @@
 // decision, mpi_launch/slurm/requeue.sh) instead of phrases in the logs. World rank 0 writes it atomically:
 // "running" once it holds the out_dir, then, after every rank is done, one of
 //   finished  every step of the run is trained; drafter_final.safetensors is written
-//   stopped   a stop signal (SIGUSR1 / SIGTERM) ended it after a checkpoint: requeue and resume (ckpt.resume=auto)
+//   stopped   a stop signal ended it after a checkpoint; "requeue" true for SIGUSR1 (the time-limit signal of the
+//             slurm scripts: requeue and resume with ckpt.resume=auto), false for SIGTERM (scancel, slurm ending
+//             the job: the checkpoint stays, nothing asks for a requeue)
 //   partial   it stopped where asked (--stop-after-steps, --dump-step), with a checkpoint: done, no requeue
 // A job that fails exits non-zero (mpirun's exit code) and leaves "running" behind: the exit code says it failed.
 #include <cstdint>

@@ -104,7 +104,7 @@ std::optional<int> run_before_mpi(int argc, char** argv, std::optional<ProgramOp
     });
   if (options->check)
     return run_without_mpi("--check",
-                           [&] { return preflight::run_check(load_config(options->config, options->sets)); });
+                           [&] { return preflight::run_check(load_config(options->config, options->sets), options->gpus); });
   return std::nullopt;
 }
 

@@ -30,13 +30,14 @@ namespace {
 constexpr const char* kFull = "full_attention";
 constexpr const char* kSliding = "sliding_attention";
 
-// Every key drafter_config_json writes (and, without auto_map, what exports before modeling_dflash.py held): a
-// config.json with any other key is not an export's, so an export never writes over it.
+// Every key drafter_config_json writes, and those earlier exports wrote ("torch_dtype", now "dtype" as upstream's
+// folders write it): a config.json with any other key is not an export's, so an export never writes over it.
 constexpr const char* kConfigKeys[] = {
     "architectures", "model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "num_hidden_layers", "rms_norm_eps", "rope_theta", "vocab_size", "max_position_embeddings",
-    "tie_word_embeddings", "hidden_act", "attention_bias", "use_sliding_window", "sliding_window", "layer_types",
-    "block_size", "num_target_layers", "dflash_config", "auto_map", "torch_dtype"};
+    "head_dim", "num_hidden_layers", "rms_norm_eps", "rope_theta", "rope_scaling", "vocab_size",
+    "max_position_embeddings", "tie_word_embeddings", "hidden_act", "attention_bias", "attention_dropout",
+    "use_sliding_window", "sliding_window", "layer_types", "block_size", "num_target_layers", "dflash_config",
+    "auto_map", "dtype", "torch_dtype"};
 // The first line of lib/model/modeling_dflash.py (every version of it): how an export recognises its own file.
 constexpr std::string_view kModelingSignature = "# modeling_dflash.py - written by dflash_mpi's export";
 
@@ -175,20 +176,24 @@ nlohmann::ordered_json drafter_config_json(const DrafterConfig& cfg, const Draft
   j["num_hidden_layers"] = cfg.layers;
   j["rms_norm_eps"] = cfg.rms_norm_eps;
   j["rope_theta"] = cfg.rope_theta;
+  j["rope_scaling"] = nullptr;  // plain RoPE: engines read rope_scaling next to rope_theta
   j["vocab_size"] = cfg.vocab;
   j["max_position_embeddings"] = info.max_position_embeddings;
   j["tie_word_embeddings"] = false;
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
   j["use_sliding_window"] = window > 0;  // Qwen3Config drops sliding_window unless this is true
   j["sliding_window"] = window > 0 ? nlohmann::ordered_json(window) : nlohmann::ordered_json(nullptr);
   j["layer_types"] = layer_types;
   j["block_size"] = cfg.block_size;
   j["num_target_layers"] = info.num_target_layers;
   j["dflash_config"] = {{"mask_token_id", cfg.mask_token_id}, {"target_layer_ids", info.target_layer_ids}};
-  // transformers' AutoConfig / AutoModel (trust_remote_code=True) load the classes of the modeling file beside it
-  j["auto_map"] = {{"AutoConfig", "modeling_dflash.DFlashConfig"}, {"AutoModel", "modeling_dflash.DFlashDraftModel"}};
-  j["torch_dtype"] = dtype == DType::BF16 ? "bfloat16" : "float32";
+  // AutoModel (trust_remote_code=True) loads the model class of the modeling file beside it. Only AutoModel, as
+  // z-lab's published drafters: with an AutoConfig entry too, an engine started with --trust-remote-code would
+  // parse config.json through our class instead of Qwen3's (docs/export.md, "What each engine reads")
+  j["auto_map"] = {{"AutoModel", "modeling_dflash.DFlashDraftModel"}};
+  j["dtype"] = dtype == DType::BF16 ? "bfloat16" : "float32";
   return j;
 }
 

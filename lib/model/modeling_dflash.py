@@ -110,6 +110,30 @@ class DFlashConfig(PretrainedConfig):
         return self.sliding_window if self.layer_types[layer] == SLIDING_ATTENTION else 0
 
 
+def as_dflash_config(config):
+    """`config` as a DFlashConfig. config.json's auto_map names only AutoModel, as z-lab's published drafters do, so
+    AutoConfig (and an engine started with trust_remote_code) parses it as the Qwen3Config of its model_type; the
+    model then takes every key it needs from that (transformers 5 keeps RoPE's base in rope_parameters)."""
+    if isinstance(config, DFlashConfig):
+        return config
+    d = config.to_dict()
+    theta = d.get("rope_theta")
+    if theta is None:
+        theta = (d.get("rope_parameters") or {}).get("rope_theta")
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "hidden_act",
+            "attention_bias", "use_sliding_window", "sliding_window", "layer_types", "block_size",
+            "num_target_layers", "dflash_config", "initializer_range", "tie_word_embeddings")
+    missing = [k for k in ("block_size", "num_target_layers", "dflash_config") if k not in d]
+    if missing or theta is None:
+        raise ValueError(f"DFlashConfig: the config lacks {missing + ([] if theta is not None else ['rope_theta'])}: "
+                         "not a DFlash drafter's config.json")
+    out = DFlashConfig(rope_theta=theta, **{k: d[k] for k in keys if k in d})
+    if d.get("dtype") is not None:
+        out.dtype = d["dtype"]
+    return out
+
+
 class DFlashRMSNorm(nn.Module):
     """y = x * rsqrt(mean(x^2) + eps) * weight over the last axis; bf16/f16 inputs are normalised in float32."""
 
@@ -226,6 +250,7 @@ class DFlashDraftModel(PreTrainedModel):
     supports_gradient_checkpointing = False
 
     def __init__(self, config):
+        config = as_dflash_config(config)
         super().__init__(config)
         H = config.hidden_size
         self.fc = nn.Linear(len(config.target_layer_ids) * H, H, bias=False)

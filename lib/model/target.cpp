@@ -217,6 +217,7 @@ class EngineT final : public TargetModel::Engine {
   std::vector<float> host_stage_;   // [S, H] host staging: embedding rows, taps (device backends)
   std::vector<R> reduce_stage_;     // [S, H] host staging of the all-reduce (device backend, host transport)
   bool bf16_allreduce_ = false;     // TargetOptions::tp_allreduce bf16
+  bool sync_part_timing_ = false;   // TargetOptions::sync_part_timing
   TargetStats stats_;
   MoeRouting routing_;  // the last MoE layer's routing (host)
 };
@@ -231,6 +232,7 @@ EngineT<T>::EngineT(const std::string& model_dir, comm::Transport& tp, const Tar
       shard_(plan_target_shard(config_, tp.size(), tp.rank(), options.mlp_grain)),
       ckpt_(model_dir) {
   bf16_allreduce_ = options.tp_allreduce == TpAllreduce::bf16;
+  sync_part_timing_ = options.sync_part_timing;
   const int64_t H = config_.hidden;
   ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
   if (backend_->memory() != MemoryKind::host) load_embedding_table();
@@ -596,6 +598,18 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
     for (int i = 0; i < S; ++i)
       host_pos[size_t(i)] = tree_parents[i] < 0 ? past : host_pos[size_t(tree_parents[i])] + 1;
   }
+  // TargetOptions::sync_part_timing: each part timer then measures the device's work, not its launches
+  const bool sync_parts = device && sync_part_timing_;
+  auto part_begin = [&](Timer& t) {
+    if (sync_parts) be.synchronize(ctx);
+    t.reset();
+  };
+  auto part_seconds = [&](const Timer& t) {
+    if (sync_parts) be.synchronize(ctx);
+    return t.seconds();
+  };
+  Timer part_timer;
+  part_begin(part_timer);
   be.upload(ctx, pos, host_pos.data(), s * sizeof(int32_t));
 
   // embedding rows: a device backend gathers them from its table (S ids uploaded, no [S, H] upload); a host one
@@ -617,13 +631,14 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
     }
   }
 
+  stats_.embed_seconds += part_seconds(part_timer);
   const size_t tap_ld = size_t(n_taps) * size_t(H);
   for (int l = 0; l < c.layers; ++l) {
     const TargetLayer<T>& L = layers_[size_t(l)];
     // token mixer: column-parallel in-projections over this rank's heads, row-parallel out-projection + all-reduce
     be.rmsnorm_forward(ctx, h, rstd, x, L.input_layernorm.data(), S, H, eps);
     const size_t li = size_t(l);
-    Timer part_timer;  // on a device backend: launch time (plus any wait for the stream)
+    part_begin(part_timer);  // on a device backend without sync_part_timing: launch time (plus stream waits)
     if (L.linear) {
       gated_deltanet_forward<T>(be, activations_, part, h, S, L, c, shard_,
                                 cache ? cache->conv_tail[li].as<T>() : nullptr,
@@ -632,12 +647,12 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
       attention_forward<T>(be, activations_, part, h, pos, S, L, c, shard_, cache ? cache->keys[li].as<T>() : nullptr,
                            cache ? cache->values[li].as<T>() : nullptr, past, tree_parents);
     }
-    (L.linear ? stats_.linear_attention_seconds : stats_.full_attention_seconds) += part_timer.seconds();
+    (L.linear ? stats_.linear_attention_seconds : stats_.full_attention_seconds) += part_seconds(part_timer);
     timed_allreduce(part, sh, f32);
     be.residual_forward(ctx, x, x, part, sh);
 
     // MLP: column-parallel gate/up over this rank's channels, row-parallel down + all-reduce
-    part_timer.reset();
+    part_begin(part_timer);
     be.rmsnorm_forward(ctx, h, rstd, x, L.post_attention_layernorm.data(), S, H, eps);
     if (L.moe) {  // routed experts: this rank's experts' share, joined by the same all-reduce
       moe_forward<T>(be, activations_, part, h, S, L, c, shard_, routing_);
@@ -649,14 +664,16 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
       be.swiglu_forward(ctx, up, gate, up, s * size_t(ic));
       shard_linear<T>(be, part, up, L.down_proj.data(), S, ic, H);
     }
-    stats_.mlp_seconds += part_timer.seconds();
+    stats_.mlp_seconds += part_seconds(part_timer);
     timed_allreduce(part, sh, f32);
     be.residual_forward(ctx, x, x, part, sh);
 
+    part_begin(part_timer);
     for (int t = 0; t < n_taps; ++t) {
       if (tap_layer_ids[size_t(t)] != l || !taps) continue;
       write_output(taps + size_t(t) * H, int(tap_ld), x, S, direct, f32);
     }
+    stats_.output_seconds += part_seconds(part_timer);
   }
   if (final_hidden) {
     be.rmsnorm_forward(ctx, h, rstd, x, final_norm_.data(), S, H, eps);

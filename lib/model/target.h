@@ -47,6 +47,10 @@ struct TargetOptions {
   kernels::Device device = kernels::Device::cpu;
   // How a bf16 forward sums its TP partials on NCCL (layout.tp_allreduce; lib/model/target_settings.h).
   TpAllreduce tp_allreduce = TpAllreduce::bf16;
+  // On a device backend: synchronise the stream before and after each part of the forward (embedding, each token
+  // mixer, each MLP, the outputs), so that TargetStats' part timers hold the GPU's time, not the launches'. For
+  // benchmarks (it serialises the parts with the host); off in training.
+  bool sync_part_timing = false;
   // An fp32 backend to run on instead (tests share one; precision must be fp32, device is ignored). Weights and
   // activations are allocated in its memory.
   std::shared_ptr<kernels::Backend<float>> backend;
@@ -61,6 +65,8 @@ struct TargetStats {
   // compute inside forward() by layer part (all-reduces excluded): the token mixer of Gated DeltaNet layers, of full
   // attention layers, and the MLP (its norm included)
   double linear_attention_seconds = 0, full_attention_seconds = 0, mlp_seconds = 0;
+  // with TargetOptions::sync_part_timing: the embedding (and position upload) and the tap / final-hidden outputs
+  double embed_seconds = 0, output_seconds = 0;
   int64_t expert_rows = 0;  // MoE: (token, expert) rows this rank's experts computed, all layers (load balance)
   // the activation arena: the bytes the last forward's arrays and largest token-mixer scratch take (what it is sized
   // to), and the most it has held since it was last made (remade larger when a forward needs more)

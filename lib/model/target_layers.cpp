@@ -71,6 +71,7 @@ struct DeltaNetScratch {
   T *b_proj = nullptr, *a_proj = nullptr;              // [S, nv]
   kernels::acc_t<T>*beta = nullptr, *decay = nullptr;  // [S, nv] β and g, in A: they compound over the sequence
   T* o = nullptr;                                      // [S, nv·dv] the delta rule's output, then gated-normed
+  unsigned char* rule = nullptr;  // the delta rule's scratch (kernels::gated_delta_rule_scratch_bytes: bf16 on CUDA)
 };
 template <typename T, class Bind>
 void bind_deltanet_scratch(Bind& b, DeltaNetScratch<T>& a, const QwenConfig& c, const TargetShard& shard, int S) {
@@ -88,6 +89,8 @@ void bind_deltanet_scratch(Bind& b, DeltaNetScratch<T>& a, const QwenConfig& c, 
   b(a.beta, s * nv);
   b(a.decay, s * nv);
   b(a.o, s * vd);
+  b(a.rule, kernels::gated_delta_rule_scratch_bytes<T>(S, shard.linear.group_count, int(nv), c.linear_k_dim,
+                                                       c.linear_v_dim));
 }
 
 // moe_forward: E1 router rows (E experts, + 1 with a shared expert's gate), k experts per token, I per expert, ic
@@ -230,7 +233,7 @@ void gated_deltanet_forward(kernels::Backend<T>& be, Arena& scratch, T* part, co
   // β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), in A: they compound over the sequence
   be.deltanet_gates_forward(ctx, decay, beta, a_proj, b_proj, L.a_log.data(), L.dt_bias.data(), S, nv);
   // local value head j reads local key head j / (nv / nk): whole groups (nv = nk·r) or one replicated key head
-  if (nv > 0) be.gated_delta_rule_forward(ctx, o, q, k, v, decay, beta, state, S, nk, nv, dk, dv);
+  if (nv > 0) be.gated_delta_rule_forward(ctx, o, q, k, v, decay, beta, state, S, nk, nv, dk, dv, a.rule);
   be.gated_rmsnorm_forward(ctx, o, o, z, L.gated_norm.data(), S * nv, dv, c.rms_norm_eps);
   shard_linear(be, part, o, L.w_out.data(), S, vd, H);
 }

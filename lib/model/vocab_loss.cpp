@@ -5,6 +5,7 @@
 #include <limits>
 #include <unordered_set>
 
+#include "kernels/math/dpace.h"
 #include "lib/core/error.h"
 
 namespace dflash::model {
@@ -14,7 +15,11 @@ void VocabLossSums::add(const VocabLossSums& o) {
   ce += o.ce;
   kl += o.kl;
   cap += o.cap;
+  tv += o.tv;
+  lk += o.lk;
+  nla += o.nla;
   weight += o.weight;
+  dpace += o.dpace;
 }
 
 void VocabLossMetrics::add(const VocabLossMetrics& o) {
@@ -93,6 +98,59 @@ VocabLoss<T>::VocabLoss(const VocabLossSettings& settings, kernels::Backend<T>& 
                    std::isfinite(settings.cap_weight),
                "vocab loss: ce_weight, kl_weight and cap_weight must be finite (got {}, {}, {})",
                settings.ce_weight, settings.kl_weight, settings.cap_weight);
+  DFLASH_CHECK(std::isfinite(settings.tv_weight) && std::isfinite(settings.lk_weight) &&
+                   std::isfinite(settings.nla_weight),
+               "vocab loss: tv_weight, lk_weight and nla_weight must be finite (got {}, {}, {})", settings.tv_weight,
+               settings.lk_weight, settings.nla_weight);
+  DFLASH_CHECK(std::isfinite(settings.lk_eta) && settings.lk_eta >= 0, "vocab loss: lk_eta must be ≥ 0 (got {})",
+               settings.lk_eta);
+  DFLASH_CHECK(!settings.uses_overlap() || settings.kl_temperature == 1.0,
+               "vocab loss: tv_weight, lk_weight and nla_weight are defined on the untempered distributions, but "
+               "kl_temperature is {}; set kl_temperature to 1 or turn those terms off",
+               settings.kl_temperature);
+  const auto pw = parse_position_weight(settings.position_weight);
+  DFLASH_CHECK(pw.has_value(),
+               "vocab loss: position_weight '{}' is not one of decay, dpace, dpace_cumulative_confidence, "
+               "dpace_continuation_value",
+               settings.position_weight);
+  position_weight_ = *pw;
+  DFLASH_CHECK(settings.dpace_alpha > 0 && settings.dpace_alpha <= 1,
+               "vocab loss: dpace_alpha must be in (0, 1] (got {}); 0 lets the cumulative confidence collapse",
+               settings.dpace_alpha);
+}
+
+template <typename T>
+kernels::VocabLossCoeffs VocabLoss<T>::coeffs() const {
+  kernels::VocabLossCoeffs k;
+  k.ce = settings_.ce_weight;
+  k.kl = settings_.kl_weight;
+  k.cap = settings_.cap_weight;
+  k.tau = settings_.kl_temperature;
+  k.tv = settings_.tv_weight;
+  k.lk = settings_.lk_weight;
+  k.lk_eta = settings_.lk_eta;
+  k.nla = settings_.nla_weight;
+  return k;
+}
+
+template <typename T>
+int VocabLoss<T>::chunk_rows(const VocabLossBatch<T>& b, int r0, int C) const {
+  if (position_weight_ == PositionWeight::decay) return std::min(C, b.rows - r0);
+  // D-PACE: a row's factor needs every row of its block, so chunks end at block ends.
+  const int max_block = settings_.block_size - 1;
+  int end = r0;
+  while (end < b.rows) {
+    int e = end + 1;
+    while (e < b.rows && b.block_id[e] == b.block_id[end]) ++e;
+    DFLASH_CHECK(e - end <= max_block,
+                 "vocab loss: rows {}..{} all belong to block {}: more than B − 1 = {} rows; a block holds each "
+                 "position k = 1..B−1 at most once",
+                 end, e - 1, b.block_id[end], max_block);
+    if (end > r0 && e - r0 > C) break;
+    end = e;
+    if (end - r0 >= C) break;
+  }
+  return end - r0;
 }
 
 template <typename T>
@@ -102,7 +160,8 @@ VocabLoss<T>::VocabLoss(const VocabLossSettings& settings, const T* head, int vo
 template <typename T>
 size_t VocabLoss<T>::scratch_bytes() const {
   return z_.bytes() + u_.bytes() + labels_.bytes() + weights_.bytes() + values_.bytes() +
-         values_host_.capacity() * sizeof(kernels::VocabLossRowValues);
+         values_host_.capacity() * sizeof(kernels::VocabLossRowValues) + factor_.capacity() * sizeof(double) +
+         w_host_.capacity() * sizeof(A);
 }
 
 template <typename T>
@@ -114,6 +173,8 @@ void VocabLoss<T>::reserve(int n, bool with_target) {
     weights_ = Buffer(kind, size_t(n) * sizeof(A));
     values_ = Buffer(kind, size_t(n) * sizeof(kernels::VocabLossRowValues));
     values_host_.resize(size_t(n));
+    factor_.assign(size_t(n), 1.0);
+    if (position_weight_ != PositionWeight::decay) w_host_.resize(size_t(n));
     if (u_.bytes()) u_ = Buffer(kind, size_t(n) * vocab_ * sizeof(T));
     capacity_rows_ = n;
   }
@@ -126,8 +187,10 @@ void VocabLoss<T>::check_batch(const VocabLossBatch<T>& b) const {
   if (b.rows == 0) return;
   DFLASH_CHECK(b.hidden && b.labels && b.weights && b.block_pos && b.block_id,
                "vocab loss: hidden, labels, weights, block_pos and block_id must all be given for {} rows", b.rows);
-  DFLASH_CHECK(settings_.kl_weight == 0 || b.target_hidden,
-               "vocab loss: kl_weight = {} needs the target final hidden (target_hidden is null)", settings_.kl_weight);
+  DFLASH_CHECK(!settings_.uses_target() || b.target_hidden,
+               "vocab loss: kl_weight = {}, tv_weight = {}, lk_weight = {}, nla_weight = {}: these need the target "
+               "final hidden (target_hidden is null)",
+               settings_.kl_weight, settings_.tv_weight, settings_.lk_weight, settings_.nla_weight);
   for (int r = 0; r < b.rows; ++r) {
     DFLASH_CHECK(b.labels[r] >= 0 && b.labels[r] < vocab_,
                  "vocab loss: row {} has label {} outside the vocabulary [0, {}); check the dataset's tokens against "
@@ -143,9 +206,9 @@ void VocabLoss<T>::check_batch(const VocabLossBatch<T>& b) const {
 }
 
 template <typename T>
-void VocabLoss<T>::chunk_logits(const VocabLossBatch<T>& b, int r0, int n, bool with_target) {
+void VocabLoss<T>::chunk_logits(const VocabLossBatch<T>& b, int r0, int n, bool with_target, const A* w) {
   be_.upload(ec_, labels_.data(), b.labels + r0, sizeof(int32_t) * n);
-  be_.upload(ec_, weights_.data(), b.weights + r0, sizeof(A) * n);
+  be_.upload(ec_, weights_.data(), w, sizeof(A) * n);
   be_.gemm(ec_, false, true, n, vocab_, hidden_, 1.0, b.hidden + size_t(r0) * hidden_, hidden_, head_, hidden_, 0.0,
            z_.as<T>(), vocab_);
   if (with_target)
@@ -156,14 +219,40 @@ void VocabLoss<T>::chunk_logits(const VocabLossBatch<T>& b, int r0, int n, bool 
 template <typename T>
 void VocabLoss<T>::chunk_grad(const VocabLossBatch<T>& b, const VocabLossContext& ctx, int r0, int n,
                               double grad_scale, T* dX) {
-  const kernels::VocabLossCoeffs coeffs{settings_.ce_weight, settings_.kl_weight, settings_.cap_weight,
-                                        settings_.kl_temperature};
-  const T* u = settings_.kl_weight != 0 ? u_.as<T>() : nullptr;
+  const T* u = settings_.uses_target() ? u_.as<T>() : nullptr;
   be_.vocab_loss_row_grad(ec_, z_.as<T>(), u, n, vocab_, labels_.as<int32_t>(), weights_.as<A>(),
-                          ctx.rows.as<VocabLossRow>() + r0, grad_scale, coeffs);
+                          ctx.rows.as<VocabLossRow>() + r0, grad_scale, coeffs());
   // dX rows (=) dz W: [n, V] · [V, H]
   be_.gemm(ec_, false, false, n, hidden_, vocab_, 1.0, z_.as<T>(), vocab_, head_, hidden_, 0.0,
            dX + size_t(r0) * hidden_, hidden_);
+}
+
+template <typename T>
+void VocabLoss<T>::dpace_chunk(const VocabLossBatch<T>& b, int r0, int n, VocabLossContext& ctx) {
+  const kernels::math::DpaceFactor which =
+      position_weight_ == PositionWeight::dpace                       ? kernels::math::DpaceFactor::dpace
+      : position_weight_ == PositionWeight::dpace_cumulative_confidence ? kernels::math::DpaceFactor::cumulative_confidence
+                                                                        : kernels::math::DpaceFactor::continuation_value;
+  std::vector<double> q(static_cast<size_t>(n));
+  std::vector<uint8_t> valid(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    valid[size_t(i)] = b.weights[r0 + i] > 0;
+    // the confidence p_y = exp(−CE), formed as the sources form it, from the row's CE in double
+    q[size_t(i)] = valid[size_t(i)] ? std::exp(-values_host_[size_t(i)].ce) : 0.0;
+  }
+  for (int i0 = 0; i0 < n;) {  // one block at a time (chunk_rows cut the chunk at block ends)
+    int i1 = i0 + 1;
+    while (i1 < n && b.block_id[r0 + i1] == b.block_id[r0 + i0]) ++i1;
+    kernels::math::dpace_block_factors(q.data() + i0, valid.data() + i0, i1 - i0, settings_.dpace_alpha, which,
+                                       factor_.data() + i0);
+    i0 = i1;
+  }
+  for (int i = 0; i < n; ++i) {
+    const double w = double(b.weights[r0 + i]) * factor_[size_t(i)];
+    ctx.row_weight[size_t(r0 + i)] = w;
+    w_host_[size_t(i)] = A(w);
+  }
+  be_.upload(ec_, weights_.data(), w_host_.data(), sizeof(A) * n);
 }
 
 template <typename T>
@@ -174,6 +263,8 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
   DFLASH_CHECK(std::isfinite(grad_scale), "vocab loss: grad_scale must be finite (got {})", grad_scale);
   const int H = hidden_, B = settings_.block_size;
   const bool target = b.target_hidden != nullptr;
+  const bool pace = position_weight_ != PositionWeight::decay;
+  const kernels::VocabLossCoeffs kc = coeffs();
 
   const size_t rows_bytes = size_t(b.rows) * sizeof(VocabLossRow);
   if (ctx.rows.bytes() < rows_bytes || ctx.rows.kind() != be_.memory()) ctx.rows = Buffer(be_.memory(), rows_bytes);
@@ -181,6 +272,7 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
   ctx.mode = settings_.mode;
   ctx.fused_grad_scale = grad_scale;
   ctx.has_forward = true;
+  ctx.row_weight.assign(pace ? size_t(b.rows) : 0, 0.0);
 
   VocabLossResult out;
   out.metrics.correct.assign(size_t(B), 0);
@@ -188,22 +280,26 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
   BlockRuns runs;
 
   const int C = std::min(settings_.chunk_size, std::max(b.rows, 1));
-  reserve(C, target);
-  for (int r0 = 0; r0 < b.rows; r0 += C) {
-    const int n = std::min(C, b.rows - r0);
+  // under D-PACE a chunk is whole blocks: up to max(C, B − 1) rows
+  reserve(pace ? std::min(std::max(C, B - 1), std::max(b.rows, 1)) : C, target);
+  for (int r0 = 0, n = 0; r0 < b.rows; r0 += n) {
+    n = chunk_rows(b, r0, C);
     bool any_weight = false;
     for (int i = 0; i < n; ++i) any_weight = any_weight || b.weights[r0 + i] > 0;
     std::fill(values_host_.begin(), values_host_.begin() + n, kernels::VocabLossRowValues{});
+    std::fill(factor_.begin(), factor_.begin() + n, 1.0);
     if (any_weight) {  // a fully masked chunk costs nothing and contributes exactly 0
-      chunk_logits(b, r0, n, target);
+      chunk_logits(b, r0, n, target, b.weights + r0);
       be_.vocab_loss_row_stats(ec_, z_.as<T>(), target ? u_.as<T>() : nullptr, n, vocab_, labels_.as<int32_t>(),
-                               weights_.as<A>(), settings_.kl_temperature, settings_.top_k,
-                               ctx.rows.as<VocabLossRow>() + r0, values_.as<kernels::VocabLossRowValues>());
+                               weights_.as<A>(), kc, settings_.top_k, ctx.rows.as<VocabLossRow>() + r0,
+                               values_.as<kernels::VocabLossRowValues>());
       be_.download(ec_, values_host_.data(), values_.data(), sizeof(kernels::VocabLossRowValues) * n);
       be_.synchronize(ec_);
       for (int i = 0; i < n; ++i)
         DFLASH_CHECK(values_host_[i].finite,
                      "vocab loss: row {} has non-finite logits (NaN or Inf in the hidden state or lm_head)", r0 + i);
+      // D-PACE: the chunk holds whole blocks, so every factor is known now, before any gradient is formed
+      if (pace) dpace_chunk(b, r0, n, ctx);
       if (fused) {
         if (grad_scale != 0)
           chunk_grad(b, ctx, r0, n, grad_scale, dX);
@@ -221,11 +317,17 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
       const int k = b.block_pos[r];
       const kernels::VocabLossRowValues& v = values_host_[i];
       if (scored) {
+        const double wd = w * factor_[size_t(i)];
         out.sums.weight += w;
+        out.sums.dpace += wd;
         out.sums.ce += w * v.ce;
         out.sums.kl += w * v.kl;
         out.sums.cap += w * v.cap;
-        out.sums.loss += w * (settings_.ce_weight * v.ce + settings_.kl_weight * v.kl + settings_.cap_weight * v.cap);
+        out.sums.tv += w * v.tv;
+        out.sums.lk += w * v.lk;
+        out.sums.nla += w * v.nla;
+        out.sums.loss +=
+            wd * (kc.ce * v.ce + kc.kl * v.kl + kc.cap * v.cap + kc.tv * v.tv + kc.lk * v.lk + kc.nla * v.nla);
         out.metrics.scored[size_t(k)] += 1;
         out.metrics.correct[size_t(k)] += v.correct;
         out.metrics.topk_hits += v.topk;
@@ -261,10 +363,19 @@ void VocabLoss<T>::backward(const VocabLossBatch<T>& b, const VocabLossContext& 
     be_.scale(ec_, dX, grad_scale / ctx.fused_grad_scale, n_all);
     return;
   }
-  DFLASH_CHECK(settings_.kl_weight == 0 || b.target_hidden,
-               "vocab loss: kl_weight = {} needs the target final hidden in backward too", settings_.kl_weight);
+  const bool target = settings_.uses_target();
+  DFLASH_CHECK(!target || b.target_hidden,
+               "vocab loss: kl_weight = {}, tv_weight = {}, lk_weight = {}, nla_weight = {}: these need the target "
+               "final hidden in backward too",
+               settings_.kl_weight, settings_.tv_weight, settings_.lk_weight, settings_.nla_weight);
+  const bool pace = position_weight_ != PositionWeight::decay;
+  DFLASH_CHECK(!pace || ctx.row_weight.size() == size_t(b.rows),
+               "vocab loss: the context holds {} D-PACE row weights for {} rows (made with another position_weight?)",
+               ctx.row_weight.size(), b.rows);
+  // the D-PACE weights w · d are in the context: backward needs no block alignment
   const int C = std::min(settings_.chunk_size, b.rows);
-  reserve(C, settings_.kl_weight != 0);
+  reserve(C, target);
+  if (pace && w_host_.size() < size_t(C)) w_host_.resize(size_t(C));
   for (int r0 = 0; r0 < b.rows; r0 += C) {
     const int n = std::min(C, b.rows - r0);
     bool any_weight = false;
@@ -273,7 +384,12 @@ void VocabLoss<T>::backward(const VocabLossBatch<T>& b, const VocabLossContext& 
       be_.zero(ec_, dX + size_t(r0) * hidden_, sizeof(T) * size_t(n) * hidden_);
       continue;
     }
-    chunk_logits(b, r0, n, settings_.kl_weight != 0);
+    const A* w = b.weights + r0;
+    if (pace) {
+      for (int i = 0; i < n; ++i) w_host_[size_t(i)] = A(ctx.row_weight[size_t(r0 + i)]);
+      w = w_host_.data();
+    }
+    chunk_logits(b, r0, n, target, w);
     chunk_grad(b, ctx, r0, n, grad_scale, dX);
   }
 }

@@ -1,11 +1,14 @@
 #pragma once
-// The vocabulary loss of the drafter: lm_head + CE + KL + CAP, chunked over positions so that nothing of size
-// [rows, V] is ever allocated. Math, gradients, schedule and memory formula: docs/loss.md.
+// The vocabulary loss of the drafter: lm_head + CE + KL + CAP (+ TV, LK-hybrid, NLA; D-PACE position weights),
+// chunked over positions so that nothing of size [rows, V] is ever allocated. Math, gradients, schedule and memory
+// formula: docs/loss.md.
 //
-// Per scored row r (label y, drafter logits z = X_r Wᵀ, target logits u = Y_r Wᵀ, p = softmax(z)):
+// Per scored row r (label y, drafter logits z = X_r Wᵀ, target logits u = Y_r Wᵀ, p = softmax(z), q = softmax(u)):
 //   CE  = −log p_y,   KL = τ² KL(softmax(u/τ) ‖ softmax(z/τ)),   CAP = [m ≠ y] (lse(z) − lse_{v≠m}(z)), m = argmax p
-//   forward returns UNNORMALISED sums Σ w (λ_ce CE + λ_kl KL + λ_cap CAP); the caller divides by the global Σw
-//   through `grad_scale` (= 1 / global Σw, or 0 when it is 0).
+//   TV  = 1 − α,  NLA = −log α,  LK = λ KL + (1 − λ) TV (λ = exp(−η α) fixed),  α = Σ_v min(p_v, q_v)   (τ = 1)
+//   forward returns UNNORMALISED sums Σ w d (λ_ce CE + λ_kl KL + λ_cap CAP + λ_tv TV + λ_lk LK + λ_nla NLA), with d
+//   the row's D-PACE factor (1 under position_weight = decay); the caller divides by the global Σw through
+//   `grad_scale` (= 1 / global Σw, or 0 when it is 0).
 //
 // The chunk passes (logits GEMMs, the row statistics, d(logits), dX GEMM) run on a kernels::Backend; this file
 // only orchestrates them and reduces the per-row values in row order on the host.
@@ -40,13 +43,18 @@ struct VocabLossBatch {
   const int32_t* block_id = nullptr;   // [rows] block index (any ids; a block's rows must be contiguous)
 };
 
-// Unnormalised sums over the rows of one call; they add across chunks, micro-batches and ranks.
+// Unnormalised sums over the rows of one call; they add across chunks, micro-batches and ranks. The parts (ce ...
+// nla) leave out the D-PACE factor d, so that they read the same under every position weight; loss includes it.
 struct VocabLossSums {
-  double loss = 0;    // Σ w (λ_ce CE + λ_kl KL + λ_cap CAP)
+  double loss = 0;    // Σ w d (λ_ce CE + λ_kl KL + λ_cap CAP + λ_tv TV + λ_lk LK + λ_nla NLA)
   double ce = 0;      // Σ w CE
   double kl = 0;      // Σ w KL (0 when no target_hidden is given)
   double cap = 0;     // Σ w CAP
   double weight = 0;  // Σ w
+  double tv = 0;      // Σ w TV   (these three: 0 unless a TV / LK / NLA term is on)
+  double lk = 0;      // Σ w LK
+  double nla = 0;     // Σ w NLA
+  double dpace = 0;   // Σ w d (= weight under position_weight decay)
   void add(const VocabLossSums& o);
 };
 
@@ -68,6 +76,7 @@ struct VocabLossResult {
 // What forward keeps for backward: the per-row statistics (kernels/vocab_loss_rows.h), in the backend's memory.
 struct VocabLossContext {
   Buffer rows;                     // [n_rows] VocabLossRow, written by forward (=)
+  std::vector<double> row_weight;  // [n_rows] w · d, the weights backward uses (D-PACE only; empty under decay)
   int n_rows = 0;
   VocabLossMode mode = VocabLossMode::recompute;
   double fused_grad_scale = 0;  // the grad_scale dX was formed with (fused)
@@ -99,15 +108,23 @@ class VocabLoss {
  private:
   using A = kernels::acc_t<T>;
   void check_batch(const VocabLossBatch<T>& batch) const;
-  // Sizes the scratch for chunks of n rows (grows once, to min(chunk_size, rows of the largest batch)).
+  kernels::VocabLossCoeffs coeffs() const;
+  // Rows of the chunk that starts at r0: min(C, rows left), or under D-PACE the whole blocks that fit in C (at
+  // least one block: a chunk then holds up to max(C, B − 1) rows).
+  int chunk_rows(const VocabLossBatch<T>& batch, int r0, int C) const;
+  // Sizes the scratch for chunks of n rows (grows once, to the largest chunk of the largest batch).
   void reserve(int n, bool with_target);
-  // Uploads the chunk's labels and weights; logits z_ (=) X Wᵀ and, when used, u_ (=) Y Wᵀ.
-  void chunk_logits(const VocabLossBatch<T>& batch, int r0, int n, bool with_target);
+  // Uploads the chunk's labels and weights w [n] (host); logits z_ (=) X Wᵀ and, when used, u_ (=) Y Wᵀ.
+  void chunk_logits(const VocabLossBatch<T>& batch, int r0, int n, bool with_target, const A* w);
+  // D-PACE: factor_[i] (=) the factor d of each row of a chunk of whole blocks, from its row values; ctx.row_weight
+  // and the device weights of the chunk (=) w · d.
+  void dpace_chunk(const VocabLossBatch<T>& batch, int r0, int n, VocabLossContext& ctx);
   // dz (=) grad_scale · w · ∂ℓ/∂z for each row of the chunk, in place over z_, then dX rows (=) dz W.
   void chunk_grad(const VocabLossBatch<T>& batch, const VocabLossContext& ctx, int r0, int n, double grad_scale,
                   T* dX);
 
   VocabLossSettings settings_;
+  PositionWeight position_weight_ = PositionWeight::decay;
   kernels::Backend<T>& be_;
   ExecContext& ec_;
   const T* head_;  // [V, H]
@@ -119,6 +136,8 @@ class VocabLoss {
   Buffer weights_;     // [chunk] A weights of the current chunk
   Buffer values_;      // [chunk] VocabLossRowValues of the current chunk (backend memory)
   std::vector<kernels::VocabLossRowValues> values_host_;  // [chunk] the same, summed in row order on the host
+  std::vector<double> factor_;  // [chunk] D-PACE factors d of the current chunk (1 under decay)
+  std::vector<A> w_host_;       // [chunk] the chunk's weights w · d, staged for upload (D-PACE)
 };
 
 // Plain reference: materialises all [rows, V] logits in long double, no chunking, no care for speed, host memory.

@@ -55,7 +55,7 @@ MemoryPlanInputs memory_plan_inputs(const TrainConfig& cfg, const train::RunPlan
   m.max_seq_len = int(cfg.data.max_seq_len > 0 ? std::min<int64_t>(cfg.data.max_seq_len, longest) : longest);
   m.anchors_per_seq = cfg.loss.anchors_per_seq;
   m.chunk_size = cfg.loss.chunk_size;
-  m.kl = cfg.loss.kl_weight != 0;
+  m.kl = cfg.loss.uses_target();  // KL, TV, LK and NLA all need the target's logits
   m.cuda = cfg.run.device == kernels::Device::cuda;
   m.bf16 = cfg.run.compute_precision() == kernels::Precision::bf16;
   m.packets_in_flight = cfg.layout.packets_in_flight;

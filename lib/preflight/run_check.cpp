@@ -11,6 +11,7 @@
 #include "lib/model/drafter_params.h"
 #include "lib/model/target_identity.h"
 #include "lib/preflight/memory_plan.h"
+#include "lib/preflight/pipeline_balance.h"
 #include "lib/preflight/signal_margin.h"
 #include "lib/state/checkpoint.h"
 #include "lib/state/checkpointing.h"
@@ -80,8 +81,11 @@ std::vector<report::CheckItem> start_items(const Preflight& p) {
 
 }  // namespace
 
-Preflight::Preflight(const TrainConfig& c)
-    : cfg(c), target(model::load_qwen_config(c.target.path)), has_weights(has_target_weights(c.target.path)) {
+Preflight::Preflight(const TrainConfig& c, std::vector<std::string> g)
+    : cfg(c),
+      target(model::load_qwen_config(c.target.path)),
+      has_weights(has_target_weights(c.target.path)),
+      gpus(std::move(g)) {
   // a target folder with config.json only (planning a run before downloading the weights): the plan is printed,
   // the result says INCOMPLETE and the exit code is 2; weights present are checked in full
   if (has_weights) weights = check_target_weights(cfg.target.path, target);
@@ -111,13 +115,14 @@ std::vector<report::CheckItem> preflight_items(const Preflight& p) {
   for (const auto& e : p.evals) add({e->check_item()});
   add({data_identity_item(p.facts)});
   add(memory_items(p.cfg, p.plan, p.facts.longest));
+  add({balance_item(p.cfg, p.plan, p.facts.tokens / std::max<int64_t>(p.data->size(), 1), p.gpus)});
   add({slurm_item(p.cfg.run.out_dir)});
   add(start_items(p));
   return items;
 }
 
-int run_check(const TrainConfig& cfg) {
-  const Preflight p(cfg);
+int run_check(const TrainConfig& cfg, const std::vector<std::string>& gpus) {
+  const Preflight p(cfg, gpus);
   const std::vector<report::CheckItem> items = preflight_items(p);
   const report::CheckItem* worst = nullptr;  // the first item of the worst verdict
   for (const report::CheckItem& item : items)

@@ -4,6 +4,7 @@
 // the job would need (ranks, memory, the slurm signal margin), printed as one report: the resolved config, a verdict
 // line, then a list of items (lib/report/check_item.h), each built by the code that owns what it checks.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lib/config/config.h"
@@ -30,16 +31,19 @@ struct Preflight {
   TokenizerFacts tokenizer;
   TokenizerCheck tokenizer_check;   // no errors (they throw)
   eval::TrainingEvals evals;        // the in-training evals, their files checked as the job checks them
+  std::vector<std::string> gpus;    // the GPUs (gpu_specs keys) the pipeline's balance is predicted for (--gpu)
 
   // Loads and checks everything above; a problem throws dflash::Error naming the file, key and fix.
-  explicit Preflight(const TrainConfig& cfg);
+  explicit Preflight(const TrainConfig& cfg, std::vector<std::string> gpus = {});
 };
 
 // The report's items, in order. An item more is its builder (beside what it checks) and one line here.
 std::vector<report::CheckItem> preflight_items(const Preflight& p);
 
 // Prints the report; 0 = OK, 2 = INCOMPLETE (config.json without the weights: the plan is printed), 3 = DOES NOT
-// FIT (the memory plan is printed, the reason goes to stderr); a problem throws dflash::Error.
-int run_check(const TrainConfig& cfg);
+// FIT (the memory plan is printed, the reason goes to stderr); a problem throws dflash::Error. gpus: the GPUs
+// (gpu_specs keys) the pipeline's balance is predicted for; empty = the H200, the RTX PRO 6000 and this machine's
+// GPU when it is another of the table's.
+int run_check(const TrainConfig& cfg, const std::vector<std::string>& gpus = {});
 
 }  // namespace dflash::preflight

@@ -10,7 +10,7 @@ std::string format_check_items(const std::vector<CheckItem>& items) {
     if (item.lines.empty() || item.lines[0].empty())
       out += "  " + item.name + "\n";
     else
-      out += fmt::format("  {:<15}{}\n", item.name, item.lines[0]);
+      out += fmt::format("  {:<14} {}\n", item.name, item.lines[0]);  // a name of 15 or more: one space
     for (size_t i = 1; i < item.lines.size(); ++i) out += item.lines[i] + "\n";
   }
   return out;

@@ -172,7 +172,7 @@ EngineT<T>::EngineT(const TrainConfig& cfg, const RunPlan& plan, const float* em
     // positions): nothing is allocated per step (on a GPU: no cudaMalloc in steady state)
     const size_t S = size_t(cfg.data.max_seq_len), rows = size_t(cfg.loss.anchors_per_seq) * c.block_size;
     const size_t H = size_t(c.hidden);
-    const bool with_kl = plan.loss.kl_weight != 0;
+    const bool with_kl = plan.loss.uses_target();  // KL, TV, LK, NLA read the target's logits
     const MemoryKind kind = be.memory();
     ensure(rows_idx_, kind, 2 * rows * sizeof(int32_t));
     ensure(x_rows_, kind, rows * H * sizeof(T));
@@ -276,7 +276,7 @@ void EngineT<T>::micro_batch(const AnchorKey& key, const FeaturePacket& pk, Step
   if (anchors.empty()) return;  // nothing trainable in this sequence
   const ScoredRows rows = scored_rows(pk.tokens.data(), pk.loss_mask.data(), S, anchors, B, plan_.decay_gamma);
   const int T_rows = rows.size();
-  const bool with_kl = plan_.loss.kl_weight != 0;
+  const bool with_kl = plan_.loss.uses_target();  // KL, TV, LK, NLA read the target's logits
   const MemoryKind kind = be.memory();
 
   // the packet's float arrays as T in the backend's memory (the CPU reads the packet itself)
@@ -420,9 +420,12 @@ std::vector<double> allreduce_step_sums(comm::Transport& dp, StepResult& r, int 
                                double(r.metrics.blocks)};
   for (int k = 0; k < B; ++k) stats.push_back(double(r.metrics.correct[k]));
   for (int k = 0; k < B; ++k) stats.push_back(double(r.metrics.scored[k]));
+  stats.insert(stats.end(), {r.sums.tv, r.sums.lk, r.sums.nla, r.sums.dpace});
   stats.insert(stats.end(), extra.begin(), extra.end());
   dp.allreduce_sum(stats.data(), stats.size());
-  r.sums = {stats[0], stats[1], stats[2], stats[3], stats[4]};
+  const size_t more = size_t(10 + 2 * B);  // the acceptance-aware sums after the per-position counts
+  r.sums = {stats[0], stats[1], stats[2], stats[3], stats[4], stats[more], stats[more + 1], stats[more + 2],
+            stats[more + 3]};
   r.tokens = int64_t(stats[5]);
   r.positions = int64_t(stats[6]);
   r.metrics.topk_hits = int64_t(stats[7]);

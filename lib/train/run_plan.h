@@ -17,7 +17,7 @@ struct RunPlan {
   model::DrafterConfig drafter;         // the drafter, with every "0 = the target's" filled in
   std::vector<int> tap_ids;      // target layers whose outputs form the context (0-based decoder layer ids)
   model::VocabLossSettings loss;
-  double decay_gamma = 0;        // position weight exp(-(k-1)/gamma)
+  double decay_gamma = 0;        // position weight exp(-(k-1)/gamma); +inf (no decay) under D-PACE
   int64_t num_sequences = 0;     // in the dataset
   int64_t steps_per_epoch = 0;   // floor(n / (drafter_dp * micro_batches))
   int64_t total_steps = 0;       // run.steps, or data.epochs * steps_per_epoch when run.steps is 0

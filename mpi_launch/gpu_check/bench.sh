@@ -18,6 +18,9 @@ lb=()
 command -v stdbuf >/dev/null && lb=(stdbuf -oL -eL)
 if gc_need_gpu && gc_setup; then
   bench="$gc_build/apps/dflash_bench"
+  # the chunk-parallel gated delta rule at the seed's heaviest TP-5 shard (12 value / 4 key heads of 128, S 8192, 48
+  # layers): each pass by CUDA events, against the per-token kernel; docs/benchmarks.md predicts 4.4-6.2 ms a forward
+  step bench_delta 90 "${lb[@]}" "$bench" cuda delta --reps 3
   # DFlash attention, bf16, the seed's shapes: forward and backward TFLOP/s on tensor cores and on CUDA cores (the
   # CUDA-core kernels are estimated at 1.4-6 s per forward+backward here; DFLASH_BENCH_CORES=0 leaves them out)
   step bench_attention 180 "${lb[@]}" "$bench" cuda attention --seq 8192 --anchors 1024 --block 32 --heads 32 \

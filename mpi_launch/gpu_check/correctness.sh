@@ -19,5 +19,14 @@ if gc_need_gpu && gc_setup; then
   # all 8 ranks on this one GPU (the data plane is mpi): the target TP forward and the drafter step on the GPU in
   # fp32 against the CPU run; the cuda run's drafter is kept for the nccl phase's eval
   step cuda_job_fp32 300 bash "$gc_root/tests/integration/cuda_job.sh" "$gc_build" "$gc_root" "$gc_jobs_dir" fp32
+  # compute-sanitizer on the tensor-core attention at the published drafters' shapes (G 4 and 8, head_dim 128 and
+  # 256, block 16 and 32, the 2048 window, row slices): memcheck (out-of-bounds, misaligned) and racecheck (shared
+  # memory hazards); where the machine's runtime has no sanitizer the step fails, naming it
+  if command -v compute-sanitizer >/dev/null; then
+    step sanitizer_memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$gc_build/tests/cuda/dflash_cuda_tests" "--test-case=cuda twin attention_tc: the published drafters*"
+    step sanitizer_racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$gc_build/tests/cuda/dflash_cuda_tests" "--test-case=cuda twin attention_tc: the published drafters*"
+  fi
 fi
 gc_end

@@ -38,6 +38,7 @@
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launch.h"
 #include "lib/core/rng.h"
+#include "lib/model/vocab_loss.h"
 
 using namespace dflash;
 using namespace dflash::kernels;
@@ -268,6 +269,10 @@ namespace {
 // Per-element tolerance of the row gradient: each element is a sum of ≤ 4 terms coefficient × exp (float): each
 // term within 8 ulp (2 ulp exp with a few ulp in its argument, 1 per product), so 16·u·Σ|terms| + the output
 // rounding (extra_rel: 2^-8 for bf16); the label and argmax (formed in double, rounded once): 4·u + extra_rel.
+// With TV / LK / NLA (τ = 1) the TV term a·p_v·(below − [p_v < q_v]) joins Σ|terms| (a = c (λ_tv + λ_lk (1 − λ) +
+// λ_nla/α), LK's λ joins KL's coefficient); both sides compute p_v and q_v by the same float expressions from the same
+// statistics, but where p_v and q_v are within a few ulp of each other an FMA on the GPU may classify v apart:
+// there the tolerance adds |a| p_v.
 std::vector<double> grad_tolerance(const std::vector<float>& z, const float* u, int n, int V,
                                    const std::vector<int32_t>& labels, const std::vector<float>& w,
                                    const std::vector<VocabLossRow>& rows, double grad_scale,
@@ -280,18 +285,28 @@ std::vector<double> grad_tolerance(const std::vector<float>& z, const float* u, 
     const float* zr = &z[size_t(i) * V];
     const float* ur = u ? u + size_t(i) * V : nullptr;
     const double p_m = std::exp(-s.z_logsum);
+    const bool ov = ur && (k.tv != 0 || k.lk != 0 || k.nla != 0);
+    const double lambda = ov ? std::exp(-k.lk_eta * s.overlap) : 0;
+    const double kl_coef = k.kl * k.tau + (ov ? k.lk * lambda : 0);
+    const double a_tv = ov ? k.tv + k.lk * (1 - lambda) + (s.overlap > kNlaFloor ? k.nla / s.overlap : 0) : 0;
     for (int v = 0; v < V; ++v) {
       const double p = std::exp((zr[v] - s.z_max) - s.z_logsum);
-      double mag = std::fabs(c * k.ce) * p;
-      if (ur && k.kl != 0) {
-        mag += std::fabs(c * k.kl * k.tau) * std::exp((zr[v] - s.z_max) / k.tau - s.zt_logsum);
-        mag += std::fabs(c * k.kl * k.tau) * std::exp((ur[v] - s.u_max) / k.tau - s.ut_logsum);
+      double mag = std::fabs(c * k.ce) * p, tie = 0;
+      if (ur && kl_coef != 0) {
+        mag += std::fabs(c * kl_coef) * std::exp((zr[v] - s.z_max) / k.tau - s.zt_logsum);
+        mag += std::fabs(c * kl_coef) * std::exp((ur[v] - s.u_max) / k.tau - s.ut_logsum);
       }
       if (s.cap_active && k.cap != 0) mag += std::fabs(c * k.cap) * p_m * std::exp((zr[v] - s.excl_max) - s.excl_logsum);
-      tol[size_t(i) * V + v] = 16 * kU * mag * (1 + extra_rel) + extra_rel * mag + 1e-30;
+      if (ov) {
+        const double q = std::exp((ur[v] - s.u_max) - s.ut_logsum);
+        mag += std::fabs(c * a_tv) * p * (s.overlap_below + 1);
+        if (std::fabs(p - q) <= 64 * kU * std::max(p, q)) tie = std::fabs(c * a_tv) * p;
+      }
+      tol[size_t(i) * V + v] = 16 * kU * mag * (1 + extra_rel) + extra_rel * mag + tie + 1e-30;
     }
     for (int v : {labels[i], s.argmax}) {
-      const double exact_ish = std::fabs(c) * 4;  // |at_y|, |at_m| ≤ c·(ce + 2·kl·τ + cap) ≤ 4c here
+      // |at_y|, |at_m| ≤ c·(ce + 2·kl·τ + cap + 2 a_tv) ≤ 4c (+ the TV coefficient) here
+      const double exact_ish = std::fabs(c) * (4 + 2 * a_tv + 2 * std::fabs(kl_coef));
       tol[size_t(i) * V + v] = (4 * kU + extra_rel) * exact_ish;
     }
   }
@@ -314,7 +329,7 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
   const float* up = with_u ? u.data() : nullptr;
   std::vector<VocabLossRow> rows(n);
   std::vector<VocabLossRowValues> vals(n);
-  cpu().vocab_loss_row_stats(hx(), z.data(), up, n, V, labels.data(), w.data(), tau, 5, rows.data(), vals.data());
+  cpu().vocab_loss_row_stats(hx(), z.data(), up, n, V, labels.data(), w.data(), k, 5, rows.data(), vals.data());
   std::vector<float> grad = z;
   cpu().vocab_loss_row_grad(hx(), grad.data(), up, n, V, labels.data(), w.data(), rows.data(), 0.25, k);
 
@@ -337,7 +352,7 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
   Dev<VocabLossRow> grows(zeros<VocabLossRow>(n));
   Dev<VocabLossRowValues> gvals(zeros<VocabLossRowValues>(n));
   auto& be = *gpu().f32;
-  be.vocab_loss_row_stats(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), tau, 5, grows.p(),
+  be.vocab_loss_row_stats(gpu().ex(), gz.p(), with_u ? gu.p() : nullptr, n, V, glab.p(), gw.p(), k, 5, grows.p(),
                           gvals.p());
   const auto rows_g = grows.get();
   const auto vals_g = gvals.get();
@@ -353,7 +368,12 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
     CHECK(near(vals_g[i].ce, vals[i].ce, 1));
     CHECK(near(vals_g[i].kl, vals[i].kl, 1));
     CHECK(near(vals_g[i].cap, vals[i].cap, 1));
+    CHECK(near(vals_g[i].tv, vals[i].tv, 1));
+    CHECK(near(vals_g[i].lk, vals[i].lk, 1));
+    CHECK(near(vals_g[i].nla, vals[i].nla, 1));
     if (!vals[i].scored) continue;
+    CHECK(near(rows_g[i].overlap, rows[i].overlap, 1));
+    CHECK(near(rows_g[i].overlap_below, rows[i].overlap_below, 1));
     CHECK(rows_g[i].argmax == rows[i].argmax);
     CHECK(rows_g[i].z_max == rows[i].z_max);
     CHECK(near(rows_g[i].z_logsum, rows[i].z_logsum, 1));
@@ -369,11 +389,109 @@ void vocab_twin(int n, int V, bool with_u, double tau, const VocabLossCoeffs& k,
 
 }  // namespace
 
+TEST_CASE("cuda twin vocab_loss: the overlap pass and gradient of TV, LK-hybrid and NLA (tau 1) give the CPU's results") {
+  VocabLossCoeffs k{1, 0.5, 0.2, 1};
+  k.tv = 0.7, k.lk = 0.6, k.lk_eta = 2.5, k.nla = 0.3;
+  vocab_twin(9, 1000, true, 1.0, k);
+  vocab_twin(5, 4096, true, 1.0, k);     // packs only
+  vocab_twin(5, 4096, true, 1.0, k, 1);  // scalar loops only
+  VocabLossCoeffs tv_only{0, 0, 0, 1};
+  tv_only.tv = 1;  // TV without KL: the TV path still reads q
+  vocab_twin(6, 32003, true, 1.0, tv_only);
+}
+
 TEST_CASE("cuda twin vocab_loss: rows in 16-byte packs and misaligned rows (scalar loops) give the CPU's results") {
   vocab_twin(5, 4096, true, 2.0, {1, 0.5, 0.2, 2});      // every row aligned: packs only
   vocab_twin(5, 4096, true, 2.0, {1, 0.5, 0.2, 2}, 1);   // every row misaligned: scalar only
   vocab_twin(5, 1003, false, 1.0, {1, 0, 0.3, 1}, 2);    // rows of mixed alignment, a tail of 3
 }
+
+namespace {
+
+// The whole chunked loss (lib/model/vocab_loss) on the CUDA backend in T against the CPU backend in float, from the
+// same T-exact inputs: D-PACE factors formed on the host from each chunk's CE (chunks of whole blocks), the fused
+// gradient with the chunk's w · d, recompute's backward from the context's w · d, and the overlap terms.
+template <typename T>
+void chunked_loss_twin(Backend<T>& be, const model::VocabLossSettings& s, double tol) {
+  const int blocks = 7, B = 8, R = blocks * (B - 1), H = 24, V = 503;
+  auto X = randn(size_t(R) * H, 110), Y = randn(size_t(R) * H, 111), W = randn(size_t(V) * H, 112, 3.0 / std::sqrt(24.0));
+  for (size_t i = 0; i < Y.size(); ++i) Y[i] = X[i] + 0.6f * Y[i];
+  if constexpr (!std::is_same_v<T, float>) X = bf16_round(X), Y = bf16_round(Y), W = bf16_round(W);
+  std::vector<int32_t> labels(R), kpos(R), bid(R);
+  std::vector<float> w(R);
+  Rng rng(113);
+  for (int r = 0; r < R; ++r) {
+    labels[r] = int32_t(rng.below(V));
+    kpos[r] = 1 + r % (B - 1);
+    bid[r] = r / (B - 1);
+    w[r] = (bid[r] == 2 || (bid[r] == 4 && kpos[r] == 3)) ? 0.0f : 1.0f;  // a masked block, a masked row inside one
+  }
+  model::VocabLossBatch<float> hb;
+  hb.rows = R, hb.hidden = X.data(), hb.target_hidden = Y.data(), hb.labels = labels.data(), hb.weights = w.data();
+  hb.block_pos = kpos.data(), hb.block_id = bid.data();
+  model::VocabLoss<float> cpu_loss(s, W.data(), V, H);
+  model::VocabLossContext cctx;
+  std::vector<float> dX_cpu(size_t(R) * H);
+  const auto want = cpu_loss.forward(hb, cctx, 0.5, dX_cpu.data());
+  cpu_loss.backward(hb, cctx, 0.5, dX_cpu.data());
+
+  auto to_t = [](const std::vector<float>& v) {
+    if constexpr (std::is_same_v<T, float>) return v; else return to_bf16(v);
+  };
+  Dev<T> gX(to_t(X)), gY(to_t(Y)), gW(to_t(W)), gdX(std::vector<T>(size_t(R) * H));
+  model::VocabLossBatch<T> db;
+  db.rows = R, db.hidden = gX.p(), db.target_hidden = gY.p(), db.labels = labels.data(), db.weights = w.data();
+  db.block_pos = kpos.data(), db.block_id = bid.data();
+  model::VocabLoss<T> gpu_loss(s, be, gpu().ex(), gW.p(), V, H);
+  model::VocabLossContext gctx;
+  const auto got = gpu_loss.forward(db, gctx, 0.5, gdX.p());
+  gpu_loss.backward(db, gctx, 0.5, gdX.p());
+  std::vector<float> dX_gpu;
+  if constexpr (std::is_same_v<T, float>) dX_gpu = gdX.get(); else dX_gpu = to_f32(gdX.get());
+  const std::pair<double, double> sums[] = {{got.sums.loss, want.sums.loss}, {got.sums.ce, want.sums.ce},
+                                            {got.sums.tv, want.sums.tv},     {got.sums.lk, want.sums.lk},
+                                            {got.sums.nla, want.sums.nla},   {got.sums.dpace, want.sums.dpace}};
+  for (const auto& [g, c] : sums) {
+    INFO("gpu " << g << " cpu " << c);
+    CHECK(std::fabs(g - c) <= tol * (std::fabs(c) + 1e-3));
+  }
+  CHECK(got.metrics.accepted_sum == want.metrics.accepted_sum);
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < dX_cpu.size(); ++i) {
+    err = std::max(err, std::fabs(double(dX_gpu[i]) - double(dX_cpu[i])));
+    scale = std::max(scale, std::fabs(double(dX_cpu[i])));
+  }
+  INFO("dX: max |gpu − cpu| " << err << " of scale " << scale);
+  CHECK(err <= tol * scale);
+}
+
+}  // namespace
+
+TEST_CASE("cuda twin vocab_loss: the chunked loss with D-PACE and TV / LK / NLA on CUDA (fp32, bf16) equals the CPU's") {
+  // each variant in one schedule (both schedules are covered across them; the CPU tests run every combination)
+  const std::pair<const char*, model::VocabLossMode> runs[] = {{"dpace", model::VocabLossMode::fused},
+                                                               {"dpace", model::VocabLossMode::recompute},
+                                                               {"dpace_cumulative_confidence", model::VocabLossMode::fused},
+                                                               {"dpace_continuation_value", model::VocabLossMode::recompute}};
+  for (const auto& [pw, mode] : runs) {
+    {
+      model::VocabLossSettings s;
+      s.block_size = 8;
+      s.chunk_size = 10;  // whole blocks of 7 rows: chunks of 7 (the recompute backward: 10, cutting blocks)
+      s.mode = mode;
+      s.kl_weight = 0.5, s.cap_weight = 0.1, s.tv_weight = 0.3, s.lk_weight = 0.4, s.nla_weight = 0.2;
+      s.position_weight = pw;
+      s.dpace_alpha = 0.4;
+      INFO(pw << " mode " << int(mode));
+      // fp32: the same float math, double sums in another order; bf16: the GEMM inputs are the same bf16 values,
+      // the logits and d(logits) are rounded to bf16 (2^-9 each)
+      chunked_loss_twin<float>(*gpu().f32, s, 1e-5);
+      chunked_loss_twin<bf16>(*gpu().b16, s, 3e-2);
+    }
+  }
+}
+
+// ============================== the target's forward ==============================
 
 // ============================== attention on tensor cores ==============================
 // The bf16 DFlash kernels of attention_dflash_tc.cu against a double reference written from the mask's
@@ -583,6 +701,21 @@ TEST_CASE("cuda twin attention_tc: DFlash forward/backward on tensor cores (D 64
   dflash_tc_twin({{2, 32, 100, 4, 1, 256, 0}, {40, 100}});               // D 256, 128 rows (8 warps)
 }
 
+// The shapes the published drafters and the shipped configs use, per kv head (the launch depends on G, head_dim and
+// the block, not on the head count): 32 Q / 8 KV heads (G 4) at head_dim 128 with block 16 (the shipped configs)
+// and 32 (the seed's recipe), a 2048 sliding window (the Qwen3.6 drafter's 4 sliding layers: causal within the
+// block), and G 8 (64 / 8 heads) where block 32 makes 256 query rows: more warps than 255 registers (dQ) or 174
+// (forward) leave a thread block on any GPU, so the tile is cut into slices of blockIdx.z (row_slices). Under
+// DFLASH_EMU_ARCH=sm_120 and sm_90 alike (ctest runs both): a launch the register file refuses fails here.
+TEST_CASE("cuda twin attention_tc: the published drafters' shapes, query tiles wider than a thread block sliced") {
+  dflash_tc_twin({{2, 16, 96, 4, 1, 128, 0}, {40, 96}});     // G 4, block 16: 64 rows
+  dflash_tc_twin({{2, 32, 96, 4, 1, 128, 0}, {10, 96}});     // G 4, block 32: 128 rows, 8 warps
+  dflash_tc_twin({{2, 16, 96, 4, 1, 128, 2048}, {40, 96}});  // the 2048 window (past the context: causal block keys)
+  dflash_tc_twin({{2, 16, 96, 8, 1, 128, 0}, {40, 96}});     // G 8, block 16: 128 rows
+  dflash_tc_twin({{2, 32, 96, 8, 1, 128, 0}, {40, 96}});     // G 8, block 32: 256 rows, sliced
+  dflash_tc_twin({{2, 32, 64, 8, 1, 256, 64}, {20, 64}});    // head_dim 256, 256 rows: two slices of 8 warps
+}
+
 TEST_CASE("cuda twin attention_tc: what the tensor-core kernels take, and the fallback for the rest") {
   CHECK(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 128, 0}, {}));
   CHECK_FALSE(cuda::dflash_attention_tc_supports({4, 16, 100, 8, 2, 96, 0}, {}));    // head_dim
@@ -666,6 +799,31 @@ TEST_CASE("cuda twin attention_tc: causal attention of the target on tensor core
 }
 
 
+TEST_CASE("cuda twin attention_tc: the published targets' causal shapes (G 4 to 16, head_dim 128 and 256)") {
+  struct Case {
+    int n, past, NH, KVH, D;
+  };
+  // G 8 (Qwen3-30B-A3B: 32 / 4 heads), G 16 (Qwen3-235B-A22B: 64 / 4 at 128; 32 / 2 at 256): a tile of 128 / G
+  // positions × G heads, 8 warps, prefill and decode
+  for (const Case c : {Case{40, 0, 8, 1, 128}, Case{17, 0, 16, 1, 128}, Case{1, 90, 16, 1, 128},
+                       Case{9, 30, 16, 1, 256}}) {
+    INFO("n " << c.n << " past " << c.past << " NH " << c.NH << " KVH " << c.KVH << " D " << c.D);
+    REQUIRE(cuda::attention_causal_tc_supports(c.NH, c.KVH, c.D, {}));
+    const int keys = c.past + c.n;
+    const auto q = bf16_round(randn(size_t(c.n) * c.NH * c.D, 180)),
+               k = bf16_round(randn(size_t(keys) * c.KVH * c.D, 181)),
+               v = bf16_round(randn(size_t(keys) * c.KVH * c.D, 182));
+    std::vector<double> want, mag;
+    cached_reference({c.n, c.past, c.NH, c.KVH, c.D}, q, k, v, want, mag);
+    Dev<bf16> gq(to_bf16(q)), gk(to_bf16(k)), gv(to_bf16(v)), tc(std::vector<bf16>(q.size()));
+    const cudaStream_t st = static_cast<cudaStream_t>(gpu().ex().stream);
+    cuda::launch_attention_cached_forward_tc(st, dev(tc.p()), dev(gq.p()), dev(gk.p()), dev(gv.p()), c.n, c.past, c.NH,
+                                             c.KVH, c.D);
+    require_bound(to_f32(tc.get()), want, mag, 0x1.0p-9, "causal out, tensor cores");
+  }
+  CHECK_FALSE(cuda::attention_causal_tc_supports(256, 1, 128, {}));  // one position's heads beyond 8 warps
+}
+
 TEST_CASE("cuda twin attention_tc: split-K cached attention (decode, verify, past 0) vs the reference and 1 split") {
   struct Case {
     CachedCase c;
@@ -728,7 +886,8 @@ TEST_CASE("cuda twin attention_tc: split-K through the bf16 backend against the 
   CHECK(cuda::attention_cached_splits(16, 8176, 24, 4, 256) == 32);   // 16 rows × 6 heads: still 1 query tile
   CHECK(cuda::attention_cached_splits(64, 8128, 24, 4, 256) == 9);    // 4 query tiles of 21 rows × 4 kv heads
   CHECK(cuda::attention_cached_splits(1, 300, 8, 8, 128) == 1);       // 5 tiles: too short to split
-  CHECK(cuda::attention_cached_splits(1, 1000, 512, 1, 64) == 4);     // 16 tiles, 4 a split
+  CHECK(cuda::attention_cached_splits(1, 1000, 128, 1, 64) == 4);     // G 128: 16 tiles, 4 a split
+  CHECK(cuda::attention_cached_splits(1, 1000, 512, 1, 64) == 1);     // G 512: not a tensor-core shape
   CHECK(cuda::attention_cached_splits(8192, 0, 24, 4, 256) == 1);     // prefill: 1564 blocks
   CHECK(cuda::attention_cached_splits(1, 8191, 8, 2, 96) == 1);       // not a tensor-core shape
   CHECK(cuda::attention_cached_split_scratch_floats(16, 24, 256, 32) == size_t(32) * 16 * 24 * 258);

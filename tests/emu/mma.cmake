@@ -13,6 +13,10 @@ set_tests_properties(emu_mma PROPERTIES LABELS "cuda;emu" TIMEOUT 300)
 add_test(NAME emu_mma_shuffled COMMAND emu_mma_tests)
 set_tests_properties(emu_mma_shuffled PROPERTIES LABELS "cuda;emu" TIMEOUT 300 ENVIRONMENT "DFLASH_EMU_ORDER=shuffle:7")
 
+# cp.async landing at the issue (DFLASH_EMU_CP_ASYNC=issue), the earliest a GPU may land it
+add_test(NAME emu_mma_cp_async_at_issue COMMAND emu_mma_tests "--test-case=emu cp.async:*")
+set_tests_properties(emu_mma_cp_async_at_issue PROPERTIES LABELS "cuda;emu" TIMEOUT 120 ENVIRONMENT "DFLASH_EMU_CP_ASYNC=issue")
+
 find_program(NVCC nvcc PATHS /usr/local/cuda/bin)
 if(NVCC)
   add_test(NAME emu_mma_ptxas

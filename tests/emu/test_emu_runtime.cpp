@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/core/buffer.h"
 #include "tests/emu/emu_kernels.h"
 
 namespace {
@@ -333,4 +334,21 @@ TEST_CASE("emu streams: an event orders a kernel on one stream after a copy on a
   CHECK(cudaStreamDestroy(a) == cudaSuccess);
   CHECK(cudaStreamDestroy(b) == cudaSuccess);
   CHECK(cudaFreeHost(pinned) == cudaSuccess);
+}
+
+TEST_CASE("emu streams: copy_bytes from device memory reads what a kernel on a non-blocking stream wrote") {
+  // DFLASH_EMU_LAG_MS is large for this test: queued work runs only when the host waits for something
+  const std::vector<float> x = iota_floats(64, 13);
+  float* dx = device_copy(x);
+  float* dy = nullptr;
+  REQUIRE(cudaMalloc(&dy, 64 * sizeof(float)) == cudaSuccess);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  emu_test::add_one(s, dy, dx, 64);  // queued on a stream the legacy stream's cudaMemcpy does not wait for
+  std::vector<float> y(64);
+  dflash::copy_bytes(y.data(), dflash::MemoryKind::host, dy, dflash::MemoryKind::device, 64 * sizeof(float));
+  for (size_t i = 0; i < y.size(); ++i) CHECK(y[i] == x[i] + 1.0f);
+  CHECK(cudaStreamDestroy(s) == cudaSuccess);
+  CHECK(cudaFree(dx) == cudaSuccess);
+  CHECK(cudaFree(dy) == cudaSuccess);
 }

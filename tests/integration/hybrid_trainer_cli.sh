@@ -69,6 +69,10 @@ case "$case" in
     grep -q "weights (bf16)  *9.84 GB" "$out/log" || fail "wrong target shard size"
     grep -q "per-GPU memory (run.device cuda" "$out/log" || fail "no per-GPU memory plan"
     grep -q "fits on H200" "$out/log" || fail "the memory plan does not show the H200 verdict"
+    grep -q "pipeline balance (predicted" "$out/log" || fail "no pipeline-balance prediction"
+    grep -q "^    h200  *target .* s a sequence" "$out/log" || fail "no H200 row in the balance table"
+    grep -q "^    rtx-pro-6000  *target .* delta rule chunk-parallel" "$out/log" ||
+      fail "the RTX PRO 6000 row does not name its delta-rule kernel"
     [[ ! -d "$out/run" ]] || fail "--check must not write the run folder"
     echo "PASS (check)"
     ;;

@@ -219,6 +219,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const bool timeout_check = argc > 1 && std::strcmp(argv[1], "--timeout-check") == 0;
+  // the emulated GPU refusing the first cudaMalloc (DFLASH_EMU_FAIL_MALLOC=1): the one after the communicator's
+  // initialisation; the transport must fail naming it and abort the communicator it made
+  const bool alloc_failure_check = argc > 1 && std::strcmp(argv[1], "--alloc-failure-check") == 0;
   const std::string target_dir = argc > 2 && std::strcmp(argv[1], "--target") == 0 ? argv[2] : "";
   const comm::NodeShape node = comm::node_shape(MPI_COMM_WORLD);
   if (!comm::nccl_built() || node.max_ranks_per_node > node.min_gpus_per_node || (timeout_check && size < 2)) {
@@ -231,7 +234,18 @@ int main(int argc, char** argv) {
 #if DFLASH_WITH_CUDA
   {
     kernels::bind_cuda_device(comm::node_local_rank(MPI_COMM_WORLD));
-    if (!target_dir.empty()) {
+    if (alloc_failure_check) {
+      std::string error;
+      try {
+        comm::make_nccl_transport(MPI_COMM_WORLD, "world", 20);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      expect(error.find("cudaMalloc (barrier scratch)") != std::string::npos, rank,
+             "the failed allocation is named: '" + error + "'");
+      std::printf("nccl_check: rank %d: the transport failed after its communicator was made: %s\n", rank,
+                  error.c_str());
+    } else if (!target_dir.empty()) {
       std::unique_ptr<comm::Transport> t = comm::make_nccl_transport(MPI_COMM_WORLD, "target TP group", 120);
       check_target_bf16(target_dir, *t, rank, size);
     } else if (!timeout_check) {

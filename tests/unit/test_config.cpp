@@ -162,6 +162,21 @@ TEST_CASE("config: wrong types, enum values, ranges and cross-key rules are erro
   CHECK_HAS(error_of(kRequired + "drafter:\n  heads: 12\n  kv_heads: 5\n"), "drafter.heads (12) must be a multiple of drafter.kv_heads (5)");
   CHECK_HAS(error_of(kRequired + "loss:\n  ce_weight: 0\n"), "nothing to train");
   CHECK_HAS(error_of(kRequired + "layout:\n  transport: nccl\n"), "nccl needs cuda");
+  // the acceptance-aware loss keys
+  CHECK_HAS(error_of(kRequired + "loss:\n  position_weight: pace\n"),
+            "key 'loss.position_weight' is 'pace'; allowed: decay, dpace, dpace_cumulative_confidence, "
+            "dpace_continuation_value");
+  CHECK_HAS(error_of(kRequired + "loss:\n  dpace_alpha: 0\n"), "key 'loss.dpace_alpha' must be in (0, 1], got 0");
+  CHECK_HAS(error_of(kRequired + "loss:\n  dpace_alpha: 1.5\n"), "key 'loss.dpace_alpha' must be in (0, 1], got 1.5");
+  CHECK_HAS(error_of(kRequired + "loss:\n  tv_weight: -1\n"), "key 'loss.tv_weight' must be >= 0, got -1");
+  CHECK_HAS(error_of(kRequired + "loss:\n  lk_eta: -0.5\n"), "key 'loss.lk_eta' must be >= 0, got -0.5");
+  CHECK_HAS(error_of(kRequired + "loss:\n  position_weight: dpace\n  decay_gamma: 7\n"),
+            "loss.decay_gamma is 7 but loss.position_weight is dpace: D-PACE replaces the decay");
+  CHECK_HAS(error_of(kRequired + "loss:\n  lk_weight: 1\n  kl_temperature: 2\n"),
+            "loss.kl_temperature is 2: set it to 1");
+  CHECK_HAS(error_of(kRequired + "loss:\n  ce_weight: 0\n  nla_weight: 0\n"), "nothing to train");
+  CHECK(error_of(kRequired + "loss:\n  ce_weight: 0\n  tv_weight: 1\n") == "(no error)");  // TV alone trains
+  CHECK(error_of(kRequired + "loss:\n  position_weight: dpace_continuation_value\n  dpace_alpha: 1\n") == "(no error)");
   CHECK_HAS(error_of(kRequired + "optim:\n  lr: 1\n  lr: 2\n"), "key 'optim.lr' is given twice");
   CHECK_HAS(error_of("run: [1, 2\n"), "config.yaml:2:1: YAML syntax error");
   CHECK_HAS(error_of(kRequired + "optim:\n  [a, b]: 1\n"), "config.yaml:");
@@ -200,10 +215,11 @@ TEST_CASE("config: resolved table and YAML round trip, hash stable and sensitive
   CHECK(config_hash(back) == config_hash(c));
 
   // stable: a known value for the defaults (changes only when the schema or a default changes: update it then).
-  // Last change: run.precision (hashed: it changes the drafter's arithmetic) joined the schema.
+  // Last change: the acceptance-aware loss keys (loss.tv_weight, lk_weight, lk_eta, nla_weight, position_weight,
+  // dpace_alpha: hashed, they change the loss) joined the schema.
   TrainConfig d = load_config_text(kRequired, {}, "config.yaml");
   CHECK(config_hash(d) == config_hash(load_config_text(kRequired, {}, "other.yaml")));
-  CHECK(config_hash_hex(d) == "0x541cbe8e6e5a70a2");
+  CHECK(config_hash_hex(d) == "0x40d1d400d0c42c45");
 
   // math keys change it; names, paths, logging and checkpoint cadence do not
   CHECK(config_hash(load_config_text(kRequired, {"optim.lr=1e-3"})) != config_hash(d));

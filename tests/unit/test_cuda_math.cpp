@@ -261,8 +261,9 @@ S block_reduce(int V, int P, Add add) {
   return part[0];
 }
 
-void gpu_style_row_stats(const float* z, const float* u, int V, int y, double tau, int top_k, int P,
-                         VocabLossRow& s, VocabLossRowValues& out) {
+void gpu_style_row_stats(const float* z, const float* u, int V, int y, const kernels::VocabLossCoeffs& k, int top_k,
+                         int P, VocabLossRow& s, VocabLossRowValues& out) {
+  const double tau = k.tau;
   const km::RowMax<float> mx = block_reduce<km::RowMax<float>>(V, P, [&](km::RowMax<float>& m, int v) { m.add(z[v], u ? u[v] : -INFINITY); });
   km::RowPass2In<float> in;
   in.zmax = mx.z, in.umax = mx.u, in.zy = z[y], in.y = y, in.tau1 = tau == 1.0, in.inv_tau = float(1.0 / tau);
@@ -279,7 +280,14 @@ void gpu_style_row_stats(const float* z, const float* u, int V, int y, double ta
     const float second = sums.second(mx.z);
     excl = block_reduce<SumD>(V, P, [&](SumD& d, int v) { d.v += km::excl_term(v, z[v], sums.argmax, second); });
   }
+  const bool overlap = u && km::uses_overlap(k);
+  km::RowOverlap ov;
+  if (overlap && std::isfinite(mx.z)) {
+    const km::OverlapIn<float> in4 = km::overlap_in(mx, sums);
+    ov = block_reduce<km::RowOverlap>(V, P, [&](km::RowOverlap& o, int v) { o.add(in4, z[v], u[v]); });
+  }
   km::finish_row_stats(mx, sums, excl.v, z[y], y, tau, top_k, u != nullptr, s, out);
+  if (overlap && out.finite) km::finish_overlap(ov, k, s, out);
 }
 
 struct LossRowCase {
@@ -326,6 +334,11 @@ void check_row(const VocabLossRow& a, const VocabLossRow& b, const VocabLossRowV
   CHECK(a.u_max == b.u_max);
   CHECK(near(a.ut_logsum, b.ut_logsum));
   CHECK(near(a.one_minus_py, b.one_minus_py));
+  CHECK(near(a.overlap, b.overlap));
+  CHECK(near(a.overlap_below, b.overlap_below));
+  CHECK(near(va.tv, vb.tv));
+  CHECK(near(va.lk, vb.lk));
+  CHECK(near(va.nla, vb.nla));
 }
 
 }  // namespace
@@ -342,8 +355,11 @@ TEST_CASE("cuda_math: loss row statistics merged from block partials equal the C
             VocabLossRow a, b;
             VocabLossRowValues va, vb;
             const float* u = with_u ? r.u.data() : nullptr;
-            gpu_style_row_stats(r.z.data(), u, V, r.y, tau, 5, P, a, va);
-            cpu::row_stats<float>(r.z.data(), u, V, r.y, tau, 5, b, vb);
+            kernels::VocabLossCoeffs k;
+            k.tau = tau;
+            if (tau == 1.0) k.tv = 0.5, k.lk = 0.3, k.nla = 0.2;  // the overlap pass (TV, LK, NLA) too
+            gpu_style_row_stats(r.z.data(), u, V, r.y, k, 5, P, a, va);
+            cpu::row_stats<float>(r.z.data(), u, V, r.y, k, 5, b, vb);
             INFO("V " << V << " y " << r.y << " tau " << tau << " u " << with_u << " P " << P);
             check_row(a, b, va, vb);
           }
@@ -357,8 +373,8 @@ TEST_CASE("cuda_math: loss row statistics merged from block partials equal the C
     z[42] = bad;
     VocabLossRow a, b;
     VocabLossRowValues va, vb;
-    gpu_style_row_stats(z.data(), nullptr, 100, 3, 1.0, 5, 256, a, va);
-    cpu::row_stats<float>(z.data(), nullptr, 100, 3, 1.0, 5, b, vb);
+    gpu_style_row_stats(z.data(), nullptr, 100, 3, kernels::VocabLossCoeffs{}, 5, 256, a, va);
+    cpu::row_stats<float>(z.data(), nullptr, 100, 3, kernels::VocabLossCoeffs{}, 5, b, vb);
     CHECK(va.finite == 0);
     CHECK(vb.finite == 0);
   }

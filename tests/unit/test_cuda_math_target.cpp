@@ -355,7 +355,7 @@ TEST_CASE("cuda_math: gated delta rule, state rows split over 4 warps, state car
     std::vector<float> chunked(want.size()), state_chunked = state0;
     cpu_backend<float>().gated_delta_rule_forward(host_exec_context(), chunked.data(), in.q.data(), in.k.data(),
                                                   in.v.data(), in.g.data(), in.beta.data(), state_chunked.data(), c.S,
-                                                  c.k_heads, c.v_heads, c.dk, c.dv);
+                                                  c.k_heads, c.v_heads, c.dk, c.dv, nullptr);
     // the walk in calls of 1/3, 1 and the rest of the sequence, the state carried
     std::vector<float> got(want.size()), state = state0;
     const int first = c.S / 3, second = std::min(1, c.S - first);

@@ -184,7 +184,9 @@ TEST_CASE("export: config.json has every DFlash key with the right values") {
   CHECK(j["num_target_layers"] == 8);
   CHECK(j["dflash_config"]["mask_token_id"] == 39);
   CHECK(j["dflash_config"]["target_layer_ids"] == nlohmann::json::array({1, 4, 6}));
-  CHECK(j["torch_dtype"] == "bfloat16");
+  CHECK(j["dtype"] == "bfloat16");
+  CHECK(!j.contains("torch_dtype"));
+  CHECK(j["auto_map"] == nlohmann::json({{"AutoModel", "modeling_dflash.DFlashDraftModel"}}));
 
   // tensor names are the DFlash ones, [out, in]
   SafetensorsFile st((fs::path(dir) / "model.safetensors").string());
@@ -205,7 +207,7 @@ TEST_CASE("export: config.json has every DFlash key with the right values") {
   CHECK(j2["layer_types"] == nlohmann::json::array({"full_attention", "full_attention"}));
   CHECK(j2["sliding_window"].is_null());
   CHECK(j2["use_sliding_window"] == false);
-  CHECK(j2["torch_dtype"] == "float32");
+  CHECK(j2["dtype"] == "float32");
   CHECK(load_exported_drafter(dir2).config.window == std::vector<int>{0, 0});
 }
 

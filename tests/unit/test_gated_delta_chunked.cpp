@@ -1,12 +1,16 @@
 // gated_delta_chunked: the WY / UT chunked form (kernels/cpu/gated_delta_chunked.h, the CPU twin of the CUDA
 // chunked kernel) against the per-token recurrence cpu::gated_delta_rule_reference: in double to 1e-10 (measured
 // ~1e-15) at S = 1, S < 64, S = 64, S not a multiple of 64, GQA, a carried initial state and the final state, dk = dv
-// = 64 / 128; in float within 1e-5 of the double recurrence (measured 5e-7 .. 1e-6, printed by the test).
+// = 64 / 128; in float within 1e-5 of the double recurrence (measured 5e-7 .. 1e-6, printed by the test). The
+// decays' scan in the kernel's warp order; the twin with the kernel's bf16 roundings (a few kB from the recurrence,
+// never exact) and its trace of the kernel's scratch (γ with its padding, W, the chunks' start states).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/gated_delta_chunked.h"
 #include "kernels/cpu/gated_deltanet.h"
 #include "lib/core/rng.h"
@@ -114,5 +118,64 @@ TEST_CASE("gated_delta_chunked: float UT form within 1e-5 of the double recurren
     MESSAGE("float UT vs double recurrence S=" << c.S << " dk=" << c.dk << ": out " << eo << ", state " << es);
     CHECK(eo < 1e-5);
     CHECK(es < 1e-5);
+  }
+}
+
+TEST_CASE("gated_delta_chunked: the decays' scan in the kernel's warp order (runs of 32, then the run before)") {
+  Rng rng(8);
+  for (int n : {1, 31, 32, 33, 64}) {
+    CAPTURE(n);
+    std::vector<double> g(64), gam(64);
+    std::vector<float> gf(64), gamf(64);
+    for (int i = 0; i < 64; ++i) gf[size_t(i)] = float(g[size_t(i)] = -2.0 * rng.uniform());
+    cpu::chunk_decay_scan<double>(gam.data(), g.data(), n, 64);
+    cpu::chunk_decay_scan<float>(gamf.data(), gf.data(), n, 64);
+    double acc = 0, sum_abs = 0;
+    for (int i = 0; i < 64; ++i) {
+      if (i < n) acc += g[size_t(i)], sum_abs += std::fabs(g[size_t(i)]);
+      CHECK(gam[size_t(i)] == doctest::Approx(acc).epsilon(1e-14));  // positions past n: γ_{n−1}
+      CHECK(std::fabs(double(gamf[size_t(i)]) - acc) <= 7 * 0x1.0p-24 * sum_abs);  // depth 6 + the run before
+    }
+  }
+  // the order itself: with g = 1, 2⁻²⁴, 2⁻²⁴, 2⁻²⁴ in float, in sequence every 1 + 2⁻²⁴ is a tie rounded to 1;
+  // the tree forms 2⁻²⁴ + 2⁻²⁴ first (offset 1) and then 1 + 2⁻²³ (offset 2), which is a float
+  std::vector<float> g = {1.0f, 0x1.0p-24f, 0x1.0p-24f, 0x1.0p-24f}, gam(4);
+  cpu::chunk_decay_scan<float>(gam.data(), g.data(), 4, 4);
+  CHECK(gam[1] == 1.0f);
+  CHECK(gam[2] == 1.0f + 0x1.0p-23f);
+  CHECK(gam[3] == 1.0f + 0x1.0p-23f);
+}
+
+TEST_CASE("gated_delta_chunked: with the kernel's bf16 roundings, a few bf16 steps from the recurrence, and the trace") {
+  const ChunkedCase c{150, 2, 4, 64, 64, 64};
+  ChunkedInputs<double> in(c, 31);
+  std::vector<double> exact(size_t(c.S) * c.v_heads * c.dv), rounded(exact.size());
+  std::vector<double> st_exact = in.state, st_rounded = in.state;
+  cpu::ChunkedTrace<double> trace;
+  cpu::gated_delta_rule_chunked_ut<double>(exact.data(), in.q.data(), in.k.data(), in.v.data(), in.g.data(),
+                                           in.beta.data(), c.S, c.k_heads, c.v_heads, c.dk, c.dv, 64, st_exact.data());
+  cpu::gated_delta_rule_chunked_ut<double>(rounded.data(), in.q.data(), in.k.data(), in.v.data(), in.g.data(),
+                                           in.beta.data(), c.S, c.k_heads, c.v_heads, c.dk, c.dv, 64,
+                                           st_rounded.data(), true, &trace);
+  const double kB = 0x1.0p-8, eo = test::max_rel_diff(rounded, exact), es = test::max_rel_diff(st_rounded, st_exact);
+  MESSAGE("twin with bf16 roundings vs exact: out " << eo / kB << " kB of max|o|, state " << es / kB << " kB");
+  CHECK(eo > 0.1 * kB);  // it rounds
+  CHECK(eo < 8 * kB);
+  CHECK(es < 8 * kB);
+  // every output is a bf16 value
+  for (double o : rounded) REQUIRE(double(float(kernels::bf16(float(o)))) == o);
+  // the trace: 3 chunks × 64 rows a head; γ padded with γ_{n−1} (up to rounding); W's padding zero; chunk 0's state the bf16 of the
+  // initial one
+  REQUIRE(trace.gamma.size() == size_t(c.v_heads) * 192);
+  REQUIRE(trace.w.size() == size_t(c.v_heads) * 192 * c.dk);
+  REQUIRE(trace.states.size() == size_t(c.v_heads) * 3 * c.dk * c.dv);
+  for (int h = 0; h < c.v_heads; ++h) {
+    const double* gh = &trace.gamma[size_t(h) * 192];
+    for (int i = 150; i < 192; ++i) CHECK(gh[i] == doctest::Approx(gh[149]).epsilon(1e-13));
+    for (size_t e = (size_t(h) * 192 + 150) * c.dk; e < (size_t(h) * 192 + 192) * c.dk; ++e) REQUIRE(trace.w[e] == 0.0);
+    for (size_t e = 0; e < size_t(c.dk) * c.dv; ++e) {
+      const double s0 = in.state[size_t(h) * c.dk * c.dv + e];
+      REQUIRE(trace.states[size_t(h) * 3 * c.dk * c.dv + e] == double(float(kernels::bf16(float(s0)))));
+    }
   }
 }

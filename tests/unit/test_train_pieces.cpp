@@ -7,6 +7,7 @@
 
 #include "lib/model/adamw.h"
 #include "lib/train/anchors.h"
+#include "lib/train/run_plan.h"
 #include "lib/report/progress.h"
 
 using namespace dflash;
@@ -61,6 +62,30 @@ TEST_CASE("scored rows: labels, target positions and decayed weights") {
   CHECK(r.weight_sum() == doctest::Approx(1.0 + std::exp(-1.0) + 1.0));
   CHECK(train::default_decay_gamma(16) == 7.0);
   CHECK(train::default_decay_gamma(8) == 4.0);
+}
+
+TEST_CASE("run plan: D-PACE replaces the decay (rows keep loss_mask weights) and reaches the loss settings") {
+  model::QwenConfig t;
+  t.hidden = 64, t.layers = 8, t.heads = 16, t.kv_heads = 8, t.head_dim = 16, t.intermediate = 128, t.vocab = 512;
+  t.layer_types.assign(8, model::LayerType::full_attention);
+  const std::string yaml = "target:\n  path: /t\ndrafter:\n  mask_token_id: 511\n  block_size: 8\ndata:\n  path: d.h5\n";
+  const train::RunPlan decay = train::make_run_plan(load_config_text(yaml), t, 100);
+  CHECK(decay.decay_gamma == 4.0);
+  const train::RunPlan pace = train::make_run_plan(
+      load_config_text(yaml, {"loss.position_weight=dpace", "loss.dpace_alpha=0.3", "loss.lk_weight=0.2"}), t, 100);
+  CHECK(std::isinf(pace.decay_gamma));
+  CHECK(pace.loss.position_weight == "dpace");
+  CHECK(pace.loss.dpace_alpha == 0.3);
+  CHECK(pace.loss.uses_target());  // LK reads the target's logits: the trainer loads its final hidden
+  // tokens 0..11, mask on from 2; anchors 2 and 6, B = 8: weights are the mask (and in-sequence) alone
+  std::vector<int32_t> tokens(12);
+  std::vector<uint8_t> mask(12, 1);
+  mask[0] = mask[1] = mask[5] = 0;
+  const train::ScoredRows r = train::scored_rows(tokens.data(), mask.data(), 12, {2, 6}, 8, pace.decay_gamma);
+  for (int i = 0; i < r.size(); ++i) {
+    const int pos = (i < 7 ? 2 : 6) + r.block_pos[size_t(i)];
+    CHECK(r.weight[size_t(i)] == (pos < 12 && mask[size_t(pos)] ? 1.0f : 0.0f));
+  }
 }
 
 TEST_CASE("adamw: two steps against the textbook formula, decoupled decay only where masked") {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fd_check.h"
+#include "kernels/math/dpace.h"
 #include "kernels/math/loss_exp.h"
 #include "lib/core/error.h"
 #include "lib/core/rng.h"
@@ -472,4 +473,271 @@ TEST_CASE("vocab_loss: the vectorisable float exp is within 2 ulp of exp, 0 belo
   CHECK(kernels::math::loss_exp(-100.0f) == 0.0f);
   CHECK(kernels::math::loss_exp(-std::numeric_limits<float>::infinity()) == 0.0f);
   CHECK(std::isnan(kernels::math::loss_exp(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// ============================== acceptance-aware objectives ==============================
+
+namespace {
+
+// A named objective: the settings changes on top of the problem's defaults.
+struct Objective {
+  const char* name;
+  double ce = 1, kl = 0, tau = 1, cap = 0, tv = 0, lk = 0, nla = 0, eta = 3, alpha = 0.5;
+  const char* position_weight = "decay";
+  model::VocabLossSettings settings(int B) const {
+    model::VocabLossSettings s;
+    s.ce_weight = ce, s.kl_weight = kl, s.kl_temperature = tau, s.cap_weight = cap;
+    s.tv_weight = tv, s.lk_weight = lk, s.nla_weight = nla, s.lk_eta = eta;
+    s.position_weight = position_weight, s.dpace_alpha = alpha;
+    s.top_k = 3;
+    s.block_size = B;
+    return s;
+  }
+};
+
+// Every new term alone and in combination; the three D-PACE factors; α ≠ the default, η ≠ the default somewhere.
+const std::vector<Objective>& objectives() {
+  static const std::vector<Objective> all = {
+      {"dpace CE", 1, 0, 1, 0, 0, 0, 0, 3, 0.5, "dpace"},
+      {"dpace_cumulative_confidence CE+KL(tau 2)+CAP", 1, 0.7, 2, 0.3, 0, 0, 0, 3, 0.3, "dpace_cumulative_confidence"},
+      {"dpace_continuation_value CE+CAP", 1, 0, 1, 0.3, 0, 0, 0, 3, 0.7, "dpace_continuation_value"},
+      {"TV", 0, 0, 1, 0, 1},
+      {"LK-hybrid", 0, 0, 1, 0, 0, 1, 0, 2},
+      {"NLA", 0, 0, 1, 0, 0, 0, 1},
+      {"CE+TV", 0.1, 0, 1, 0, 0.9},
+      {"dpace CE+KL+CAP+TV+LK+NLA", 1, 0.5, 1, 0.2, 0.4, 0.6, 0.3, 4, 0.4, "dpace"},
+  };
+  return all;
+}
+
+// The same objective written once more per row from the definitions, in double, on a problem's logits, with the
+// stop-gradients held: each row's D-PACE factor d and LK's λ come from the point x0 the gradient is taken at.
+// Its central differences are the gradient the sources define (their weights and λ are detached).
+struct FrozenObjective {
+  const Problem& p;
+  model::VocabLossSettings s;
+  std::vector<double> wd, lambda;  // [R] w · d and λ at x0
+  struct Terms {
+    double ce = 0, kl = 0, cap = 0, tv = 0, nla = 0, kl1 = 0, alpha = 0;
+  };
+  Terms row(const Vec& X, int r) const {
+    const int V = p.V, H = p.H;
+    Vec z(size_t(V), 0.0), u(size_t(V), 0.0);
+    for (int v = 0; v < V; ++v)
+      for (int h = 0; h < H; ++h) {
+        z[size_t(v)] += X[size_t(r) * H + h] * p.W[size_t(v) * H + h];
+        u[size_t(v)] += p.Y[size_t(r) * H + h] * p.W[size_t(v) * H + h];
+      }
+    auto lse = [&](const Vec& x, double scale, int skip) {
+      double mx = -INFINITY, sum = 0;
+      for (int v = 0; v < V; ++v)
+        if (v != skip) mx = std::max(mx, x[size_t(v)] * scale);
+      for (int v = 0; v < V; ++v)
+        if (v != skip) sum += std::exp(x[size_t(v)] * scale - mx);
+      return mx + std::log(sum);
+    };
+    const int y = p.labels[size_t(r)];
+    const int m = int(std::max_element(z.begin(), z.end()) - z.begin());
+    const double tau = s.kl_temperature, L = lse(z, 1, -1), Lt = lse(z, 1 / tau, -1), Lu = lse(u, 1 / tau, -1);
+    const double L1u = lse(u, 1, -1);
+    Terms t;
+    t.ce = L - z[size_t(y)];
+    t.cap = m != y ? L - lse(z, 1, m) : 0;
+    for (int v = 0; v < V; ++v) {
+      const double qt = std::exp(u[size_t(v)] / tau - Lu), q1 = std::exp(u[size_t(v)] - L1u);
+      const double p1 = std::exp(z[size_t(v)] - L);
+      t.kl += qt * ((u[size_t(v)] / tau - Lu) - (z[size_t(v)] / tau - Lt));
+      t.kl1 += q1 * ((u[size_t(v)] - L1u) - (z[size_t(v)] - L));
+      t.alpha += std::min(p1, q1);
+    }
+    t.kl *= tau * tau;
+    t.tv = 1 - t.alpha;
+    t.nla = -std::log(std::max(t.alpha, kernels::kNlaFloor));
+    return t;
+  }
+  // wd: the loss's own w · d at x0 (its context); λ from x0's α here
+  FrozenObjective(const Problem& p_, const model::VocabLossSettings& s_, const std::vector<double>& row_weight)
+      : p(p_), s(s_) {
+    wd = row_weight.empty() ? Vec(p.w) : row_weight;
+    for (int r = 0; r < p.R; ++r) lambda.push_back(std::exp(-s.lk_eta * row(p.X, r).alpha));
+  }
+  double operator()(const Vec& X) const {
+    double loss = 0;
+    for (int r = 0; r < p.R; ++r) {
+      if (!(p.w[size_t(r)] > 0)) continue;
+      const Terms t = row(X, r);
+      const double lk = lambda[size_t(r)] * t.kl1 + (1 - lambda[size_t(r)]) * t.tv;
+      loss += wd[size_t(r)] * (s.ce_weight * t.ce + s.kl_weight * t.kl + s.cap_weight * t.cap + s.tv_weight * t.tv +
+                               s.lk_weight * lk + s.nla_weight * t.nla);
+    }
+    return loss;
+  }
+};
+
+void check_new_sums(const model::VocabLossSums& a, const model::VocabLossSums& ref, double tol) {
+  INFO("tv " << a.tv << " vs " << ref.tv << ", lk " << a.lk << " vs " << ref.lk << ", nla " << a.nla << " vs "
+             << ref.nla << ", dpace " << a.dpace << " vs " << ref.dpace);
+  CHECK(rel(a.tv, ref.tv) <= tol);
+  CHECK(rel(a.lk, ref.lk) <= tol);
+  CHECK(rel(a.nla, ref.nla) <= tol);
+  CHECK(rel(a.dpace, ref.dpace) <= tol);
+}
+
+}  // namespace
+
+TEST_CASE("vocab_loss: D-PACE factors of a hand-made block (a masked row is a no-op in the products)") {
+  // q = p_y of 4 rows, row 2 masked; α = 0.5: q̃ = 0.9, 0.75, (1), 0.95; C = 0.9, 0.675, 0.675, 0.64125
+  const double q[4] = {0.8, 0.5, 0.123, 0.9};
+  const uint8_t valid[4] = {1, 1, 0, 1};
+  double f[4];
+  namespace km = kernels::math;
+  km::dpace_block_factors(q, valid, 4, 0.5, km::DpaceFactor::dpace, f);
+  CHECK(f[0] == doctest::Approx(0.9 + 0.675 + 0.64125).epsilon(1e-15));
+  CHECK(f[1] == doctest::Approx(0.675 + 0.64125).epsilon(1e-15));
+  CHECK(f[2] == 0.0);
+  CHECK(f[3] == doctest::Approx(0.64125).epsilon(1e-15));
+  km::dpace_block_factors(q, valid, 4, 0.5, km::DpaceFactor::cumulative_confidence, f);
+  CHECK(f[0] == doctest::Approx(0.9).epsilon(1e-15));
+  CHECK(f[1] == doctest::Approx(0.675).epsilon(1e-15));
+  CHECK(f[2] == 0.0);
+  CHECK(f[3] == doctest::Approx(0.64125).epsilon(1e-15));
+  km::dpace_block_factors(q, valid, 4, 0.5, km::DpaceFactor::continuation_value, f);
+  CHECK(f[0] == doctest::Approx((0.9 + 0.675 + 0.64125) / 0.9).epsilon(1e-15));
+  CHECK(f[1] == doctest::Approx((0.675 + 0.64125) / 0.675).epsilon(1e-15));
+  CHECK(f[3] == doctest::Approx(1.0).epsilon(1e-15));
+  // α = 1: every q̃ = 1, so dpace counts the scored rows from k on, and continuation value likewise
+  km::dpace_block_factors(q, valid, 4, 1.0, km::DpaceFactor::dpace, f);
+  CHECK(f[0] == 3.0);
+  CHECK(f[1] == 2.0);
+  CHECK(f[3] == 1.0);
+}
+
+TEST_CASE("vocab_loss: the acceptance-aware objectives match the long-double reference in every mode and chunk size "
+          "(double, chunks of 1, 3 and 7 cut blocks of 5 rows)") {
+  const Problem p = make_problem(6, 6, 16, 50, 101);
+  Cast<double> c(p, true);
+  const double grad_scale = 1.0 / 2.9;
+  for (const Objective& o : objectives()) {
+    CAPTURE(o.name);
+    const auto s0 = o.settings(p.B);
+    const auto ref = run_reference(s0, c, p, grad_scale);
+    if (s0.uses_overlap()) CHECK(ref.out.sums.tv > 0);
+    if (s0.position_weight != "decay") CHECK(ref.out.sums.dpace != doctest::Approx(ref.out.sums.weight));
+    for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
+      for (int chunk : {1, 3, 7, p.R, p.R + 5}) {
+        auto s = s0;
+        s.mode = mode;
+        s.chunk_size = chunk;
+        CAPTURE(chunk);
+        CAPTURE(int(mode));
+        const auto got = run_loss(s, c, p, grad_scale);
+        check_sums(got.out.sums, ref.out.sums, 1e-9);
+        check_new_sums(got.out.sums, ref.out.sums, 1e-9);
+        check_metrics(got.out.metrics, ref.out.metrics);
+        CHECK(dx_err(got.dX, ref.dX) <= 1e-9);
+      }
+    }
+  }
+}
+
+TEST_CASE("vocab_loss: the acceptance-aware objectives in float match the double reference within 1e-4") {
+  const Problem p = make_problem(4, 8, 24, 120, 103);
+  Cast<double> cd(p, true);
+  Cast<float> cf(p, true);
+  for (const Objective& o : objectives()) {
+    CAPTURE(o.name);
+    const auto s0 = o.settings(p.B);
+    const auto ref = run_reference(s0, cd, p, 0.01);
+    for (auto [mode, chunk] : {std::pair{model::VocabLossMode::recompute, 3}, std::pair{model::VocabLossMode::fused, 10}}) {
+      {
+        auto s = s0;
+        s.mode = mode;
+        s.chunk_size = chunk;
+        CAPTURE(chunk);
+        CAPTURE(int(mode));
+        const auto got = run_loss(s, cf, p, 0.01);
+        check_sums(got.out.sums, ref.out.sums, 1e-4);
+        check_new_sums(got.out.sums, ref.out.sums, 1e-4);
+        CHECK(dx_err(got.dX, ref.dX) <= 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("vocab_loss: dX of every acceptance-aware term and combination matches central finite differences of the "
+          "loss with its stop-gradients held (double)") {
+  const Problem p = make_problem(3, 5, 8, 30, 105);
+  Cast<double> c(p, true);
+  for (const Objective& o : objectives()) {
+    CAPTURE(o.name);
+    for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
+      auto s = o.settings(p.B);
+      s.mode = mode;
+      s.chunk_size = 3;  // cuts every block of 4 rows
+      CAPTURE(int(mode));
+      model::VocabLoss<double> loss(s, c.W.data(), p.V, p.H);
+      model::VocabLossContext ctx;
+      Vec dX(size_t(p.R) * p.H);
+      const auto out = loss.forward(c.batch, ctx, 1.0, dX.data());
+      loss.backward(c.batch, ctx, 1.0, dX.data());
+      const FrozenObjective f(p, s, ctx.row_weight);
+      CHECK(rel(out.sums.loss, f(p.X)) <= 1e-12);  // the same objective at x0
+      Vec x = p.X;
+      const auto r = fd_check(x, dX, [&] { return f(x); });
+      INFO(describe(r));
+      CHECK(r.max_rel_err <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("vocab_loss: D-PACE chunks hold whole blocks, the scratch stays max(chunk, B − 1) rows whatever T") {
+  for (int blocks : {2, 16}) {
+    const Problem p = make_problem(blocks, 6, 8, 30, 107);
+    Cast<float> c(p, true);
+    auto s = objectives()[0].settings(p.B);
+    s.chunk_size = 2;  // below a block's 5 rows: a chunk is then one block
+    model::VocabLoss<float> loss(s, c.W.data(), p.V, p.H);
+    model::VocabLossContext ctx;
+    std::vector<float> dX(size_t(p.R) * p.H);
+    loss.forward(c.batch, ctx, 1.0, dX.data());
+    loss.backward(c.batch, ctx, 1.0, dX.data());
+    CHECK(loss.scratch_bytes() < size_t(5 * p.V) * sizeof(float) + 4096);  // z only: no u without a target term
+    CHECK(ctx.row_weight.size() == size_t(p.R));
+  }
+}
+
+TEST_CASE("vocab_loss: acceptance-aware settings out of range are errors naming the setting") {
+  const Problem p = make_problem(2, 4, 8, 20, 109);
+  Cast<float> c(p, false);
+  auto error_of = [&](model::VocabLossSettings s, bool forward = false) {
+    std::string msg;
+    try {
+      model::VocabLoss<float> loss(s, c.W.data(), p.V, p.H);
+      if (forward) {
+        model::VocabLossContext ctx;
+        loss.forward(c.batch, ctx, 1.0, nullptr);
+      }
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    return msg;
+  };
+  model::VocabLossSettings s;
+  s.block_size = p.B;
+  auto t = s;
+  t.position_weight = "pace";
+  CHECK(error_of(t).find("position_weight 'pace' is not one of decay, dpace") != std::string::npos);
+  t = s;
+  t.dpace_alpha = 0;
+  CHECK(error_of(t).find("dpace_alpha must be in (0, 1] (got 0)") != std::string::npos);
+  t = s;
+  t.tv_weight = 1;
+  t.kl_temperature = 2;
+  CHECK(error_of(t).find("kl_temperature is 2; set kl_temperature to 1") != std::string::npos);
+  t = s;
+  t.lk_eta = -1;
+  CHECK(error_of(t).find("lk_eta must be ≥ 0 (got -1)") != std::string::npos);
+  t = s;
+  t.nla_weight = 1;
+  CHECK(error_of(t, true).find("nla_weight = 1: these need the target final hidden") != std::string::npos);
 }

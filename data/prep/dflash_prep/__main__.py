@@ -1,4 +1,4 @@
-"""dflash-prep {tokenize,prompts,regenerate,check,report} ...  (data/README.md, "Preparing chat data").
+"""dflash-prep {tokenize,prompts,regenerate,check,report,serve-check} ...  (data/README.md, "Preparing chat data").
 The console script 'dflash-prep' of the installed package, also 'python -m dflash_prep'."""
 import argparse
 import os
@@ -76,6 +76,10 @@ def _run(argv) -> int:
     c.add_argument("--mask-token-id", type=non_negative_int, help="the drafter's mask_token_id")
     c.add_argument("--data", nargs="*", default=[], help="HDF5 training files to scan")
     report.add_parser(sub)   # metrics.jsonl -> TensorBoard / W&B (the [report] extra; docs/reporting.md)
+    from . import serve_check
+    sc = sub.add_parser("serve-check", help="a serving engine (vLLM offline or server, SGLang server) with your "
+                        "exported drafter, next to dflash_eval: lossless, tau, acceptance per position and prompt")
+    serve_check.add_arguments(sc)
     args = p.parse_args(argv)
     if args.command == "tokenize":
         return tokenize_cmd.run(args)
@@ -85,6 +89,8 @@ def _run(argv) -> int:
         return regenerate.run(args)
     if args.command == "report":
         return report.run(args)
+    if args.command == "serve-check":
+        return serve_check.run(args)
     return check_run(args)
 
 

@@ -508,8 +508,8 @@ bool describe_shared_fault(const void* addr, char* msg, size_t n) {
   return true;
 }
 
-cudaError_t launch(const char* kernel, const char* file, int line, const void* func, dim3 grid, dim3 block,
-                   size_t dynamic_smem, cudaStream_t stream, std::function<void()> body) {
+cudaError_t launch(const char* kernel, const char* file, int line, const void* func, const char* id, dim3 grid,
+                   dim3 block, size_t dynamic_smem, cudaStream_t stream, std::function<void()> body) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   auto bad = [&](cudaError_t e, const std::string& why) {
     std::fprintf(stderr, "%semulated GPU: %s at %s:%d: %s (%s)\n", rank_prefix().c_str(), kernel, file, line,
@@ -528,6 +528,34 @@ cudaError_t launch(const char* kernel, const char* file, int line, const void* f
                    std::to_string(allowed) +
                    (allowed == 48 * 1024 ? " (48 KiB unless cudaFuncSetAttribute(MaxDynamicSharedMemorySize) raises it)"
                                          : " (its cudaFuncSetAttribute(MaxDynamicSharedMemorySize))"));
+  // What the real GPU decides from the compiled kernel: its registers × the block's threads against the register
+  // file, its __launch_bounds__, its static + dynamic shared memory against the architecture's block limit.
+  if (id) register_kernel(func, id);
+  bool missing = false;
+  const kernels::cuda::KernelRecord* rec = kernel_record(func, id, &missing);
+  const kernels::GpuArch& arch = emu_arch();
+  if (missing)
+    return bad(cudaErrorInvalidDeviceFunction,
+               std::string("no ") + arch.name + " code for this kernel in the kernel records (" + (id ? id : "?") +
+                   "): cmake/kernel_records.cmake compiles kernels/cuda/*.cu and the emulated GPU's test kernels");
+  if (rec) {
+    const std::string why = kernels::launch_refusal(rec->res, arch, int(threads), dynamic_smem);
+    if (!why.empty()) {
+      const bool smem = rec->res.static_smem + dynamic_smem > arch.smem_per_block_optin &&
+                        kernels::block_registers(rec->res, arch, int(threads)) <= arch.regs_per_block &&
+                        !(rec->res.launch_bounds > 0 && int(threads) > rec->res.launch_bounds);
+      return bad(smem ? cudaErrorInvalidValue : cudaErrorLaunchOutOfResources,
+                 "grid " + dim3s(grid) + ", block " + dim3s(block) + " on " + arch.name + " (" + arch.example +
+                     "): " + why);
+    }
+  } else if (!kernels::cuda::kernel_records_available()) {
+    static bool said = false;
+    if (!said) {
+      said = true;
+      std::fprintf(stderr, "%semulated GPU: registers and __launch_bounds__ of launches are not checked: %s\n",
+                   rank_prefix().c_str(), kernels::cuda::kernel_records_missing_reason());
+    }
+  }
   Work w;
   w.what = std::string(kernel) + " " + dim3s(grid) + "x" + dim3s(block) + " at " + file + ":" + std::to_string(line);
   w.run = [=, body = std::move(body)] {

@@ -76,11 +76,15 @@ void* dynamic_shared();
 // extensions (warp_mma.cpp); "" outside a kernel.
 std::string running_kernel();
 
-// Queues a kernel launch (kernel_launch.cuh's DFLASH_LAUNCH): checks the configuration (the limits of the emulated
-// architecture, DFLASH_EMU_ARCH = sm_90 | sm_120) and returns the launch error, as <<<>>> does through
-// cudaGetLastError. `func` identifies the kernel for cudaFuncSetAttribute; `body` runs the kernel in one thread.
-cudaError_t launch(const char* kernel, const char* file, int line, const void* func, dim3 grid, dim3 block,
-                   size_t dynamic_smem, cudaStream_t stream, std::function<void()> body);
+// Queues a kernel launch (kernel_launch.cuh's DFLASH_LAUNCH): checks the configuration against the emulated
+// architecture (DFLASH_EMU_ARCH = sm_90 | sm_100 | sm_120) and the kernel's record (registers, static shared
+// memory, __launch_bounds__ as nvcc compiled it: kernels/cuda/records/kernel_records.h) and returns the launch
+// error, as <<<>>> does through cudaGetLastError. `func` identifies the kernel for cudaFuncSetAttribute, `id` is
+// its name in the records; `body` runs the kernel in one thread.
+cudaError_t launch(const char* kernel, const char* file, int line, const void* func, const char* id, dim3 grid,
+                   dim3 block, size_t dynamic_smem, cudaStream_t stream, std::function<void()> body);
+// Tells the runtime the records name of a kernel (cudaFuncGetAttributes / cudaFuncSetAttribute look it up).
+void register_kernel(const void* func, const char* id);
 
 // ---- the CUDA builtins (the macros below pass the call site first) ----
 void syncwarp_at(const char* file, int line, unsigned mask = 0xffffffffu);

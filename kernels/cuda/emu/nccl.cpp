@@ -435,6 +435,16 @@ namespace {
 
 std::mutex g_comms_mu;
 std::set<ncclComm*> g_comms;   // every handle ever made
+
+// At exit: a communicator neither destroyed nor aborted is a leak a real NCCL keeps (its proxy thread, its
+// buffers, and peers that wait for it): named on stderr.
+void report_live_comms() {
+  std::lock_guard<std::mutex> lk(g_comms_mu);
+  for (const ncclComm* c : g_comms)
+    if (!c->dead)
+      std::fprintf(stderr, "%semulated NCCL: at exit, communicator %s was neither destroyed nor aborted\n",
+                   rank_prefix().c_str(), c->s ? c->s->name.c_str() : "?");
+}
 uint32_t g_id_counter = 0;     // ncclGetUniqueId of this process
 std::set<uint32_t> g_root_claimed;  // ids of this process whose root side is (being) played
 
@@ -1120,6 +1130,8 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, c
                        const char* fn) {
   if (!out) return fail(ncclInvalidArgument, strf("%s: comm is NULL", fn));
   *out = nullptr;
+  static const bool reported = (std::atexit(report_live_comms), true);
+  (void)reported;
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   if (inited) MPI_Finalized(&finalized);

@@ -747,6 +747,7 @@ cudaError_t free_impl(void* p, bool device, const char* api) {
 struct FuncAttrs {
   std::mutex mu;
   std::map<const void*, int> max_dynamic_smem;
+  std::map<const void*, std::string> ids;  // the kernels' names in the records (register_kernel)
 };
 FuncAttrs& g_funcs = *new FuncAttrs;
 
@@ -759,17 +760,59 @@ int max_dynamic_smem(const void* func) {
   auto it = g_funcs.max_dynamic_smem.find(func);
   return it == g_funcs.max_dynamic_smem.end() ? 48 * 1024 : it->second;
 }
-// The architecture's opt-in maximum of shared memory per block (DFLASH_EMU_ARCH: sm_90 227 KiB, sm_120 99 KiB).
-int arch_max_smem() {
-  const char* a = std::getenv("DFLASH_EMU_ARCH");
-  if (a && std::string(a) == "sm_120") return 99 * 1024;
-  if (a && *a && std::string(a) != "sm_90") {
-    std::fprintf(stderr, "emulated GPU: DFLASH_EMU_ARCH=%s is not sm_90 or sm_120\n", a);
-    std::abort();
+const kernels::GpuArch& emu_arch() {
+  static const kernels::GpuArch* arch = [] {
+    const char* a = std::getenv("DFLASH_EMU_ARCH");
+    const kernels::GpuArch* found = kernels::find_gpu_arch(std::string_view(a && *a ? a : "sm_90"));
+    if (!found) {
+      std::fprintf(stderr, "emulated GPU: DFLASH_EMU_ARCH=%s is not sm_90, sm_100 or sm_120\n", a);
+      std::abort();
+    }
+    return found;
+  }();
+  return *arch;
+}
+int emu_sm_count() { return emu_arch().sm == 120 ? 188 : emu_arch().sm == 100 ? 148 : 132; }
+// The architecture's opt-in maximum of shared memory per block.
+int arch_max_smem() { return int(emu_arch().smem_per_block_optin); }
+
+void register_kernel(const void* func, const char* id) {
+  std::lock_guard<std::mutex> lk(g_funcs.mu);
+  g_funcs.ids.emplace(func, id);
+}
+
+const kernels::cuda::KernelRecord* kernel_record(const void* func, const char* id, bool* missing) {
+  if (missing) *missing = false;
+  if (!kernels::cuda::kernel_records_available()) return nullptr;
+  std::string name = id ? id : "";
+  if (name.empty()) {
+    std::lock_guard<std::mutex> lk(g_funcs.mu);
+    auto it = g_funcs.ids.find(func);
+    if (it != g_funcs.ids.end()) name = it->second;
   }
-  return 227 * 1024;
+  const kernels::cuda::KernelRecord* r =
+      name.empty() ? nullptr : kernels::cuda::find_kernel_record(name, emu_arch().sm);
+  if (!r && missing) *missing = true;
+  return r;
 }
 }  // namespace dflash::emu
+
+namespace {
+// "no kernel record for …": why a kernel the records should hold is not found.
+std::string missing_record(const void* func, const char* id) {
+  std::string name = id ? id : "";
+  if (name.empty()) {
+    std::lock_guard<std::mutex> lk(g_funcs.mu);
+    auto it = g_funcs.ids.find(func);
+    name = it == g_funcs.ids.end() ? std::string("an unregistered kernel (call it through kernel_launch.cuh's "
+                                                 "DFLASH_LAUNCH / kernel_attributes / allow_dynamic_smem)")
+                                   : it->second;
+  }
+  return "no " + std::string(dflash::emu::emu_arch().name) + " code for " + name +
+         " in the kernel records (cmake/kernel_records.cmake compiles kernels/cuda/*.cu and the emulated GPU's "
+         "test kernels; a kernel elsewhere, or a name the records spell differently, is not there)";
+}
+}  // namespace
 
 // ---- errors ----
 cudaError_t cudaGetLastError(void) {
@@ -855,23 +898,54 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   init();
   if (!prop || device < 0 || device >= g_device_count) return fail(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof *prop);
-  const bool sm120 = arch_max_smem() == 99 * 1024;
-  std::snprintf(prop->name, sizeof prop->name, "dflash emulated GPU (%s, on the CPU)", sm120 ? "sm_120" : "sm_90");
+  const dflash::kernels::GpuArch& a = dflash::emu::emu_arch();
+  std::snprintf(prop->name, sizeof prop->name, "dflash emulated GPU (%s, %s, on the CPU)", a.name, a.example);
   prop->totalGlobalMem = size_t(env_int("DFLASH_EMU_MEMORY_GIB", 16)) << 30;
-  prop->sharedMemPerBlock = 48 * 1024;
-  prop->sharedMemPerBlockOptin = size_t(arch_max_smem());
+  prop->sharedMemPerBlock = a.static_smem_per_block;
+  prop->sharedMemPerBlockOptin = a.smem_per_block_optin;
+  prop->sharedMemPerMultiprocessor = a.smem_per_sm;
+  prop->reservedSharedMemPerBlock = a.reserved_smem_per_block;
+  prop->regsPerBlock = a.regs_per_block;
+  prop->regsPerMultiprocessor = a.regs_per_sm;
   prop->warpSize = 32;
-  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsPerBlock = a.max_threads_per_block;
+  prop->maxThreadsPerMultiProcessor = a.max_threads_per_sm;
+  prop->maxBlocksPerMultiProcessor = a.max_blocks_per_sm;
   prop->maxThreadsDim[0] = 1024;
   prop->maxThreadsDim[1] = 1024;
   prop->maxThreadsDim[2] = 64;
   prop->maxGridSize[0] = 0x7fffffff;
   prop->maxGridSize[1] = 65535;
   prop->maxGridSize[2] = 65535;
-  prop->major = sm120 ? 12 : 9;
-  prop->minor = 0;
-  prop->multiProcessorCount = sm120 ? 188 : 132;
+  prop->major = a.sm / 10;
+  prop->minor = a.sm % 10;
+  prop->multiProcessorCount = dflash::emu::emu_sm_count();
   return cudaSuccess;
+}
+// The attributes the project asks for, as the emulated architecture has them; others are refused by name.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  init();
+  if (!value) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= g_device_count) return fail(cudaErrorInvalidDevice);
+  const dflash::kernels::GpuArch& a = dflash::emu::emu_arch();
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(a.smem_per_block_optin); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = int(a.static_smem_per_block); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = int(a.smem_per_sm); return cudaSuccess;
+    case cudaDevAttrReservedSharedMemoryPerBlock: *value = int(a.reserved_smem_per_block); return cudaSuccess;
+    case cudaDevAttrMaxRegistersPerBlock: *value = a.regs_per_block; return cudaSuccess;
+    case cudaDevAttrMaxRegistersPerMultiprocessor: *value = a.regs_per_sm; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock: *value = a.max_threads_per_block; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = a.max_threads_per_sm; return cudaSuccess;
+    case cudaDevAttrMaxBlocksPerMultiprocessor: *value = a.max_blocks_per_sm; return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount: *value = dflash::emu::emu_sm_count(); return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = a.sm / 10; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = a.sm % 10; return cudaSuccess;
+    case cudaDevAttrWarpSize: *value = 32; return cudaSuccess;
+    default:
+      return api_error(cudaErrorInvalidValue,
+                       "cudaDeviceGetAttribute(" + std::to_string(int(attr)) + "): attribute not emulated");
+  }
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   init();
@@ -891,7 +965,18 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
 }
 
 // ---- memory ----
-cudaError_t cudaMalloc(void** p, size_t bytes) { return malloc_impl(p, bytes, true, false); }
+// DFLASH_EMU_FAIL_MALLOC=N: the N-th cudaMalloc of the process fails (out of memory), to test the clean-up of
+// what was made before it.
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  static const int fail_at = env_int("DFLASH_EMU_FAIL_MALLOC", 0);
+  static std::atomic<int> calls{0};
+  if (fail_at > 0 && ++calls == fail_at) {
+    if (p) *p = nullptr;
+    return api_error(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(bytes) + " bytes): call " +
+                                                    std::to_string(fail_at) + " refused (DFLASH_EMU_FAIL_MALLOC)");
+  }
+  return malloc_impl(p, bytes, true, false);
+}
 cudaError_t cudaFree(void* p) { return fail(free_impl(p, true, "cudaFree")); }
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return malloc_impl(p, bytes, false, true); }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return malloc_impl(p, bytes, false, true); }
@@ -1102,14 +1187,44 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   init();
   if (!func) return fail(cudaErrorInvalidDeviceFunction);
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-    if (value < 0 || value > arch_max_smem())
-      return api_error(cudaErrorInvalidValue, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " +
-                                                  std::to_string(value) + "): above the emulated architecture's " +
-                                                  std::to_string(arch_max_smem()) + " bytes (DFLASH_EMU_ARCH)");
+    bool missing = false;
+    const dflash::kernels::cuda::KernelRecord* r = dflash::emu::kernel_record(func, nullptr, &missing);
+    if (missing) return api_error(cudaErrorInvalidDeviceFunction, "cudaFuncSetAttribute: " + missing_record(func, nullptr));
+    const dflash::kernels::GpuArch& a = dflash::emu::emu_arch();
+    // the opt-in limit covers static + dynamic shared memory: a kernel's static share comes off what it may ask
+    const size_t limit = r ? dflash::kernels::max_dynamic_smem(r->res, a) : a.smem_per_block_optin;
+    if (value < 0 || size_t(value) > limit)
+      return api_error(cudaErrorInvalidValue,
+                       "cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " + std::to_string(value) + "): above " +
+                           a.name + "'s " + std::to_string(a.smem_per_block_optin) + " bytes a block" +
+                           (r && r->res.static_smem ? " less the kernel's " + std::to_string(r->res.static_smem) +
+                                                          " of static shared memory"
+                                                    : std::string()) +
+                           " (DFLASH_EMU_ARCH)");
     std::lock_guard<std::mutex> lk(g_funcs.mu);
     g_funcs.max_dynamic_smem[func] = value;
     return cudaSuccess;
   }
   if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
   return api_error(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute not emulated");
+}
+// As nvcc compiled the kernel for the emulated architecture (its record); without records, the registers and
+// stack are unknown (0) and maxThreadsPerBlock is the architecture's.
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+  init();
+  if (!attr || !func) return fail(cudaErrorInvalidValue);
+  bool missing = false;
+  const dflash::kernels::cuda::KernelRecord* r = dflash::emu::kernel_record(func, nullptr, &missing);
+  if (missing) return api_error(cudaErrorInvalidDeviceFunction, "cudaFuncGetAttributes: " + missing_record(func, nullptr));
+  const dflash::kernels::GpuArch& a = dflash::emu::emu_arch();
+  std::memset(attr, 0, sizeof *attr);
+  const dflash::kernels::KernelResources res = r ? r->res : dflash::kernels::KernelResources{};
+  attr->numRegs = res.regs;
+  attr->sharedSizeBytes = res.static_smem;
+  attr->localSizeBytes = res.local_bytes;
+  attr->maxThreadsPerBlock = dflash::kernels::max_threads_per_block(res, a);
+  attr->maxDynamicSharedSizeBytes = dflash::emu::max_dynamic_smem(func);
+  attr->binaryVersion = a.sm;
+  attr->ptxVersion = a.sm;
+  return cudaSuccess;
 }

@@ -16,6 +16,9 @@
 #include <functional>
 #include <string>
 
+#include "kernels/cuda/records/kernel_records.h"
+#include "kernels/gpu_arch.h"
+
 namespace dflash::emu {
 
 // One item of stream work. run() executes once on the device worker, with device memory accessible. When poll is
@@ -73,5 +76,13 @@ struct OrderPolicy {
   unsigned long long seed = 0;
 };
 const OrderPolicy& order_policy();
+
+// DFLASH_EMU_ARCH: the architecture the emulated GPU answers for and whose limits it enforces: sm_90 (the
+// default: an H100/H200, 132 SMs), sm_100 (a B200, 148 SMs) or sm_120 (an RTX PRO 6000 Blackwell, 188 SMs).
+const kernels::GpuArch& emu_arch();
+int emu_sm_count();
+// The record of a registered kernel on emu_arch() (kernels/cuda/records/kernel_records.h): null when the build has
+// no records (kernel_records_available() says why) or, with `missing` set, when the records lack the kernel.
+const kernels::cuda::KernelRecord* kernel_record(const void* func, const char* id, bool* missing);
 
 }  // namespace dflash::emu

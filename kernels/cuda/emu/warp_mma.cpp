@@ -69,6 +69,21 @@ float reg_half(uint32_t reg, int half) { return bf16_bits_to_float(half ? reg >>
 
 // ---- cp.async ----
 
+// DFLASH_EMU_CP_ASYNC: when a copy lands in shared memory. A GPU may land it any time between the issue and the
+// wait that covers it; `wait` (the default) lands it at the wait, the latest (a read of the stage before its
+// wait sees the old data), `issue` at the issue, the earliest (a stage refilled before every warp has finished
+// reading it is overwritten under the readers).
+bool cp_async_lands_at_issue() {
+  static const bool at_issue = [] {
+    const char* m = std::getenv("DFLASH_EMU_CP_ASYNC");
+    if (!m || !*m || std::strcmp(m, "wait") == 0) return false;
+    if (std::strcmp(m, "issue") == 0) return true;
+    std::fprintf(stderr, "emulated GPU: DFLASH_EMU_CP_ASYNC=%s is not 'wait' or 'issue'\n", m);
+    std::abort();
+  }();
+  return at_issue;
+}
+
 struct Copy {
   void* dst;
   const void* src;
@@ -239,6 +254,10 @@ void cp_async(const char* file, int line, bool cg, int bytes, void* smem_dst, co
     misuse(what, file, line, thread_name(),
            "the destination " + address(smem_dst) +
                " lies in a cudaMalloc / cudaMallocHost allocation: cp.async writes shared memory");
+  if (cp_async_lands_at_issue()) {  // the earliest a GPU may land it: a stage refilled too soon shows
+    std::memcpy(smem_dst, gmem_src, size_t(bytes));
+    return;
+  }
   CpAsyncState* s = state_of(t);
   if (!s) {
     s = new CpAsyncState;

@@ -84,7 +84,7 @@ case "$case" in
     "$mpi" --export "$run/ckpt/step_00000002" "$out/step2" --dtype f32 | grep -q "(step 2)" || fail "step folder"
     same_weights "$out/step2" "$run/ckpt/step_00000002" || fail "the step folder's export is not its weights"
     "$mpi" --export "$run" "$out/bf16" >/dev/null  # bf16 is the default
-    grep -q '"torch_dtype": "bfloat16"' "$out/bf16/config.json" || fail "the default dtype is not bf16"
+    grep -q '"dtype": "bfloat16"' "$out/bf16/config.json" || fail "the default dtype is not bf16"
     "$data" export "$out/e_mpi" "$out/re_bf16" | grep -q "the exported drafter" || fail "exported folder as SOURCE"
     same_folder "$out/bf16" "$out/re_bf16"
     echo "ok: --best, step folder, exported folder"

@@ -7,8 +7,10 @@ DIR: an export (dflash_mpi --export), FILE: drafter_forward_dump's forward of th
 float and double on two fixed sequences, with the inputs and a stand-in for the target's embedding and lm_head).
 Asserts, printing every measured difference (rel = max |python - c++| / max |c++| over the tensor):
 
-  1. AutoConfig / AutoModel.from_pretrained(DIR, trust_remote_code=True) give DFlashConfig / DFlashDraftModel from
-     the export's modeling_dflash.py, with no missing or unexpected weight, every weight equal to the file's;
+  1. AutoModel.from_pretrained(DIR, trust_remote_code=True) gives DFlashDraftModel from the export's
+     modeling_dflash.py, with no missing or unexpected weight, every weight equal to the file's; auto_map names
+     only AutoModel (as z-lab's drafters), so AutoConfig gives transformers' Qwen3Config, from which the model
+     takes its DFlashConfig (the facts below, RoPE's base included);
   2. float64 (weights widened from the file): final hidden states and logits vs the C++ double forward,
      rel <= 1e-12. Both compute the same expression in double (the angles of RoPE, the softmax, the norms); what
      remains is the order of the sums, ~1e-16 per operation through 3 layers: a wrong mask, position, norm or
@@ -16,7 +18,7 @@ Asserts, printing every measured difference (rel = max |python - c++| / max |c++
   3. float32: vs the C++ float forward and vs the double one, rel <= 1e-5 (float rounding, 6e-8 per operation,
      grows through the layers' norms and softmax to ~1e-6; the bound leaves 10x);
   4. the bf16 export read as float64: vs the C++ double forward of that export, rel <= 1e-12 (bf16 weights widen
-     exactly on both sides); read as its own dtype (bfloat16, the config's torch_dtype), rel <= 5e-2 against the
+     exactly on both sides); read as its own dtype (bfloat16, the config's dtype), rel <= 5e-2 against the
      double forward (measured 1e-2): bf16 activations keep 8 bits (relative step 2^-8 = 0.4%) and the rounding of
      ~30 operations in a row adds up to about 1% of the largest value;
   5. the model's own contract: an unbatched call equals its batch row (1e-14), the second sequence's padding
@@ -82,13 +84,17 @@ def main():
     d32, d16 = load_file(a.f32_dump), load_file(a.bf16_dump)
 
     print(f"1. {a.f32}: AutoConfig / AutoModel with trust_remote_code")
-    cfg = AutoConfig.from_pretrained(a.f32, trust_remote_code=True)
-    need(type(cfg).__name__ == "DFlashConfig", f"AutoConfig gave {type(cfg).__name__}")
+    qwen3 = AutoConfig.from_pretrained(a.f32, trust_remote_code=True)
+    need(type(qwen3).__name__ == "Qwen3Config", f"AutoConfig gave {type(qwen3).__name__} (auto_map names AutoModel only)")
+    m64 = load(a.f32, F64)
+    cfg = m64.config
+    need(type(cfg).__name__ == "DFlashConfig", f"the model's config is {type(cfg).__name__}")
     need(cfg.target_layer_ids == [1, 4, 6] and cfg.mask_token_id == 100 and cfg.block_size == 4,
          f"config facts: {cfg.target_layer_ids}, {cfg.mask_token_id}, {cfg.block_size}")
     need(cfg.layer_types == ["full_attention", "sliding_attention", "full_attention"] and cfg.sliding_window == 6,
          f"layer types {cfg.layer_types}, window {cfg.sliding_window}")
-    m64 = load(a.f32, F64)
+    need(cfg.rope_theta == qwen3.rope_parameters["rope_theta"] and cfg.rms_norm_eps == qwen3.rms_norm_eps,
+         f"rope_theta {cfg.rope_theta} / eps {cfg.rms_norm_eps} lost on the way from Qwen3Config")
     weights = load_file(f"{a.f32}/model.safetensors")
     state = m64.state_dict()
     need(sorted(state) == sorted(weights), f"parameters {sorted(set(state) ^ set(weights))} differ from the file's")

@@ -586,7 +586,7 @@ printf '{\n  "outcome": "partial",\n  "step": 0\n}\n' >"$out/status.json"
 exit "${STUB_RC:-0}"
 """
 STUB_MPIRUN = r"""#!/usr/bin/env bash
-while [[ $# -gt 0 ]]; do case "$1" in -np|-x|--bind-to) shift 2 ;; -*) shift ;; *) break ;; esac; done
+while [[ $# -gt 0 ]]; do case "$1" in -np|-x|--bind-to|--map-by) shift 2 ;; -*) shift ;; *) break ;; esac; done
 exec "$@"
 """
 STUB_SRUN = r"""#!/usr/bin/env bash
