@@ -108,11 +108,11 @@ def all_blocks(src):
     blocks = markdown_blocks(os.path.join(src, "README.md"), "README.md")
     for name in sorted(os.listdir(os.path.join(src, "docs"))):
         if name.endswith(".md"):
-            blocks += markdown_blocks(os.path.join(src, "docs", name), f"docs/{name}")
+            blocks += markdown_blocks(os.path.join(src, "docs", name), "docs/" + name)
     cfg = os.path.join(src, "mpi_launch", "configs")
     for name in sorted(os.listdir(cfg)):
         if name.endswith(".yaml"):
-            blocks += template_blocks(os.path.join(cfg, name), f"mpi_launch/configs/{name}")
+            blocks += template_blocks(os.path.join(cfg, name), "mpi_launch/configs/" + name)
     return blocks
 
 
