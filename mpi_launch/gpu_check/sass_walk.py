@@ -11,9 +11,9 @@ Prints the count and the count per opcode.
 
 docs/benchmarks.md ("The state pass on 8 warps") counts delta_chunk_state_kernel<128, 3> of
 kernels/cuda/deltanet_chunked.cu this way (nvcc 13.1, `nvcc -cubin -O3 -std=c++17 -I. -DNDEBUG
--DDFLASH_CUDA_BACKEND=1 -DDFLASH_WITH_CUDA=1 -gencode arch=compute_90,code=sm_90`) for a full chunk with aligned inputs: the prefetch issued, the fixed-piece path taken,
-V' and every key tile of the update computed. The addresses change with the compiler and the source: read the
-loop's branches (grep BRA) and decide each from the source.
+-DDFLASH_CUDA_BACKEND=1 -DDFLASH_WITH_CUDA=1 -gencode arch=compute_90,code=sm_90`) for a full chunk with aligned
+inputs: the prefetch issued, the fixed-piece path taken, V' and every key tile of the update computed. The addresses
+change with the compiler and the source: read the loop's branches (grep BRA) and decide each from the source.
 """
 import re, sys, collections
 if len(sys.argv) < 4:
