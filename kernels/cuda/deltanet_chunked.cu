@@ -6,9 +6,9 @@
 //                T = (I + A)⁻¹: the four 16×16 diagonal blocks by forward substitution (a lane per column), the
 //                six blocks below them merged on the tensor cores in bf16x3 (hi + lo halves, ~2⁻¹⁶ of |x||y|;
 //                fla merges in tf32); W = T (β e^γ K) → scratch, U = T (β V) → out, γ → scratch.
-//   2. state     grid (value head, 32 state columns): the only serial pass. Per chunk: V' = U − W S₀ (mma) → out
-//                (U's place), S ← e^{γlast} S₀ + Kᵀ (e^{γlast−γ} V') (mma into the fp32 registers); S₀ in bf16 →
-//                scratch (the output pass's operand). The next chunks' W, K, U, γ arrive by cp.async meanwhile
+//   2. state     grid (value head, 32 state columns), 8 warps: the only serial pass. Per chunk: V' = U − W S₀
+//                (mma) → out (U's place), S ← e^{γlast} S₀ + Kᵀ (e^{γlast−γ} V') (mma into the fp32 registers); S₀
+//                in bf16 → scratch (the output pass's operand). The next chunks' W, K, U, γ arrive by cp.async meanwhile
 //                (3 stages where the device's shared memory allows, else 2).
 //   3. output    grid (chunk, value head, 64 value columns): O = e^γ (Q S₀) + (Q Kᵀ ⊙ D ⊙ causal) V' → out.
 // Where bf16 rounding happens (fla's places): β e^γ K, β V, T, W, U (phase 1); S₀ as the mma operand, V' as phase 3
@@ -728,12 +728,12 @@ void launch_chunked(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, co
   constexpr size_t smem3 = StateSmem<DK, 3>::bytes, smem2 = StateSmem<DK, 2>::bytes;
   if (smem3 <= current_device_limits().smem_per_block_optin) {
     allow_smem<delta_chunk_state_kernel<DK, 3>>(smem3, "delta_chunk_state_kernel (3 stages)", shape);
-    DFLASH_LAUNCH(state_grid, kStateBlock, smem3, st, delta_chunk_state_kernel<DK, 3>)(out, states_ws, state, k, gamma_ws,
-                                                                                 w_ws, S, KH, VH, dv, P, async);
+    DFLASH_LAUNCH(state_grid, kStateBlock, smem3, st, delta_chunk_state_kernel<DK, 3>)(
+        out, states_ws, state, k, gamma_ws, w_ws, S, KH, VH, dv, P, async);
   } else {
     allow_smem<delta_chunk_state_kernel<DK, 2>>(smem2, "delta_chunk_state_kernel (2 stages)", shape);
-    DFLASH_LAUNCH(state_grid, kStateBlock, smem2, st, delta_chunk_state_kernel<DK, 2>)(out, states_ws, state, k, gamma_ws,
-                                                                                 w_ws, S, KH, VH, dv, P, async);
+    DFLASH_LAUNCH(state_grid, kStateBlock, smem2, st, delta_chunk_state_kernel<DK, 2>)(
+        out, states_ws, state, k, gamma_ws, w_ws, S, KH, VH, dv, P, async);
   }
   if (marks && marks->after_state) DFLASH_CUDA_CHECK(cudaEventRecord(marks->after_state, st));
 
