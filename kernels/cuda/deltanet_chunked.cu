@@ -6,9 +6,9 @@
 //                T = (I + A)⁻¹: the four 16×16 diagonal blocks by forward substitution (a lane per column), the
 //                six blocks below them merged on the tensor cores in bf16x3 (hi + lo halves, ~2⁻¹⁶ of |x||y|;
 //                fla merges in tf32); W = T (β e^γ K) → scratch, U = T (β V) → out, γ → scratch.
-//   2. state     grid (value head, 32 state columns): the only serial pass. Per chunk: V' = U − W S₀ (mma) → out
-//                (U's place), S ← e^{γlast} S₀ + Kᵀ (e^{γlast−γ} V') (mma into the fp32 registers); S₀ in bf16 →
-//                scratch (the output pass's operand). The next chunks' W, K, U, γ arrive by cp.async meanwhile
+//   2. state     grid (value head, 32 state columns), 8 warps: the only serial pass. Per chunk: V' = U − W S₀
+//                (mma) → out (U's place), S ← e^{γlast} S₀ + Kᵀ (e^{γlast−γ} V') (mma into the fp32 registers); S₀
+//                in bf16 → scratch (the output pass's operand). The next chunks' W, K, U, γ arrive by cp.async meanwhile
 //                (3 stages where the device's shared memory allows, else 2).
 //   3. output    grid (chunk, value head, 64 value columns): O = e^γ (Q S₀) + (Q Kᵀ ⊙ D ⊙ causal) V' → out.
 // Where bf16 rounding happens (fla's places): β e^γ K, β V, T, W, U (phase 1); S₀ as the mma operand, V' as phase 3
@@ -107,13 +107,13 @@ __device__ __forceinline__ void mma_x3(MmaFragC& acc, const MmaFragA& ah, const 
 // ---- global → shared ----
 
 // dst[ROWS, W] (row stride ld) = rows [0, n) of src (row stride src_ld elements), zeros after; W a multiple of 8.
-// async: 16-byte cp.async (the caller commits and waits), else plain loads. Thread tid handles the pieces
-// idx = tid, tid + kBlock, … (own_pieces visits the same ones: a thread may touch what it loaded without a barrier).
-template <int ROWS, int W>
+// async: 16-byte cp.async (the caller commits and waits), else plain loads. Thread tid of THREADS handles the pieces
+// idx = tid, tid + THREADS, … (own_pieces visits the same ones: a thread may touch what it loaded without a barrier).
+template <int ROWS, int W, int THREADS = kBlock>
 __device__ __forceinline__ void load_rows(bf16* dst, int ld, const bf16* src, size_t src_ld, int n, bool async,
                                           int tid) {
   constexpr int kPieces = W / 8;  // 16-byte pieces a row
-  for (int idx = tid; idx < ROWS * kPieces; idx += kBlock) {
+  for (int idx = tid; idx < ROWS * kPieces; idx += THREADS) {
     const int r = idx / kPieces, p = idx % kPieces;
     bf16* d = dst + size_t(r) * ld + p * 8;
     if (r >= n) {
@@ -374,6 +374,12 @@ __global__ void __launch_bounds__(kBlock, 1)
 
 // ================================ 2. state: the serial pass ================================
 
+// Eight warps a state block (twice the prepare and output passes' four): the chunk's two dependent products are
+// split over them so that each warp issues half the instructions of a four-warp block and each SM scheduler has
+// two warps to switch between while one waits on an mma, an ldmatrix or a barrier.
+constexpr int kStateWarps = 8;
+constexpr int kStateBlock = kStateWarps * kWarp;
+
 template <int DK, int STAGES>
 struct StateSmem {
   static constexpr int kK = DK + kPad;          // row stride of the [64, DK] tiles
@@ -384,21 +390,40 @@ struct StateSmem {
   static constexpr size_t sb = STAGES * stage;              // S₀ in bf16 [DK, 32]
   static constexpr size_t vs = sb + size_t(DK) * kN * 2;    // e^{γlast−γ} V' in bf16 [64, 32]
   static constexpr size_t bytes = vs + size_t(kChunk) * kN * 2;
-  static_assert(stage % 16 == 0 && ks % 16 == 0 && us % 16 == 0 && gs % 16 == 0, "tiles 16-byte aligned");
+  static_assert(stage % 16 == 0 && ks % 16 == 0 && us % 16 == 0 && gs % 16 == 0 && sb % 16 == 0,
+                "tiles 16-byte aligned");
+};
+
+// Which 16-byte pieces of a full chunk's stage thread tid copies, fixed for the whole pass (the addressing is
+// computed once, not per chunk): W and K rows tid / kRowPieces + j·kRowsPass (j < kPasses), piece tid % kRowPieces;
+// U row tid / 4, piece tid % 4 (64 rows × 4 pieces: one a thread); γ pieces tid < 16. S₀'s copy to the scratch:
+// rows tid / 4 + j·64 (j < DK / 64), piece tid % 4.
+template <int DK>
+struct StatePieces {
+  static constexpr int kRowPieces = DK / 8, kRowsPass = kStateBlock / kRowPieces, kPasses = kChunk / kRowsPass;
+  static constexpr int kSPasses = DK / 64;
+  static_assert(kStateBlock == kChunk * (kStateCols / 8) && kChunk % kRowsPass == 0, "U: one piece a thread");
 };
 
 // vnew [S, VH, dv]: U on entry (rows < S), V' on return; states_ws [VH, chunks, DK, dv]: S₀ of every chunk (bf16);
 // state [VH, DK, dv] fp32: before position 0 on entry, after S − 1 on return (null: zero, not written).
-// Warp w holds state rows [w·DK/4, (w+1)·DK/4) × the block's 32 columns as mma accumulators, for the whole sequence.
+// The block's state S[DK, 32] lives in the warps' mma accumulators for the whole sequence, as [DK/16] m-tiles ×
+// 4 n-tiles of 16×8 spread over the 8 warps: warp w holds m-tile w % (DK/16) and kUpdN = 32·DK/16/8/8 consecutive
+// n-tiles (dk 128: 16 rows × 32 columns; dk 64: 16 rows × 16 columns). V' = U − W S₀ [64, 32]: warp w computes
+// token rows 16·(w % 4) × columns 16·(w / 4) (4 row tiles × 2 column halves).
+// The arithmetic per element (operands, rounding points, the order of every fp32 sum) is the four-warp kernel's:
+// V' sums the even and the odd k steps in two accumulators, the state update adds the key tiles in order.
 template <int DK, int STAGES>
-__global__ void __launch_bounds__(kBlock, 1)
+__global__ void __launch_bounds__(kStateBlock, 1)
     delta_chunk_state_kernel(bf16* vnew, bf16* states_ws, float* state, const bf16* k, const float* gamma_ws,
                              const bf16* w_ws, int S, int KH, int VH, int dv, int P, bool async) {
   using L = StateSmem<DK, STAGES>;
+  using Pc = StatePieces<DK>;
   constexpr int kK = L::kK, kN = L::kN;
-  constexpr int kRowsPerWarp = DK / kWarps;       // state rows a warp holds
-  constexpr int kStateTiles = kRowsPerWarp / 16;  // 1 (dk 64) or 2 (dk 128)
-  constexpr int kColTiles = kStateCols / 8;       // 4 n-tiles
+  constexpr int kMTiles = DK / 16;                                  // 16-row tiles of the state
+  constexpr int kColTiles = kStateCols / 8;                         // 4 n-tiles
+  constexpr int kUpdN = kColTiles * kMTiles / kStateWarps;          // n-tiles of the state a warp holds (4 or 2)
+  static_assert(kUpdN >= 2 && kUpdN % 2 == 0, "whole ldmatrix_x4 pairs of n-tiles");
   DFLASH_DYNAMIC_SHARED(uint4, smem_raw);
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
   bf16* Sb = reinterpret_cast<bf16*>(smem + L::sb);
@@ -406,31 +431,52 @@ __global__ void __launch_bounds__(kBlock, 1)
 
   const int h = blockIdx.x, col0 = blockIdx.y * kStateCols, kh = h / (VH / KH);
   const int tid = threadIdx.x, lane = tid % kWarp, w = tid / kWarp;
-  const int srow0 = w * kRowsPerWarp;
   const int chunks = P / kChunk;
+  const int srow0 = (w % kMTiles) * 16, snt0 = (w / kMTiles) * kUpdN;  // this warp's state tiles
+  const int vrow0 = (w % 4) * 16, vcol0 = (w / 4) * 16;                 // this warp's tile of V'
 
-  MmaFragC st[kStateTiles][kColTiles];  // S rows [srow0, srow0 + kRowsPerWarp) × columns [col0, col0 + 32), fp32
+  MmaFragC st[kUpdN];  // S rows [srow0, srow0 + 16) × columns col0 + 8·[snt0, snt0 + kUpdN), fp32
 #pragma unroll
-  for (int mt = 0; mt < kStateTiles; ++mt)
+  for (int nt = 0; nt < kUpdN; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < kColTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = srow0 + mt * 16 + c_row(lane, e), col = col0 + nt * 8 + c_col(lane, e);
-        st[mt][nt].reg[e] = state ? state[(size_t(h) * DK + row) * dv + col] : 0.f;
-      }
+    for (int e = 0; e < 4; ++e) {
+      const int row = srow0 + c_row(lane, e), col = col0 + (snt0 + nt) * 8 + c_col(lane, e);
+      st[nt].reg[e] = state ? state[(size_t(h) * DK + row) * dv + col] : 0.f;
+    }
 
-  // chunk c's W, K, U, γ into stage c % STAGES; a group is committed even past the end (the wait counts groups)
+  // this thread's pieces of a full chunk (StatePieces), as offsets from chunk 0
+  const int prow = tid / Pc::kRowPieces, ppiece = (tid % Pc::kRowPieces) * 8;
+  const bf16* w_src = w_ws + (size_t(h) * P + prow) * DK + ppiece;
+  const bf16* k_src = k + (size_t(prow) * KH + kh) * DK + ppiece;
+  const bf16* u_src = vnew + (size_t(tid / 4) * VH + h) * dv + col0 + (tid % 4) * 8;
+  const size_t w_step = size_t(kChunk) * DK, k_step = size_t(kChunk) * KH * DK, u_step = size_t(kChunk) * VH * dv;
+  const int wk_dst = prow * kK + ppiece, u_dst = (tid / 4) * kN + (tid % 4) * 8;
+
+  // chunk c's W, K, U, γ into stage c % STAGES; a group is committed even past the end (the wait counts groups).
+  // A full chunk with 16-byte aligned inputs takes the fixed pieces; the last partial chunk and misaligned
+  // inputs the general loops (zeros past the chunk's end, plain loads).
   auto issue = [&](int c) {
     if (c < chunks) {
       unsigned char* s = smem + size_t(c % STAGES) * L::stage;
+      bf16* Wd = reinterpret_cast<bf16*>(s + L::ws);
+      bf16* Kd = reinterpret_cast<bf16*>(s + L::ks);
+      bf16* Ud = reinterpret_cast<bf16*>(s + L::us);
       const int c0 = c * kChunk, n = min(kChunk, S - c0);
-      load_rows<kChunk, DK>(reinterpret_cast<bf16*>(s + L::ws), kK, w_ws + (size_t(h) * P + c0) * DK, DK, kChunk,
-                            true, tid);
-      load_rows<kChunk, DK>(reinterpret_cast<bf16*>(s + L::ks), kK, k + (size_t(c0) * KH + kh) * DK, size_t(KH) * DK,
-                            n, async, tid);
-      load_rows<kChunk, kStateCols>(reinterpret_cast<bf16*>(s + L::us), kN, vnew + (size_t(c0) * VH + h) * dv + col0,
-                                    size_t(VH) * dv, n, async, tid);
+      if (async && n == kChunk) {
+        const bf16* wsrc = w_src + size_t(c) * w_step;
+        const bf16* ksrc = k_src + size_t(c) * k_step;
+#pragma unroll
+        for (int j = 0; j < Pc::kPasses; ++j) {
+          cp_async_cg(Wd + wk_dst + j * Pc::kRowsPass * kK, wsrc + size_t(j) * Pc::kRowsPass * DK);
+          cp_async_cg(Kd + wk_dst + j * Pc::kRowsPass * kK, ksrc + size_t(j) * Pc::kRowsPass * KH * DK);
+        }
+        cp_async_cg(Ud + u_dst, u_src + size_t(c) * u_step);
+      } else {
+        load_rows<kChunk, DK, kStateBlock>(Wd, kK, w_ws + (size_t(h) * P + c0) * DK, DK, kChunk, true, tid);
+        load_rows<kChunk, DK, kStateBlock>(Kd, kK, k + (size_t(c0) * KH + kh) * DK, size_t(KH) * DK, n, async, tid);
+        load_rows<kChunk, kStateCols, kStateBlock>(Ud, kN, vnew + (size_t(c0) * VH + h) * dv + col0, size_t(VH) * dv,
+                                                   n, async, tid);
+      }
       load_gamma(reinterpret_cast<float*>(s + L::gs), gamma_ws + size_t(h) * P + c0, tid);
     }
     cp_async_commit_group();
@@ -446,47 +492,49 @@ __global__ void __launch_bounds__(kBlock, 1)
     const bf16* Us = reinterpret_cast<const bf16*>(s + L::us);
     const float* gs = reinterpret_cast<const float*>(s + L::gs);
     cp_async_wait_group<STAGES - 2>();  // chunk c has landed (this thread's copies)
-    // S₀ in bf16: the operand here and, through the scratch, of the output pass
-    bf16* sc = states_ws + (size_t(h) * chunks + c) * DK * dv + col0;
+    // S₀ in bf16, the operand of V' (this warp's tiles)
 #pragma unroll
-    for (int mt = 0; mt < kStateTiles; ++mt)
+    for (int nt = 0; nt < kUpdN; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < kColTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int row = srow0 + mt * 16 + c_row(lane, e), col = nt * 8 + c_col(lane, e);
-          const uint32_t pair = pack_bf16x2_rn(st[mt][nt].reg[e], st[mt][nt].reg[e + 1]);
-          *reinterpret_cast<uint32_t*>(Sb + size_t(row) * kN + col) = pair;
-          *reinterpret_cast<uint32_t*>(sc + size_t(row) * dv + col) = pair;
-        }
+      for (int e = 0; e < 4; e += 2) {
+        const int row = srow0 + c_row(lane, e), col = (snt0 + nt) * 8 + c_col(lane, e);
+        store_pair(Sb + size_t(row) * kN + col, st[nt].reg[e], st[nt].reg[e + 1]);
+      }
     __syncthreads();  // chunk c and S₀ visible to all; every read of chunk c − 1 is done
     issue(c + STAGES - 1);
 
-    // V' = U − W S₀ (this warp's 16 token rows), two accumulators over alternate k steps (half the dependent chain)
-    const float last = gs[n - 1];
-    if (w < tiles) {
-      MmaFragC acc[2][kColTiles];
+    // S₀ in bf16 → scratch (the output pass's operand), 16-byte pieces of whole rows
+    {
+      bf16* sc = states_ws + (size_t(h) * chunks + c) * DK * dv + col0;
 #pragma unroll
-      for (int nt = 0; nt < kColTiles; ++nt) zero(acc[0][nt]), zero(acc[1][nt]);
+      for (int j = 0; j < Pc::kSPasses; ++j) {
+        const int row = tid / 4 + 64 * j, piece = (tid % 4) * 8;
+        *reinterpret_cast<uint4*>(sc + size_t(row) * dv + piece) =
+            *reinterpret_cast<const uint4*>(Sb + size_t(row) * kN + piece);
+      }
+    }
+
+    // V' = U − W S₀ (this warp's 16 token rows × 16 columns), two accumulators over alternate k steps
+    const float last = gs[n - 1];
+    if (vrow0 < n) {
+      MmaFragC acc[2][2];
+      zero(acc[0][0]), zero(acc[0][1]), zero(acc[1][0]), zero(acc[1][1]);
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) {
         MmaFragA aw;
-        load_a(aw, Ws, kK, 16 * w, 16 * kk, lane);
-#pragma unroll
-        for (int np = 0; np < kColTiles / 2; ++np) {
-          MmaFragB b0, b1;
-          load_b_kn(b0, b1, Sb, kN, 16 * kk, 16 * np, lane);
-          mma_m16n8k16_bf16(acc[kk & 1][2 * np], aw, b0, acc[kk & 1][2 * np]);
-          mma_m16n8k16_bf16(acc[kk & 1][2 * np + 1], aw, b1, acc[kk & 1][2 * np + 1]);
-        }
+        load_a(aw, Ws, kK, vrow0, 16 * kk, lane);
+        MmaFragB b0, b1;
+        load_b_kn(b0, b1, Sb, kN, 16 * kk, vcol0, lane);
+        mma_m16n8k16_bf16(acc[kk & 1][0], aw, b0, acc[kk & 1][0]);
+        mma_m16n8k16_bf16(acc[kk & 1][1], aw, b1, acc[kk & 1][1]);
       }
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
-        const int i = 16 * w + c_row(lane, e);
-        const float f = expf(last - gs[i]);
+        const int i = vrow0 + c_row(lane, e);
+        const float f = expf(last - gs[i]);  // once a row
 #pragma unroll
-        for (int nt = 0; nt < kColTiles; ++nt) {
-          const int col = nt * 8 + c_col(lane, e);
+        for (int nt = 0; nt < 2; ++nt) {
+          const int col = vcol0 + nt * 8 + c_col(lane, e);
           const uint32_t u = *reinterpret_cast<const uint32_t*>(Us + size_t(i) * kN + col);
           const float v0 = __bfloat162float(bf16x2_lo(u)) - (acc[0][nt].reg[e] + acc[1][nt].reg[e]);
           const float v1 = __bfloat162float(bf16x2_hi(u)) - (acc[0][nt].reg[e + 1] + acc[1][nt].reg[e + 1]);
@@ -497,41 +545,35 @@ __global__ void __launch_bounds__(kBlock, 1)
     }
     const float decay = expf(last);
 #pragma unroll
-    for (int mt = 0; mt < kStateTiles; ++mt)
+    for (int nt = 0; nt < kUpdN; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < kColTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[mt][nt].reg[e] *= decay;
+      for (int e = 0; e < 4; ++e) st[nt].reg[e] *= decay;
     __syncthreads();  // e^{γlast−γ} V' complete
 
-    // S ← e^{γlast} S₀ + Kᵀ (e^{γlast−γ} V') (this warp's state rows)
+    // S ← e^{γlast} S₀ + Kᵀ (e^{γlast−γ} V') (this warp's state tiles)
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt)
       if (kt < tiles) {
-        MmaFragB bv[kColTiles];
+        MmaFragB bv[kUpdN];
 #pragma unroll
-        for (int np = 0; np < kColTiles / 2; ++np) load_b_kn(bv[2 * np], bv[2 * np + 1], Vs, kN, 16 * kt, 16 * np, lane);
+        for (int np = 0; np < kUpdN / 2; ++np)
+          load_b_kn(bv[2 * np], bv[2 * np + 1], Vs, kN, 16 * kt, (snt0 + 2 * np) * 8, lane);
+        MmaFragA ak;
+        load_a_trans(ak, Kt, kK, srow0, 16 * kt, lane);
 #pragma unroll
-        for (int mt = 0; mt < kStateTiles; ++mt) {
-          MmaFragA ak;
-          load_a_trans(ak, Kt, kK, srow0 + mt * 16, 16 * kt, lane);
-#pragma unroll
-          for (int nt = 0; nt < kColTiles; ++nt) mma_m16n8k16_bf16(st[mt][nt], ak, bv[nt], st[mt][nt]);
-        }
+        for (int nt = 0; nt < kUpdN; ++nt) mma_m16n8k16_bf16(st[nt], ak, bv[nt], st[nt]);
       }
   }
   cp_async_wait_group<0>();  // the empty groups past the end
 
   if (state)
 #pragma unroll
-    for (int mt = 0; mt < kStateTiles; ++mt)
+    for (int nt = 0; nt < kUpdN; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < kColTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = srow0 + mt * 16 + c_row(lane, e), col = col0 + nt * 8 + c_col(lane, e);
-          state[(size_t(h) * DK + row) * dv + col] = st[mt][nt].reg[e];
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int row = srow0 + c_row(lane, e), col = col0 + (snt0 + nt) * 8 + c_col(lane, e);
+        state[(size_t(h) * DK + row) * dv + col] = st[nt].reg[e];
+      }
 }
 
 // ================================ 3. output ================================
@@ -686,12 +728,12 @@ void launch_chunked(cudaStream_t st, bf16* out, const bf16* q, const bf16* k, co
   constexpr size_t smem3 = StateSmem<DK, 3>::bytes, smem2 = StateSmem<DK, 2>::bytes;
   if (smem3 <= current_device_limits().smem_per_block_optin) {
     allow_smem<delta_chunk_state_kernel<DK, 3>>(smem3, "delta_chunk_state_kernel (3 stages)", shape);
-    DFLASH_LAUNCH(state_grid, kBlock, smem3, st, delta_chunk_state_kernel<DK, 3>)(out, states_ws, state, k, gamma_ws,
-                                                                                 w_ws, S, KH, VH, dv, P, async);
+    DFLASH_LAUNCH(state_grid, kStateBlock, smem3, st, delta_chunk_state_kernel<DK, 3>)(
+        out, states_ws, state, k, gamma_ws, w_ws, S, KH, VH, dv, P, async);
   } else {
     allow_smem<delta_chunk_state_kernel<DK, 2>>(smem2, "delta_chunk_state_kernel (2 stages)", shape);
-    DFLASH_LAUNCH(state_grid, kBlock, smem2, st, delta_chunk_state_kernel<DK, 2>)(out, states_ws, state, k, gamma_ws,
-                                                                                 w_ws, S, KH, VH, dv, P, async);
+    DFLASH_LAUNCH(state_grid, kStateBlock, smem2, st, delta_chunk_state_kernel<DK, 2>)(
+        out, states_ws, state, k, gamma_ws, w_ws, S, KH, VH, dv, P, async);
   }
   if (marks && marks->after_state) DFLASH_CUDA_CHECK(cudaEventRecord(marks->after_state, st));
 

@@ -19,7 +19,8 @@ command -v stdbuf >/dev/null && lb=(stdbuf -oL -eL)
 if gc_need_gpu && gc_setup; then
   bench="$gc_build/apps/dflash_bench"
   # the chunk-parallel gated delta rule at the seed's heaviest TP-5 shard (12 value / 4 key heads of 128, S 8192, 48
-  # layers): each pass by CUDA events, against the per-token kernel; docs/benchmarks.md predicts 4.4-6.2 ms a forward
+  # layers): each pass by CUDA events, against the per-token kernel; measured 26.4 ms a forward with the 4-warp state
+  # pass (printed beside), docs/benchmarks.md predicts 11.9-15.2 ms with the 8-warp one
   step bench_delta 90 "${lb[@]}" "$bench" cuda delta --reps 3
   # DFlash attention, bf16, the seed's shapes: forward and backward TFLOP/s on tensor cores and on CUDA cores (the
   # CUDA-core kernels are estimated at 1.4-6 s per forward+backward here; DFLASH_BENCH_CORES=0 leaves them out)

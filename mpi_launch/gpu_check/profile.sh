@@ -27,7 +27,7 @@ if gc_need_gpu && gc_setup; then
   if want ncu && command -v ncu >/dev/null; then
     step ncu_delta 150 ncu --clock-control none --kernel-name regex:delta_chunk --launch-skip 3 --launch-count 3 \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-      --section LaunchStats "$bench" cuda delta --reps 1 --layers 1
+      --section LaunchStats --section InstructionStats "$bench" cuda delta --reps 1 --layers 1
   fi
   want twins && step twins_again 120 "$gc_build/tests/cuda/dflash_cuda_tests" \
     "--test-case=cuda twin elementwise:*,cuda twin bf16:*,cuda twin attention_tc: split-K through*"
