@@ -287,7 +287,8 @@ void check_ordered(const std::string& dir, const std::string& hash_file, comm::T
       opt.ordered_allreduce = ordered == 1;
       model::TargetModel target(dir + "/" + c.model, nccl, opt);
       layers = target.config().layers;
-      for (int dev = 0; dev < 2; ++dev) got[ordered][dev] = ordered_forward(target, dev ? MemoryKind::device : MemoryKind::host);
+      for (int dev = 0; dev < 2; ++dev)
+        got[ordered][dev] = ordered_forward(target, dev ? MemoryKind::device : MemoryKind::host);
     }
     const std::string name = fmt::format("{} {} tp_allreduce {}", c.model, name_of(c.precision), name_of(c.sum));
     for (int dev = 0; dev < 2; ++dev) {
@@ -345,7 +346,8 @@ void check_ordered_hang(const std::string& dir, comm::Transport& nccl, int rank)
                        error.find("NCCL target TP group (world rank 0, rank 0 of 2)") != std::string::npos &&
                        error.find("no completion after 3 s") != std::string::npos &&
                        error.find("aborted") != std::string::npos;
-    expect(named, rank, "the stalled stream-ordered all-reduce fails naming the operation and the rank: '" + error + "'");
+    expect(named, rank,
+           "the stalled stream-ordered all-reduce fails naming the operation and the rank: '" + error + "'");
     expect(timer.seconds() < 30, rank, "the stalled all-reduce fails within the bound");
     std::printf("nccl_check: a stream-ordered all-reduce nobody joins failed after %.1f s: %s\n", timer.seconds(),
                 error.c_str());
