@@ -227,6 +227,31 @@ class NcclTransport final : public Transport {
     reduce(data, n, ncclBfloat16, sizeof(uint16_t), "ncclAllReduce(bf16)");
   }
 
+  bool orders_on_device_streams() const override { return true; }
+  Request allreduce_sum_ordered(void* data, size_t n, DeviceSum type, void* compute_stream) override {
+    const bool bf16 = type == DeviceSum::bf16;
+    const std::string what =
+        fmt::format("ncclAllReduce({}) of {} elements (stream-ordered)", bf16 ? "bf16" : "float", n);
+    s_->require_alive(what.c_str());
+    DFLASH_CHECK(group_depth_ == 0, "{}: {} inside a point-to-point group", s_->who(), what);
+    if (n == 0) return Request();
+    DFLASH_CHECK(is_device_pointer(data), "{}: {} on a host buffer: the stream-ordered all-reduce sums device memory "
+                 "in place (host buffers take allreduce_sum)", s_->who(), what);
+    auto compute = static_cast<cudaStream_t>(compute_stream);
+    auto op = std::make_shared<NcclOp>();
+    op->s = s_;
+    op->what = what;
+    // NCCL's stream starts the sum once the compute stream has written the partial sums; the compute stream's
+    // later work (the residual add, the next layer rewriting the buffer) starts once the sum is done
+    wait_on_device(s_->stream, compute, "the partial sums");
+    s_->settle(ncclAllReduce(data, data, n, bf16 ? ncclBfloat16 : ncclFloat32, ncclSum, s_->comm, s_->stream),
+               op->what);
+    record(*op);
+    cuda_check(cudaStreamWaitEvent(compute, op->done, 0), "cudaStreamWaitEvent (the compute stream on the sum)",
+               s_->who());
+    return Request(std::make_unique<NcclRequest>(op));
+  }
+
   void broadcast_bytes(void* data, size_t bytes, int root) override {
     if (bytes == 0) return;
     auto op = begin_op(fmt::format("ncclBroadcast({} bytes from rank {})", bytes, root), data, bytes, true,
@@ -302,14 +327,21 @@ class NcclTransport final : public Transport {
       if (copy_in)
         cuda_check(cudaMemcpyAsync(op->staging, data, bytes, cudaMemcpyHostToDevice, s_->copy),
                    "cudaMemcpyAsync (host to staging)", s_->who());
-      cudaEvent_t staged = nullptr;
-      cuda_check(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming), "cudaEventCreate", s_->who());
-      cuda_check(cudaEventRecord(staged, s_->copy), "cudaEventRecord (staged)", s_->who());
-      cuda_check(cudaStreamWaitEvent(s_->stream, staged, 0), "cudaStreamWaitEvent (staged)", s_->who());
-      cudaEventDestroy(staged);  // released once the wait is resolved
+      wait_on_device(s_->stream, s_->copy, "staged");
       if (copy_out) op->host_out = data;
     }
     return op;
+  }
+
+  // `waiter`'s later work runs after the work queued on `producer` so far, with no host wait: an event recorded
+  // on `producer`, waited for by `waiter`, then released (CUDA frees it once the wait is resolved).
+  void wait_on_device(cudaStream_t waiter, cudaStream_t producer, const char* what) {
+    cudaEvent_t ready = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate", s_->who());
+    cuda_check(cudaEventRecord(ready, producer), fmt::format("cudaEventRecord ({})", what).c_str(), s_->who());
+    cuda_check(cudaStreamWaitEvent(waiter, ready, 0), fmt::format("cudaStreamWaitEvent ({})", what).c_str(),
+               s_->who());
+    cudaEventDestroy(ready);
   }
 
   void record(NcclOp& op) {

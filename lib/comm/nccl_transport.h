@@ -11,7 +11,9 @@
 // belong to the control plane, MPI). Posted receives cannot be cancelled (cancellable_receives() is false: the
 // packet receiver posts a packet's data only after its header arrived on the control plane).
 // Streams: each NcclTransport has its own CUDA stream, so the packet links, the TP all-reduce and the DP
-// all-reduce never queue behind one another.
+// all-reduce never queue behind one another. The stream-ordered all-reduce (allreduce_sum_ordered: the target's TP
+// sum) joins the caller's compute stream to NCCL's by events both ways, so neither host waits; its Request's wait
+// is the bounded poll below.
 // Failure: the communicator is non-blocking (ncclConfig_t.blocking = 0); every wait polls the CUDA event and
 // ncclCommGetAsyncError. An NCCL error, or a wait longer than timeout_seconds (> 0), aborts the communicator
 // (ncclCommAbort) and throws dflash::Error naming the rank, the communicator and the operation; the trainer's

@@ -11,6 +11,11 @@ void Transport::allreduce_sum_bf16_device(uint16_t*, size_t n) {
               "ask sums_bf16_on_device() first", n);
 }
 
+Request Transport::allreduce_sum_ordered(void*, size_t n, DeviceSum, void*) {
+  DFLASH_FAIL("a stream-ordered all-reduce of {} device values on a transport that does not queue on device streams "
+              "(MPI): callers ask orders_on_device_streams() first", n);
+}
+
 void SelfTransport::send_bytes(const void*, size_t, int dest, int) {
   DFLASH_FAIL("SelfTransport: no rank {} to send to (a group of one has no peers)", dest);
 }

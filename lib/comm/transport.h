@@ -100,6 +100,17 @@ class Transport {
   // (NCCL); elsewhere an error.
   virtual bool sums_bf16_on_device() const { return false; }
   virtual void allreduce_sum_bf16_device(uint16_t* data, size_t n);
+  // A stream-ordered all-reduce on the device (NCCL): data[n] (=) sum over the ranks, data in this rank's device
+  // memory, n values of `type` (fp32 summed in fp32; bf16 as allreduce_sum_bf16_device sums it). It runs after the
+  // work queued so far on `compute_stream` (a cudaStream_t; events, not a host wait), and the work queued there
+  // afterwards runs after the sum; the call returns once the sum is queued. The Request completes with the sum:
+  // its wait() is the transport's bounded wait (the watchdog: an error naming the operation and the ranks, the
+  // communicator aborted), so a caller about to wait for compute_stream on the host (a download, a synchronize)
+  // waits for its pending requests first, and an all-reduce that never completes ends in that error rather than in
+  // an unbounded stream synchronisation. Only where orders_on_device_streams() is true (NCCL); elsewhere an error.
+  enum class DeviceSum { fp32, bf16 };
+  virtual bool orders_on_device_streams() const { return false; }
+  virtual Request allreduce_sum_ordered(void* data, size_t n, DeviceSum type, void* compute_stream);
   // Point-to-point calls between group_start and group_end are issued together (NCCL: ncclGroupStart/End, so the
   // transfers to or from several peers progress at once); their requests may be waited for only after group_end.
   // MPI needs no grouping: no-ops.

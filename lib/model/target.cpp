@@ -195,6 +195,14 @@ class EngineT final : public TargetModel::Engine {
   void reserve_activations(size_t bytes);
   // all-reduce of part[n] in backend memory over the TP group. f32: an fp32 [n] scratch in backend memory (bf16).
   void timed_allreduce(T* part, size_t n, float* f32);
+  // data[n] (device memory, `type`) summed over the TP group on the NCCL plane: stream-ordered (queued, tracked in
+  // pending_sums_) or host-synchronised (TargetOptions::ordered_allreduce)
+  void device_allreduce(void* data, size_t n, comm::Transport::DeviceSum type);
+  // waits for the stream-ordered all-reduces queued so far, each with the transport's bounded wait: before any host
+  // wait for the backend's stream (which would wait for them unbounded) and at the forward's end
+  void settle_sums();
+  // the backend's stream synchronised, the pending sums settled first
+  void synchronize();
   // dst[S, ld] columns [0, H) (=) src[S, H] as fp32. direct: dst in the backend's memory (a strided conversion
   // there); else dst on the host of a device backend (through f32, an fp32 [S, H] scratch in backend memory for
   // T ≠ float, and the host stage).
@@ -218,6 +226,9 @@ class EngineT final : public TargetModel::Engine {
   std::vector<R> reduce_stage_;     // [S, H] host staging of the all-reduce (device backend, host transport)
   bool bf16_allreduce_ = false;     // TargetOptions::tp_allreduce bf16
   bool sync_part_timing_ = false;   // TargetOptions::sync_part_timing
+  bool ordered_allreduce_ = true;   // TargetOptions::ordered_allreduce
+  // the stream-ordered all-reduces queued on the backend's stream and not yet waited for (in issue order)
+  std::vector<comm::Request> pending_sums_;
   TargetStats stats_;
   MoeRouting routing_;  // the last MoE layer's routing (host)
 };
@@ -233,6 +244,7 @@ EngineT<T>::EngineT(const std::string& model_dir, comm::Transport& tp, const Tar
       ckpt_(model_dir) {
   bf16_allreduce_ = options.tp_allreduce == TpAllreduce::bf16;
   sync_part_timing_ = options.sync_part_timing;
+  ordered_allreduce_ = options.ordered_allreduce;
   const int64_t H = config_.hidden;
   ckpt_.expect(config_.weight_prefix + "embed_tokens.weight", {config_.vocab, H});
   if (backend_->memory() != MemoryKind::host) load_embedding_table();
@@ -473,15 +485,14 @@ void EngineT<T>::timed_allreduce(T* part, size_t n, float* f32) {
   if (tp_.size() > 1) {  // a group of one has nothing to sum
     kernels::Backend<T>& be = *backend_;
     ExecContext& ctx = be.context();
+    const bool device = be.memory() != MemoryKind::host;
     bool summed = false;
     if constexpr (std::is_same_v<T, kernels::bf16>) {
       // tp_allreduce bf16 on NCCL: the bf16 partials summed as bf16 on the device (the ring rounds every hop),
-      // half the bytes of the fp32 sum and no widening or narrowing pass. NCCL runs on its own stream: the
-      // backend's stream must have finished writing the partials first
-      if (bf16_allreduce_ && be.memory() != MemoryKind::host && tp_.sums_bf16_on_device()) {
+      // half the bytes of the fp32 sum and no widening or narrowing pass
+      if (bf16_allreduce_ && device && tp_.sums_bf16_on_device()) {
         static_assert(sizeof(kernels::bf16) == sizeof(uint16_t));
-        be.synchronize(ctx);
-        tp_.allreduce_sum_bf16_device(reinterpret_cast<uint16_t*>(part), n);
+        device_allreduce(part, n, comm::Transport::DeviceSum::bf16);
         summed = true;
       }
     }
@@ -493,25 +504,58 @@ void EngineT<T>::timed_allreduce(T* part, size_t n, float* f32) {
         be.convert_to_float(ctx, f32, part, n);
         sum = f32;
       }
-      if (be.memory() == MemoryKind::host) {
+      if (!device) {
         tp_.allreduce_sum(sum, n);
       } else if (tp_.takes_device_pointers()) {
-        // NCCL reduces the device array in place on its own stream and returns when it is done: the backend's
-        // stream must have finished writing it first
-        be.synchronize(ctx);
-        tp_.allreduce_sum(sum, n);
+        if constexpr (std::is_same_v<R, float>) device_allreduce(sum, n, comm::Transport::DeviceSum::fp32);
+        else DFLASH_FAIL("target forward: an fp64 sum on a device transport (no device backend computes in fp64)");
       } else {
         // a host transport (MPI here is not CUDA-aware): staged through the host
+        settle_sums();
         reduce_stage_.resize(n);
         be.download(ctx, reduce_stage_.data(), sum, n * sizeof(R));
         tp_.allreduce_sum(reduce_stage_.data(), n);
         be.upload(ctx, sum, reduce_stage_.data(), n * sizeof(R));
+        stats_.host_waits += 2;  // the download, the blocking all-reduce
       }
       if constexpr (!std::is_same_v<T, R>) be.convert_from_float(ctx, part, f32, n);
     }
   }
   stats_.allreduce_seconds += t.seconds();
   ++stats_.allreduces;
+}
+
+template <typename T>
+void EngineT<T>::device_allreduce(void* data, size_t n, comm::Transport::DeviceSum type) {
+  ExecContext& ctx = backend_->context();
+  if (ordered_allreduce_ && tp_.orders_on_device_streams()) {
+    // the stream-ordered sum: NCCL's stream waits for the partials, the backend's stream for the sum; the host
+    // goes on queueing the next kernels (docs/cuda.md, "The TP all-reduce in bf16")
+    pending_sums_.push_back(tp_.allreduce_sum_ordered(data, n, type, ctx.stream));
+    if (sync_part_timing_) settle_sums();  // the benchmark's part timers: allreduce_seconds holds the sum's time
+    return;
+  }
+  // host-synchronised: NCCL reduces in place on its own stream and returns when it is done, so the backend's
+  // stream must have finished writing the partials first
+  synchronize();
+  if (type == comm::Transport::DeviceSum::bf16) tp_.allreduce_sum_bf16_device(static_cast<uint16_t*>(data), n);
+  else tp_.allreduce_sum(static_cast<float*>(data), n);
+  ++stats_.host_waits;  // the all-reduce's own wait for NCCL's stream
+}
+
+template <typename T>
+void EngineT<T>::settle_sums() {
+  if (pending_sums_.empty()) return;
+  for (comm::Request& r : pending_sums_) r.wait();  // in issue order: the first that never completes is named
+  pending_sums_.clear();
+  ++stats_.host_waits;
+}
+
+template <typename T>
+void EngineT<T>::synchronize() {
+  settle_sums();
+  backend_->synchronize(backend_->context());
+  if (backend_->memory() != MemoryKind::host) ++stats_.host_waits;
 }
 
 template <typename T>
@@ -531,6 +575,8 @@ void EngineT<T>::write_output(float* dst, int ld, const T* src, int S, bool dire
     be.convert_to_float_strided(ctx, dst, ld, src, H, S, H);
     return;
   }
+  settle_sums();  // the download below waits for the backend's stream on the host
+  ++stats_.host_waits;
   const float* from = nullptr;
   if constexpr (std::is_same_v<T, float>) {
     from = src;
@@ -601,13 +647,19 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
   // TargetOptions::sync_part_timing: each part timer then measures the device's work, not its launches
   const bool sync_parts = device && sync_part_timing_;
   auto part_begin = [&](Timer& t) {
-    if (sync_parts) be.synchronize(ctx);
+    if (sync_parts) synchronize();
     t.reset();
   };
   auto part_seconds = [&](const Timer& t) {
-    if (sync_parts) be.synchronize(ctx);
+    if (sync_parts) synchronize();
     return t.seconds();
   };
+  // an error while sums are pending: their requests, released as it unwinds, abort the TP communicator (no waiting
+  // for peers); none is left pending after a forward that returns
+  struct DropPendingSums {
+    std::vector<comm::Request>& pending;
+    ~DropPendingSums() { pending.clear(); }
+  } drop_pending_sums{pending_sums_};
   Timer part_timer;
   part_begin(part_timer);
   be.upload(ctx, pos, host_pos.data(), s * sizeof(int32_t));
@@ -655,6 +707,10 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
     part_begin(part_timer);
     be.rmsnorm_forward(ctx, h, rstd, x, L.post_attention_layernorm.data(), S, H, eps);
     if (L.moe) {  // routed experts: this rank's experts' share, joined by the same all-reduce
+      if (device) {  // the router's table is read on the host (a download): the attention's sum settled first
+        settle_sums();
+        ++stats_.host_waits;
+      }
       moe_forward<T>(be, activations_, part, h, S, L, c, shard_, routing_);
       const int64_t e0 = shard_.expert_begin, e1 = e0 + shard_.expert_count;
       stats_.expert_rows += routing_.expert_start[size_t(e1)] - routing_.expert_start[size_t(e0)];
@@ -679,7 +735,7 @@ void EngineT<T>::run(const int32_t* tokens, int S, const std::vector<int>& tap_l
     be.rmsnorm_forward(ctx, h, rstd, x, final_norm_.data(), S, H, eps);
     write_output(final_hidden, H, h, S, direct, f32);
   }
-  be.synchronize(ctx);
+  synchronize();
   stats_.activation_peak_bytes = activations_.peak();
   ++stats_.forwards;
   stats_.tokens += S;

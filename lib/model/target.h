@@ -51,6 +51,13 @@ struct TargetOptions {
   // mixer, each MLP, the outputs), so that TargetStats' part timers hold the GPU's time, not the launches'. For
   // benchmarks (it serialises the parts with the host); off in training.
   bool sync_part_timing = false;
+  // On a device backend over NCCL (Transport::orders_on_device_streams): each row-parallel all-reduce ordered on the
+  // device by events (NCCL's stream waits for the compute stream's partial sums, the compute stream for the sum), so
+  // the host queues on without waiting; it waits (bounded, the transport's watchdog) only where it reads results:
+  // outputs copied to the host, an MoE layer's routing, the forward's end. false: the host-synchronised path (the
+  // backend's stream synchronised, then NCCL's call returns when its own stream is done): the same bits, two host
+  // round trips per all-reduce; kept for the tests that compare the two and for benchmarks.
+  bool ordered_allreduce = true;
   // An fp32 backend to run on instead (tests share one; precision must be fp32, device is ignored). Weights and
   // activations are allocated in its memory.
   std::shared_ptr<kernels::Backend<float>> backend;
@@ -60,8 +67,13 @@ struct TargetStats {
   long forwards = 0;
   int64_t tokens = 0;
   double forward_seconds = 0;    // wall time inside forward()
-  double allreduce_seconds = 0;  // wall time inside the row-parallel all-reduces (waiting included)
+  // wall time inside the row-parallel all-reduces (waiting included; stream-ordered ones: queueing only, unless
+  // TargetOptions::sync_part_timing, which waits for each)
+  double allreduce_seconds = 0;
   long allreduces = 0;
+  // device backends: the times forward() made the host wait for the device (a stream synchronisation, a download,
+  // an MoE layer's routing table, a host-blocking all-reduce, a wait for stream-ordered all-reduces)
+  long host_waits = 0;
   // compute inside forward() by layer part (all-reduces excluded): the token mixer of Gated DeltaNet layers, of full
   // attention layers, and the MLP (its norm included)
   double linear_attention_seconds = 0, full_attention_seconds = 0, mlp_seconds = 0;

@@ -10,9 +10,18 @@
 //     NCCL with TargetOptions::tp_allreduce fp32 and bf16, each against the fp32 TP forward on the CPU (MPI):
 //     max |x - ref| / max |ref| per output within the bf16 bound below, ranks bit-identical, and the two modes
 //     different somewhere (the bf16 sum really ran); the errors are printed.
+//   - with --ordered DIR [HASH_FILE]: random targets written to DIR (dense; a Qwen3.5 MoE hybrid), their TP forward
+//     on the CUDA backend over NCCL with the stream-ordered all-reduce (TargetOptions::ordered_allreduce, the
+//     default) and with the host-synchronised one: fp32, bf16 with tp_allreduce fp32 and bf16, outputs on the device
+//     and on the host; every pair bit-identical, ranks bit-identical, and the host waits per forward counted
+//     (TargetStats::host_waits; pinned for the dense target with device outputs). HASH_FILE (rank 0): a hash of every
+//     output, so that runs under two emulator thread orders can be compared (tests/integration/nccl_ordered.sh).
+//   - with --ordered-hang DIR: rank 1 never joins; rank 0's forward queues its stream-ordered all-reduces and must
+//     fail within the transport's bound (3 s) at the forward's end with the watchdog's error naming the all-reduce,
+//     the communicator and the world rank (no unbounded stream synchronisation).
 // Without NCCL in the build, without a GPU, or with fewer GPUs than ranks on a node, every rank prints why and
 // exits 77 (ctest: skipped). Exit 0 only when every check passed on every rank.
-//   mpirun -np N nccl_check [--timeout-check | --target DIR]
+//   mpirun -np N nccl_check [--timeout-check | --target DIR | --ordered DIR [HASH_FILE] | --ordered-hang DIR]
 #include <mpi.h>
 
 #include <algorithm>
@@ -24,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "lib/comm/mpi_init.h"
 #include "lib/core/buffer.h"
 #include "kernels/backend.h"
@@ -32,6 +43,7 @@
 #include "lib/comm/mpi_transport.h"
 #include "lib/comm/nccl_transport.h"
 #include "lib/core/error.h"
+#include "lib/core/named_enum.h"
 #include "lib/core/rng.h"
 #include "lib/core/timer.h"
 #include "lib/model/random_target.h"
@@ -187,6 +199,162 @@ void check_target_bf16(const std::string& dir, comm::Transport& nccl, int rank, 
                 ranks_differing == 0 ? "yes" : "NO");
 }
 
+// The targets of --ordered: dense (3 layers) and a Qwen3.5 MoE hybrid (4 layers: 3 Gated DeltaNet, 1 full attention;
+// routed and shared experts, so the router's host read settles the attention's sum mid-layer).
+void write_ordered_targets(const std::string& dir, int rank, bool with_moe) {
+  if (rank == 0) {
+    model::RandomTargetSpec dense;
+    dense.hidden = 128;
+    dense.layers = 3;
+    dense.heads = 8;
+    dense.kv_heads = 4;
+    dense.head_dim = 16;
+    dense.intermediate = 160;
+    dense.vocab = 160;
+    dense.dtype = io::DType::BF16;
+    dense.tie = true;
+    dense.seed = 17;
+    model::write_random_target(dir + "/dense", dense);
+    if (with_moe) {
+      model::RandomTargetSpec moe = dense;
+      moe.layers = 4;
+      moe.hybrid = true;
+      moe.experts = 4;
+      moe.seed = 19;
+      model::write_random_target(dir + "/moe", moe);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+struct ForwardResult {
+  std::vector<float> out;  // taps then final_hidden, host copy
+  long host_waits = 0;
+};
+
+// One forward of S tokens with taps {0, last layer} and the final hidden state, outputs in `outputs` memory.
+ForwardResult ordered_forward(model::TargetModel& target, MemoryKind outputs) {
+  const int S = 40, H = target.config().hidden;
+  const std::vector<int> tap_ids{0, target.config().layers - 1};
+  std::vector<int32_t> tokens(static_cast<size_t>(S));
+  Rng rng(23);
+  for (auto& t : tokens) t = int32_t(rng.below(uint64_t(target.config().vocab)));
+  const size_t n = size_t(S) * (tap_ids.size() + 1) * size_t(H);
+  ForwardResult r;
+  r.out.assign(n, 0.f);
+  target.reset_stats();
+  if (outputs == MemoryKind::host) {
+    target.forward(tokens.data(), S, tap_ids, r.out.data(), r.out.data() + size_t(S) * tap_ids.size() * H);
+  } else {
+    Buffer dev(MemoryKind::device, n * sizeof(float));
+    float* d = dev.as<float>();
+    target.forward(tokens.data(), S, tap_ids, d, d + size_t(S) * tap_ids.size() * H, MemoryKind::device);
+    copy_bytes(r.out.data(), MemoryKind::host, d, MemoryKind::device, n * sizeof(float));
+  }
+  r.host_waits = target.stats().host_waits;
+  return r;
+}
+
+uint64_t fnv1a(const std::vector<float>& v) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// --ordered (see the header): the stream-ordered TP all-reduce against the host-synchronised one.
+void check_ordered(const std::string& dir, const std::string& hash_file, comm::Transport& nccl, int rank, int size) {
+  write_ordered_targets(dir, rank, true);
+  struct Case {
+    const char* model;
+    kernels::Precision precision;
+    model::TpAllreduce sum;
+  };
+  const Case cases[] = {{"dense", kernels::Precision::fp32, model::TpAllreduce::fp32},
+                        {"dense", kernels::Precision::bf16, model::TpAllreduce::fp32},
+                        {"dense", kernels::Precision::bf16, model::TpAllreduce::bf16},
+                        {"moe", kernels::Precision::bf16, model::TpAllreduce::bf16}};
+  std::string hashes;
+  for (const Case& c : cases) {
+    ForwardResult got[2][2];  // [ordered][outputs on the device]
+    int layers = 0;
+    for (int ordered = 0; ordered < 2; ++ordered) {
+      model::TargetOptions opt;
+      opt.mlp_grain = 8;
+      opt.device = kernels::Device::cuda;
+      opt.precision = c.precision;
+      opt.tp_allreduce = c.sum;
+      opt.ordered_allreduce = ordered == 1;
+      model::TargetModel target(dir + "/" + c.model, nccl, opt);
+      layers = target.config().layers;
+      for (int dev = 0; dev < 2; ++dev)
+        got[ordered][dev] = ordered_forward(target, dev ? MemoryKind::device : MemoryKind::host);
+    }
+    const std::string name = fmt::format("{} {} tp_allreduce {}", c.model, name_of(c.precision), name_of(c.sum));
+    for (int dev = 0; dev < 2; ++dev) {
+      const char* where = dev ? "device outputs" : "host outputs";
+      expect(got[1][dev].out == got[0][dev].out, rank,
+             fmt::format("{}, {}: stream-ordered and host-synchronised all-reduces give the same bits", name, where));
+      std::vector<float> root(got[1][dev].out);
+      MPI_Bcast(root.data(), int(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+      expect(root == got[1][dev].out, rank, fmt::format("{}, {}: every rank holds the same bits", name, where));
+      hashes += fmt::format("{} {}: {:016x}\n", name, where, fnv1a(got[1][dev].out));
+    }
+    // the dense target with device outputs: the host-synchronised path waits twice per all-reduce (the stream, then
+    // NCCL's) plus once at the end; the stream-ordered one only at the end (its sums, then the stream)
+    if (std::string(c.model) == "dense" && size > 1) {
+      expect(got[0][1].host_waits == 4 * layers + 1, rank,
+             fmt::format("{}: host-synchronised host waits {} (expected {})", name, got[0][1].host_waits,
+                         4 * layers + 1));
+      expect(got[1][1].host_waits == 2, rank,
+             fmt::format("{}: stream-ordered host waits {} (expected 2)", name, got[1][1].host_waits));
+    }
+    if (rank == 0)
+      std::printf("nccl_check: %s, TP %d, %d layers: host waits per forward, host-synchronised / stream-ordered: "
+                  "%ld / %ld (device outputs), %ld / %ld (host outputs: taps and final hidden downloaded); "
+                  "bit-identical: %s\n", name.c_str(), size, layers, got[0][1].host_waits, got[1][1].host_waits,
+                  got[0][0].host_waits, got[1][0].host_waits,
+                  got[1][0].out == got[0][0].out && got[1][1].out == got[0][1].out ? "yes" : "NO");
+  }
+  if (rank == 0 && !hash_file.empty()) {
+    FILE* f = std::fopen(hash_file.c_str(), "w");
+    expect(f != nullptr, rank, "cannot write " + hash_file);
+    if (f) {
+      std::fputs(hashes.c_str(), f);
+      std::fclose(f);
+    }
+  }
+}
+
+// --ordered-hang (see the header)
+void check_ordered_hang(const std::string& dir, comm::Transport& nccl, int rank) {
+  write_ordered_targets(dir, rank, false);
+  if (rank == 0) {
+    Timer timer;
+    std::string error;
+    try {
+      model::TargetOptions opt;
+      opt.mlp_grain = 8;
+      opt.device = kernels::Device::cuda;
+      model::TargetModel target(dir + "/dense", nccl, opt);
+      ordered_forward(target, MemoryKind::device);  // rank 1 never joins
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    const bool named = error.find("ncclAllReduce(float)") != std::string::npos &&
+                       error.find("stream-ordered") != std::string::npos &&
+                       error.find("NCCL target TP group (world rank 0, rank 0 of 2)") != std::string::npos &&
+                       error.find("no completion after 3 s") != std::string::npos &&
+                       error.find("aborted") != std::string::npos;
+    expect(named, rank,
+           "the stalled stream-ordered all-reduce fails naming the operation and the rank: '" + error + "'");
+    expect(timer.seconds() < 30, rank, "the stalled all-reduce fails within the bound");
+    std::printf("nccl_check: a stream-ordered all-reduce nobody joins failed after %.1f s: %s\n", timer.seconds(),
+                error.c_str());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // rank 1 idles here; its communicator sees rank 0's abort, or is destroyed
+}
+
 void check_ring(comm::Transport& t, bool on_device, int rank, int size) {
   const size_t n = 3000;
   std::vector<int32_t> mine(n), expect_in(n), in(n, -1);
@@ -218,11 +386,15 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  const bool timeout_check = argc > 1 && std::strcmp(argv[1], "--timeout-check") == 0;
+  bool timeout_check = argc > 1 && std::strcmp(argv[1], "--timeout-check") == 0;
   // the emulated GPU refusing the first cudaMalloc (DFLASH_EMU_FAIL_MALLOC=1): the one after the communicator's
   // initialisation; the transport must fail naming it and abort the communicator it made
   const bool alloc_failure_check = argc > 1 && std::strcmp(argv[1], "--alloc-failure-check") == 0;
   const std::string target_dir = argc > 2 && std::strcmp(argv[1], "--target") == 0 ? argv[2] : "";
+  const std::string ordered_dir = argc > 2 && std::strcmp(argv[1], "--ordered") == 0 ? argv[2] : "";
+  const std::string ordered_hash = !ordered_dir.empty() && argc > 3 ? argv[3] : "";
+  const std::string hang_dir = argc > 2 && std::strcmp(argv[1], "--ordered-hang") == 0 ? argv[2] : "";
+  if (!hang_dir.empty()) timeout_check = true;  // needs 2 ranks, like --timeout-check
   const comm::NodeShape node = comm::node_shape(MPI_COMM_WORLD);
   if (!comm::nccl_built() || node.max_ranks_per_node > node.min_gpus_per_node || (timeout_check && size < 2)) {
     if (rank == 0)
@@ -245,6 +417,12 @@ int main(int argc, char** argv) {
              "the failed allocation is named: '" + error + "'");
       std::printf("nccl_check: rank %d: the transport failed after its communicator was made: %s\n", rank,
                   error.c_str());
+    } else if (!ordered_dir.empty()) {
+      std::unique_ptr<comm::Transport> t = comm::make_nccl_transport(MPI_COMM_WORLD, "target TP group", 120);
+      check_ordered(ordered_dir, ordered_hash, *t, rank, size);
+    } else if (!hang_dir.empty()) {
+      std::unique_ptr<comm::Transport> t = comm::make_nccl_transport(MPI_COMM_WORLD, "target TP group", 3);
+      check_ordered_hang(hang_dir, *t, rank);
     } else if (!target_dir.empty()) {
       std::unique_ptr<comm::Transport> t = comm::make_nccl_transport(MPI_COMM_WORLD, "target TP group", 120);
       check_target_bf16(target_dir, *t, rank, size);
