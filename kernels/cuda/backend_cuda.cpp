@@ -373,8 +373,10 @@ class CudaBackend final : public Backend<T> {
                  cuda::kMaxHeadDim);
   }
 
-  // The RoPE cos/sin table of (rot_dim, theta) (cuda::RopeTable): made on first use, on the caller's stream, which is
-  // then synchronised once (a later call may come on another stream), and kept for the backend's life. A model has
+  // The RoPE cos/sin table of (rot_dim, theta) (cuda::RopeTable): made on first use, on a stream of its own that is
+  // then synchronised once (a later call may come on another stream), and kept for the backend's life. Not on the
+  // caller's stream: work queued there may wait for a stream-ordered TP all-reduce (lib/model/target.cpp), which
+  // only the transport's bounded poll may wait for; the table depends on nothing queued. A model has
   // one or two (rot_dim, theta) pairs, so every forward and backward looks its angles up instead of evaluating them
   // in double (the fused kernels did so once per (row, run of ≤ 8 heads) and lane). No allocation after a pair's
   // first call.
@@ -385,8 +387,12 @@ class CudaBackend final : public Backend<T> {
       if (e.rot_dim == rot_dim && e.theta == theta) return {static_cast<const float*>(e.cs.data()), e.positions};
     const int positions = cuda::kRopeTablePositions;
     RopeTableEntry e{rot_dim, theta, positions, Buffer(MemoryKind::device, kernels::rope_table_bytes(rot_dim))};
-    on_device(cuda::launch_rope_table, stream_of(ctx), static_cast<float*>(e.cs.data()), positions, rot_dim, theta);
-    DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+    cudaStream_t own = nullptr;
+    DFLASH_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+    on_device(cuda::launch_rope_table, own, static_cast<float*>(e.cs.data()), positions, rot_dim, theta);
+    const cudaError_t done = cudaStreamSynchronize(own);
+    cudaStreamDestroy(own);
+    DFLASH_CUDA_CHECK(done);
     rope_tables_.push_back(std::move(e));
     return {static_cast<const float*>(rope_tables_.back().cs.data()), positions};
   }
