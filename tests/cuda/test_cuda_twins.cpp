@@ -37,6 +37,7 @@
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launch.h"
+#include "lib/core/named_enum.h"
 #include "lib/core/rng.h"
 #include "lib/model/vocab_loss.h"
 
