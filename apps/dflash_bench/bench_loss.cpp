@@ -72,7 +72,8 @@ int run_loss(int argc, char** argv) {
              "resident memory the loss added. naive = one chunk of all T rows (materialises [T, V] logits).",
              "dflash_bench loss");
   int T = 4096, H = 2048, V = 32000, B = 16, reps = 1, chunk = 1024, top_k = 5;
-  std::string mode = "recompute", position_weight = "decay";
+  std::string mode = "recompute";
+  model::PositionWeight position_weight = model::PositionWeight::decay;
   double ce = 1.0, kl = 1.0, tau = 1.0, cap = 0.1, tv = 0, lk = 0, eta = 3, nla = 0, alpha = 0.5;
   uint64_t seed = 1;
   app.add_option("--T", T, "rows (anchor block positions)")->check(positive_number());
@@ -89,9 +90,7 @@ int run_loss(int argc, char** argv) {
   app.add_option("--lk", lk, "LK-hybrid weight");
   app.add_option("--eta", eta, "LK-hybrid's eta");
   app.add_option("--nla", nla, "negative log-acceptance weight");
-  app.add_option("--position-weight", position_weight, "decay, dpace, dpace_cumulative_confidence or "
-                 "dpace_continuation_value")
-      ->check(CLI::IsMember({"decay", "dpace", "dpace_cumulative_confidence", "dpace_continuation_value"}));
+  add_named_option(app, "--position-weight", position_weight, "how a row's loss is weighted across its block");
   app.add_option("--alpha", alpha, "D-PACE's alpha");
   app.add_option("--top-k", top_k, "CAP's top k");
   app.add_option("--reps", reps, "timed repetitions (best of)")->check(positive_number());
@@ -113,7 +112,7 @@ int run_loss(int argc, char** argv) {
   s.top_k = top_k;
   s.block_size = B;
   const bool target = s.uses_target();
-  const bool pace = position_weight != "decay";
+  const bool pace = position_weight != model::PositionWeight::decay;
 
   // Inputs: random head with logits of std ~3, blocks of B−1 rows, weights exp(−(k−1)/7) (D-PACE: 1).
   Rng rng(seed, 1);
@@ -187,7 +186,7 @@ int run_loss(int argc, char** argv) {
   std::printf("loss: mode=%s T=%d H=%d V=%d chunk=%d B=%d ce=%g kl=%g tau=%g cap=%g tv=%g lk=%g eta=%g nla=%g "
               "position_weight=%s alpha=%g top_k=%d reps=%d\n",
               mode.c_str(), T, H, V, C, B, s.ce_weight, s.kl_weight, s.kl_temperature, s.cap_weight, s.tv_weight,
-              s.lk_weight, s.lk_eta, s.nla_weight, s.position_weight.c_str(), s.dpace_alpha, s.top_k, reps);
+              s.lk_weight, s.lk_eta, s.nla_weight, name_of(s.position_weight), s.dpace_alpha, s.top_k, reps);
   std::printf("  loss/Σw %.6f  (ce %.6f kl %.6f cap %.6f tv %.6f lk %.6f nla %.6f; Σwd/Σw %.4f)  acc@k1 %.4f  τ %.3f\n",
               out.sums.loss / out.sums.weight, out.sums.ce / out.sums.weight, out.sums.kl / out.sums.weight,
               out.sums.cap / out.sums.weight, out.sums.tv / out.sums.weight, out.sums.lk / out.sums.weight,

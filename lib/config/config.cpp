@@ -322,10 +322,10 @@ void validate_config(const TrainConfig& c) {
     fail(where, fmt::format("loss.tv_weight, loss.lk_weight and loss.nla_weight are defined on the untempered "
                             "distributions, but loss.kl_temperature is {}: set it to 1 or turn those terms off",
                             l.kl_temperature));
-  if (l.position_weight != "decay" && l.decay_gamma > 0)
+  if (l.position_weight != model::PositionWeight::decay && l.decay_gamma > 0)
     fail(where, fmt::format("loss.decay_gamma is {} but loss.position_weight is {}: D-PACE replaces the decay; "
                             "remove loss.decay_gamma (or use position_weight: decay)",
-                            l.decay_gamma, l.position_weight));
+                            l.decay_gamma, name_of(l.position_weight)));
   if (c.layout.drafter_dp < c.layout.target_groups)
     fail(where, fmt::format("layout.drafter_dp ({}) < layout.target_groups ({}): every target group needs at least "
                             "one drafter rank to feed", c.layout.drafter_dp, c.layout.target_groups));

@@ -20,7 +20,7 @@ const char* key_type_name(KeyType t);  // "int", "float", ... as in messages and
 // the key's choices: the file's text becomes the enum here and nowhere else (lib/core/named_enum.h).
 using FieldRef = std::variant<int*, int64_t*, double*, bool*, std::string*, std::vector<int>*,
                               std::vector<std::string>*, model::VocabLossMode*, kernels::Device*, PrecisionChoice*,
-                              comm::TransportChoice*, model::TpAllreduce*>;
+                              comm::TransportChoice*, model::TpAllreduce*, model::PositionWeight*>;
 // True for the enum alternatives of FieldRef.
 template <typename V>
 constexpr bool is_named_enum_v = std::is_enum_v<V>;

@@ -108,12 +108,6 @@ VocabLoss<T>::VocabLoss(const VocabLossSettings& settings, kernels::Backend<T>& 
                "vocab loss: tv_weight, lk_weight and nla_weight are defined on the untempered distributions, but "
                "kl_temperature is {}; set kl_temperature to 1 or turn those terms off",
                settings.kl_temperature);
-  const auto pw = parse_position_weight(settings.position_weight);
-  DFLASH_CHECK(pw.has_value(),
-               "vocab loss: position_weight '{}' is not one of decay, dpace, dpace_cumulative_confidence, "
-               "dpace_continuation_value",
-               settings.position_weight);
-  position_weight_ = *pw;
   DFLASH_CHECK(settings.dpace_alpha > 0 && settings.dpace_alpha <= 1,
                "vocab loss: dpace_alpha must be in (0, 1] (got {}); 0 lets the cumulative confidence collapse",
                settings.dpace_alpha);
@@ -135,7 +129,7 @@ kernels::VocabLossCoeffs VocabLoss<T>::coeffs() const {
 
 template <typename T>
 int VocabLoss<T>::chunk_rows(const VocabLossBatch<T>& b, int r0, int C) const {
-  if (position_weight_ == PositionWeight::decay) return std::min(C, b.rows - r0);
+  if (settings_.position_weight == PositionWeight::decay) return std::min(C, b.rows - r0);
   // D-PACE: a row's factor needs every row of its block, so chunks end at block ends.
   const int max_block = settings_.block_size - 1;
   int end = r0;
@@ -174,7 +168,7 @@ void VocabLoss<T>::reserve(int n, bool with_target) {
     values_ = Buffer(kind, size_t(n) * sizeof(kernels::VocabLossRowValues));
     values_host_.resize(size_t(n));
     factor_.assign(size_t(n), 1.0);
-    if (position_weight_ != PositionWeight::decay) w_host_.resize(size_t(n));
+    if (settings_.position_weight != PositionWeight::decay) w_host_.resize(size_t(n));
     if (u_.bytes()) u_ = Buffer(kind, size_t(n) * vocab_ * sizeof(T));
     capacity_rows_ = n;
   }
@@ -229,10 +223,11 @@ void VocabLoss<T>::chunk_grad(const VocabLossBatch<T>& b, const VocabLossContext
 
 template <typename T>
 void VocabLoss<T>::dpace_chunk(const VocabLossBatch<T>& b, int r0, int n, VocabLossContext& ctx) {
+  const PositionWeight pw = settings_.position_weight;
   const kernels::math::DpaceFactor which =
-      position_weight_ == PositionWeight::dpace                       ? kernels::math::DpaceFactor::dpace
-      : position_weight_ == PositionWeight::dpace_cumulative_confidence ? kernels::math::DpaceFactor::cumulative_confidence
-                                                                        : kernels::math::DpaceFactor::continuation_value;
+      pw == PositionWeight::dpace                         ? kernels::math::DpaceFactor::dpace
+      : pw == PositionWeight::dpace_cumulative_confidence ? kernels::math::DpaceFactor::cumulative_confidence
+                                                          : kernels::math::DpaceFactor::continuation_value;
   std::vector<double> q(static_cast<size_t>(n));
   std::vector<uint8_t> valid(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
@@ -263,7 +258,7 @@ VocabLossResult VocabLoss<T>::forward(const VocabLossBatch<T>& b, VocabLossConte
   DFLASH_CHECK(std::isfinite(grad_scale), "vocab loss: grad_scale must be finite (got {})", grad_scale);
   const int H = hidden_, B = settings_.block_size;
   const bool target = b.target_hidden != nullptr;
-  const bool pace = position_weight_ != PositionWeight::decay;
+  const bool pace = settings_.position_weight != PositionWeight::decay;
   const kernels::VocabLossCoeffs kc = coeffs();
 
   const size_t rows_bytes = size_t(b.rows) * sizeof(VocabLossRow);
@@ -368,7 +363,7 @@ void VocabLoss<T>::backward(const VocabLossBatch<T>& b, const VocabLossContext& 
                "vocab loss: kl_weight = {}, tv_weight = {}, lk_weight = {}, nla_weight = {}: these need the target "
                "final hidden in backward too",
                settings_.kl_weight, settings_.tv_weight, settings_.lk_weight, settings_.nla_weight);
-  const bool pace = position_weight_ != PositionWeight::decay;
+  const bool pace = settings_.position_weight != PositionWeight::decay;
   DFLASH_CHECK(!pace || ctx.row_weight.size() == size_t(b.rows),
                "vocab loss: the context holds {} D-PACE row weights for {} rows (made with another position_weight?)",
                ctx.row_weight.size(), b.rows);

@@ -124,7 +124,6 @@ class VocabLoss {
                   T* dX);
 
   VocabLossSettings settings_;
-  PositionWeight position_weight_ = PositionWeight::decay;
   kernels::Backend<T>& be_;
   ExecContext& ec_;
   const T* head_;  // [V, H]

@@ -31,8 +31,6 @@ VocabLossResult vocab_loss_reference(const VocabLossSettings& st, const VocabLos
                                      int V, int H, double grad_scale, double* dX) {
   const int R = b.rows, B = st.block_size;
   const LD tau = st.kl_temperature;
-  const auto position_weight = parse_position_weight(st.position_weight);
-  DFLASH_CHECK(position_weight.has_value(), "vocab loss reference: unknown position_weight '{}'", st.position_weight);
   DFLASH_CHECK(!st.uses_overlap() || st.kl_temperature == 1.0, "vocab loss reference: TV / LK / NLA need τ = 1");
   VocabLossResult out;
   out.metrics.correct.assign(size_t(B), 0);
@@ -157,7 +155,7 @@ VocabLossResult vocab_loss_reference(const VocabLossSettings& st, const VocabLos
   //   q̃ = α + (1 − α) q on scored rows, 1 elsewhere; C_k = Π_{i ≤ k} q̃_i; S_k = Σ_{m ≥ k, scored} C_m
   //   dpace: S_k, cumulative confidence: C_k, continuation value: S_k / C_k
   std::vector<LD> factor(size_t(R), 1);
-  if (*position_weight != PositionWeight::decay) {
+  if (st.position_weight != PositionWeight::decay) {
     const LD a = st.dpace_alpha;
     for (int r0 = 0; r0 < R;) {
       int r1 = r0 + 1;
@@ -172,7 +170,7 @@ VocabLossResult vocab_loss_reference(const VocabLossSettings& st, const VocabLos
         LD suffix = 0;
         for (int m = j; m < r1; ++m)
           if (b.weights[m] > 0) suffix += cumulative(m);
-        switch (*position_weight) {
+        switch (st.position_weight) {
           case PositionWeight::dpace: factor[size_t(j)] = suffix; break;
           case PositionWeight::dpace_cumulative_confidence: factor[size_t(j)] = cumulative(j); break;
           case PositionWeight::dpace_continuation_value: factor[size_t(j)] = suffix / cumulative(j); break;

@@ -3,8 +3,6 @@
 // struct (lib/config/config.h: LossSection derives from it), so each default below is the one docs/config.md shows
 // and is written nowhere else.
 #include <array>
-#include <optional>
-#include <string>
 
 namespace dflash::model {
 
@@ -24,21 +22,9 @@ enum class PositionWeight {
   dpace_cumulative_confidence,  // w · C_k                                                     (its first factor)
   dpace_continuation_value,     // w · Σ_{m ≥ k} C_m / C_k                                     (its second factor)
 };
-// The names the config file uses (loss.position_weight), in enum order.
-inline const char* position_weight_name(PositionWeight p) {
-  switch (p) {
-    case PositionWeight::decay: return "decay";
-    case PositionWeight::dpace: return "dpace";
-    case PositionWeight::dpace_cumulative_confidence: return "dpace_cumulative_confidence";
-    case PositionWeight::dpace_continuation_value: return "dpace_continuation_value";
-  }
-  return "?";
-}
-inline std::optional<PositionWeight> parse_position_weight(const std::string& name) {
-  for (PositionWeight p : {PositionWeight::decay, PositionWeight::dpace, PositionWeight::dpace_cumulative_confidence,
-                           PositionWeight::dpace_continuation_value})
-    if (name == position_weight_name(p)) return p;
-  return std::nullopt;
+// The names the config file uses (loss.position_weight), in enum order (lib/core/named_enum.h).
+constexpr std::array<const char*, 4> names_of(PositionWeight) {
+  return {"decay", "dpace", "dpace_cumulative_confidence", "dpace_continuation_value"};
 }
 
 struct VocabLossSettings {
@@ -54,8 +40,7 @@ struct VocabLossSettings {
   double lk_weight = 0.0;   // λ_lk
   double lk_eta = 3.0;      // η of LK's blend
   double nla_weight = 0.0;  // λ_nla
-  // loss.position_weight: a name of PositionWeight (a string so that the config's choice key fills it directly)
-  std::string position_weight = "decay";
+  PositionWeight position_weight = PositionWeight::decay;  // loss.position_weight (docs/loss.md, "Position weights")
   double dpace_alpha = 0.5;  // α of D-PACE's smoothed confidence α + (1 − α) p_y, in (0, 1]
   int top_k = 4;                // a row is a top-k hit when its label ranks < top_k in the drafter logits
   // B: block positions k are 1..B-1. Not a loss key: the run plan copies drafter.block_size here.

@@ -70,9 +70,9 @@ RunPlan make_run_plan(const TrainConfig& cfg, const model::QwenConfig& t, int64_
   p.loss.block_size = c.block_size;
   // D-PACE replaces the decay (as in every source): the rows keep weight loss_mask · [in sequence] (γ = ∞ gives
   // exp(−(k−1)/γ) = 1), and the loss multiplies each by its block's D-PACE factor
-  p.decay_gamma = l.position_weight != "decay" ? std::numeric_limits<double>::infinity()
-                  : l.decay_gamma > 0      ? l.decay_gamma
-                                           : default_decay_gamma(c.block_size);
+  p.decay_gamma = l.position_weight != model::PositionWeight::decay ? std::numeric_limits<double>::infinity()
+                  : l.decay_gamma > 0                              ? l.decay_gamma
+                                                                   : default_decay_gamma(c.block_size);
 
   p.num_sequences = num_sequences;
   const int64_t per_step = int64_t(cfg.layout.drafter_dp) * cfg.optim.micro_batches;

@@ -37,6 +37,7 @@
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launch.h"
+#include "lib/core/named_enum.h"
 #include "lib/core/rng.h"
 #include "lib/model/vocab_loss.h"
 
@@ -469,10 +470,12 @@ void chunked_loss_twin(Backend<T>& be, const model::VocabLossSettings& s, double
 
 TEST_CASE("cuda twin vocab_loss: the chunked loss with D-PACE and TV / LK / NLA on CUDA (fp32, bf16) equals the CPU's") {
   // each variant in one schedule (both schedules are covered across them; the CPU tests run every combination)
-  const std::pair<const char*, model::VocabLossMode> runs[] = {{"dpace", model::VocabLossMode::fused},
-                                                               {"dpace", model::VocabLossMode::recompute},
-                                                               {"dpace_cumulative_confidence", model::VocabLossMode::fused},
-                                                               {"dpace_continuation_value", model::VocabLossMode::recompute}};
+  using PW = model::PositionWeight;
+  using Mode = model::VocabLossMode;
+  const std::pair<PW, Mode> runs[] = {{PW::dpace, Mode::fused},
+                                      {PW::dpace, Mode::recompute},
+                                      {PW::dpace_cumulative_confidence, Mode::fused},
+                                      {PW::dpace_continuation_value, Mode::recompute}};
   for (const auto& [pw, mode] : runs) {
     {
       model::VocabLossSettings s;
@@ -482,7 +485,7 @@ TEST_CASE("cuda twin vocab_loss: the chunked loss with D-PACE and TV / LK / NLA 
       s.kl_weight = 0.5, s.cap_weight = 0.1, s.tv_weight = 0.3, s.lk_weight = 0.4, s.nla_weight = 0.2;
       s.position_weight = pw;
       s.dpace_alpha = 0.4;
-      INFO(pw << " mode " << int(mode));
+      INFO(name_of(pw) << " mode " << name_of(mode));
       // fp32: the same float math, double sums in another order; bf16: the GEMM inputs are the same bf16 values,
       // the logits and d(logits) are rounded to bf16 (2^-9 each)
       chunked_loss_twin<float>(*gpu().f32, s, 1e-5);

@@ -163,6 +163,11 @@ TEST_CASE("config: wrong types, enum values, ranges and cross-key rules are erro
   CHECK_HAS(error_of(kRequired + "loss:\n  ce_weight: 0\n"), "nothing to train");
   CHECK_HAS(error_of(kRequired + "layout:\n  transport: nccl\n"), "nccl needs cuda");
   // the acceptance-aware loss keys
+  // loss.position_weight is a named key (model::PositionWeight): a typo is named back, another word is not ('pace'
+  // does not keep the first letter of 'dpace', lib/core/named_enum.cpp)
+  CHECK_HAS(error_of(kRequired + "loss:\n  position_weight: dpcae\n"),
+            "key 'loss.position_weight' is 'dpcae' (did you mean 'dpace'?); allowed: decay, dpace, "
+            "dpace_cumulative_confidence, dpace_continuation_value");
   CHECK_HAS(error_of(kRequired + "loss:\n  position_weight: pace\n"),
             "key 'loss.position_weight' is 'pace'; allowed: decay, dpace, dpace_cumulative_confidence, "
             "dpace_continuation_value");

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/core/named_enum.h"
 #include "lib/io/safetensors.h"
 #include "lib/model/vocab_loss.h"
 
@@ -69,7 +70,11 @@ model::VocabLossSettings case_settings(const Fixture& f, const std::string& tag)
   s.lk_weight = f.num(tag + "lk_weight");
   s.lk_eta = f.num(tag + "lk_eta");
   s.nla_weight = f.num(tag + "nla_weight");
-  s.position_weight = f.meta(tag + "position_weight");
+  const std::string& position_weight = f.meta(tag + "position_weight");
+  const auto parsed = parse_name<model::PositionWeight>(position_weight);
+  REQUIRE_MESSAGE(parsed.has_value(), "fixture " << tag << "position_weight is '" << position_weight
+                                                 << "', not a name of model::PositionWeight (decay, dpace, ...)");
+  s.position_weight = *parsed;
   s.dpace_alpha = f.num(tag + "dpace_alpha");
   s.block_size = f.integer("block_size");
   return s;
@@ -99,7 +104,7 @@ std::pair<double, double> run_cases(const Fixture& f) {
   for (const std::string& name : f.cases()) {
     const std::string tag = "case." + name + ".";
     const auto s0 = case_settings(f, tag);
-    const auto w64 = f.f64(s0.position_weight == "decay" ? "decay_weights" : "mask");
+    const auto w64 = f.f64(s0.position_weight == model::PositionWeight::decay ? "decay_weights" : "mask");
     const std::vector<T> w(w64.begin(), w64.end());
     const auto dX_ref = f.exact(tag + "dX", tag + "dX_lo");
     model::VocabLossBatch<T> b;

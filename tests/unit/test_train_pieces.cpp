@@ -74,7 +74,7 @@ TEST_CASE("run plan: D-PACE replaces the decay (rows keep loss_mask weights) and
   const train::RunPlan pace = train::make_run_plan(
       load_config_text(yaml, {"loss.position_weight=dpace", "loss.dpace_alpha=0.3", "loss.lk_weight=0.2"}), t, 100);
   CHECK(std::isinf(pace.decay_gamma));
-  CHECK(pace.loss.position_weight == "dpace");
+  CHECK(pace.loss.position_weight == model::PositionWeight::dpace);
   CHECK(pace.loss.dpace_alpha == 0.3);
   CHECK(pace.loss.uses_target());  // LK reads the target's logits: the trainer loads its final hidden
   // tokens 0..11, mask on from 2; anchors 2 and 6, B = 8: weights are the mask (and in-sequence) alone

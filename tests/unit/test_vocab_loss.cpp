@@ -483,7 +483,7 @@ namespace {
 struct Objective {
   const char* name;
   double ce = 1, kl = 0, tau = 1, cap = 0, tv = 0, lk = 0, nla = 0, eta = 3, alpha = 0.5;
-  const char* position_weight = "decay";
+  model::PositionWeight position_weight = model::PositionWeight::decay;
   model::VocabLossSettings settings(int B) const {
     model::VocabLossSettings s;
     s.ce_weight = ce, s.kl_weight = kl, s.kl_temperature = tau, s.cap_weight = cap;
@@ -497,15 +497,17 @@ struct Objective {
 
 // Every new term alone and in combination; the three D-PACE factors; α ≠ the default, η ≠ the default somewhere.
 const std::vector<Objective>& objectives() {
+  using PW = model::PositionWeight;
   static const std::vector<Objective> all = {
-      {"dpace CE", 1, 0, 1, 0, 0, 0, 0, 3, 0.5, "dpace"},
-      {"dpace_cumulative_confidence CE+KL(tau 2)+CAP", 1, 0.7, 2, 0.3, 0, 0, 0, 3, 0.3, "dpace_cumulative_confidence"},
-      {"dpace_continuation_value CE+CAP", 1, 0, 1, 0.3, 0, 0, 0, 3, 0.7, "dpace_continuation_value"},
+      {"dpace CE", 1, 0, 1, 0, 0, 0, 0, 3, 0.5, PW::dpace},
+      {"dpace_cumulative_confidence CE+KL(tau 2)+CAP", 1, 0.7, 2, 0.3, 0, 0, 0, 3, 0.3,
+       PW::dpace_cumulative_confidence},
+      {"dpace_continuation_value CE+CAP", 1, 0, 1, 0.3, 0, 0, 0, 3, 0.7, PW::dpace_continuation_value},
       {"TV", 0, 0, 1, 0, 1},
       {"LK-hybrid", 0, 0, 1, 0, 0, 1, 0, 2},
       {"NLA", 0, 0, 1, 0, 0, 0, 1},
       {"CE+TV", 0.1, 0, 1, 0, 0.9},
-      {"dpace CE+KL+CAP+TV+LK+NLA", 1, 0.5, 1, 0.2, 0.4, 0.6, 0.3, 4, 0.4, "dpace"},
+      {"dpace CE+KL+CAP+TV+LK+NLA", 1, 0.5, 1, 0.2, 0.4, 0.6, 0.3, 4, 0.4, PW::dpace},
   };
   return all;
 }
@@ -622,7 +624,8 @@ TEST_CASE("vocab_loss: the acceptance-aware objectives match the long-double ref
     const auto s0 = o.settings(p.B);
     const auto ref = run_reference(s0, c, p, grad_scale);
     if (s0.uses_overlap()) CHECK(ref.out.sums.tv > 0);
-    if (s0.position_weight != "decay") CHECK(ref.out.sums.dpace != doctest::Approx(ref.out.sums.weight));
+    if (s0.position_weight != model::PositionWeight::decay)
+      CHECK(ref.out.sums.dpace != doctest::Approx(ref.out.sums.weight));
     for (auto mode : {model::VocabLossMode::recompute, model::VocabLossMode::fused}) {
       for (int chunk : {1, 3, 7, p.R, p.R + 5}) {
         auto s = s0;
@@ -724,10 +727,7 @@ TEST_CASE("vocab_loss: acceptance-aware settings out of range are errors naming 
   };
   model::VocabLossSettings s;
   s.block_size = p.B;
-  auto t = s;
-  t.position_weight = "pace";
-  CHECK(error_of(t).find("position_weight 'pace' is not one of decay, dpace") != std::string::npos);
-  t = s;
+  auto t = s;  // (position_weight is a PositionWeight: an unknown name is the config's error, test_config.cpp)
   t.dpace_alpha = 0;
   CHECK(error_of(t).find("dpace_alpha must be in (0, 1] (got 0)") != std::string::npos);
   t = s;
