@@ -278,14 +278,14 @@ BalancePrediction predict_balance(const BalanceInputs& in, const GpuSpec& gpu) {
   return p;
 }
 
-std::string format_balance(const BalanceInputs& in, const std::vector<BalancePrediction>& rows) {
+std::string format_balance(const BalanceInputs& in, const std::vector<BalancePrediction>& rows, bool with_warnings) {
   auto parts = [](const std::vector<TimePart>& ps) {
     std::string s;
     for (const auto& [what, t] : ps) s += fmt::format("{}{} {:.3f}", s.empty() ? "" : ", ", what, t);
     return s;
   };
   std::string out = fmt::format(
-      "  pipeline balance (predicted from counted work at data-sheet rates, docs/benchmarks.md; unverified on GPU):\n"
+      "(predicted from counted work at data-sheet rates, docs/benchmarks.md; unverified on GPU):\n"
       "                 S {} tokens a sequence, {} anchors x block {}, {} loss{}; TP {} x {} group(s) feeding {} "
       "drafter rank(s), {} micro-batch(es) a step\n",
       in.seq_len, in.anchors_per_seq, in.drafter.block_size, in.fused_loss ? "fused" : "recompute",
@@ -325,7 +325,7 @@ std::string format_balance(const BalanceInputs& in, const std::vector<BalancePre
                                 p.best_rate, p.rate);
     }
   }
-  return out + warnings;
+  return with_warnings ? out + warnings : out;
 }
 
 report::CheckItem balance_item(const TrainConfig& cfg, const train::RunPlan& plan, int64_t mean_seq_len,
@@ -340,14 +340,8 @@ report::CheckItem balance_item(const TrainConfig& cfg, const train::RunPlan& pla
   const BalanceInputs in = balance_inputs(cfg, plan, S);
   std::vector<BalancePrediction> rows;
   for (const std::string& k : keys) rows.push_back(predict_balance(in, gpu_spec(k)));
-  std::string table = format_balance(in, rows);
-  if (cfg.run.device != kernels::Device::cuda && gpus.empty()) table = table.substr(0, table.find("  warning: "));
-  // the table's first line is the item's name and its first line
-  std::vector<std::string> lines = report::lines_of(table);
-  const std::string name = "pipeline balance";
-  DFLASH_CHECK(!lines.empty() && lines[0].rfind("  " + name + " ", 0) == 0, "balance table: unexpected first line");
-  lines[0] = lines[0].substr(name.size() + 3);
-  return {name, std::move(lines)};
+  const bool warnings = cfg.run.device == kernels::Device::cuda || !gpus.empty();
+  return {"pipeline balance", report::lines_of(format_balance(in, rows, warnings))};
 }
 
 }  // namespace dflash::preflight

@@ -60,9 +60,9 @@ struct BalancePrediction {
 
 BalancePrediction predict_balance(const BalanceInputs& in, const GpuSpec& gpu);
 
-// The --check section: one table row per GPU and, above 20 % predicted drafter idle, a warning with what would
-// balance it.
-std::string format_balance(const BalanceInputs& in, const std::vector<BalancePrediction>& rows);
+// The --check section after its name ("pipeline balance"): what it predicts from, one table row per GPU and, with
+// warnings and above 20 % predicted drafter idle, a warning with what would balance it.
+std::string format_balance(const BalanceInputs& in, const std::vector<BalancePrediction>& rows, bool warnings = true);
 
 // --check's item: the table for `gpus` (empty: the H200, the RTX PRO 6000 and this machine's GPU when it is another
 // of the table's) at mean_seq_len tokens a sequence (capped by data.max_seq_len). The warnings are for a GPU run: a
